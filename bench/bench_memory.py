@@ -35,7 +35,7 @@ from common import (
 
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.stream import DecodeStream, byte_decoding_for
-from detok_worker.worker_state import WorkerState
+from detok_worker.worker.state import WorkerState
 
 FOUR_STOPS = ["\n\nUser:", "</answer>", "###", "Observation:"]
 CHUNK = 16  # ids per Tokens item (the state does not depend on how ids are batched; fewer batches run faster)

@@ -23,7 +23,7 @@ from common import REPO, percentile
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig, load_config
-from detok_worker.supervisor import Supervisor
+from detok_worker.process.supervisor import Supervisor
 
 NULL_WORKER = REPO / "bench" / "null_worker.py"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from detok_worker.cli import main
+from detok_worker.cli.main import main
 
 sys.exit(main())

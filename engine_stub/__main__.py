@@ -6,9 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from detok_worker.cli import EXIT_USAGE, add_engine_command_flags, cmd_engine, user_facing_errors
 from detok_worker.config import ConfigError
-from detok_worker.config_cli import config_from_args
+from detok_worker.config.flags import config_from_args
+from detok_worker.errors import OperatorError
+from detok_worker.process.logs import setup_logging
+from detok_worker.process.parent_watch import watch_parent
+from engine_stub.command import add_engine_command_flags, run_engine_command
+
+EXIT_USAGE = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,11 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"engine-stub: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    setup_logging("engine", config.logging.level, config.logging.format)
+    watch_parent()
     try:
-        return cmd_engine(args, config)
+        return run_engine_command(args, config)
     except KeyboardInterrupt:
         return 130
-    except user_facing_errors() as exc:
+    except OperatorError as exc:
         print(f"engine-stub: {exc}", file=sys.stderr)
         return 1
 

@@ -37,11 +37,11 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
+from detok_worker.engine.scheduler import Scheduler, StepPlan
 from detok_worker.metrics import EngineMetrics
-from detok_worker.stop_signals import stop_on_signals
+from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
-from detok_worker.trace import RecordedRequest, Trace, TraceWriter, make_header, read_trace
-from engine_stub.scheduler import Scheduler, StepPlan
+from detok_worker.trace.format import RecordedRequest, Trace, TraceWriter, make_header, read_trace
 from engine_stub.sources import TokenSource, create_source
 
 log = logging.getLogger(__name__)

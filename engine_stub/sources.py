@@ -19,12 +19,13 @@ from typing import Any, Protocol
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
-from detok_worker.trace import Trace, read_trace
+from detok_worker.errors import OperatorError
+from detok_worker.trace.format import Trace, read_trace
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
 
-class SourceError(ValueError):
+class SourceError(OperatorError, ValueError):
     """A token source cannot be built (empty corpus, unreadable files, empty trace)."""
 
 

@@ -21,7 +21,7 @@ from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import Abort, EngineStats, Reject, Submit, TextBatch, TextDelta, WorkerStats
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig, load_config
-from detok_worker.front import create_app
+from detok_worker.front.app import create_app
 
 PLAYED_WORKER = "played-worker"
 

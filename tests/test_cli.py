@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from detok_worker.cli import build_parser
+from detok_worker.cli.main import build_parser
 from detok_worker.config import ConfigError, load_config
-from detok_worker.config_cli import add_config_flags, add_engine_flags, config_from_args, overrides_from_args
-from detok_worker.logging_setup import RateLimiter, setup_logging, warn_rate_limited
+from detok_worker.config.flags import add_config_flags, add_engine_flags, config_from_args, overrides_from_args
+from detok_worker.process.logs import RateLimiter, setup_logging, warn_rate_limited
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def test_child_dies_when_its_supervisor_is_sigkilled() -> None:
     grandchild = textwrap.dedent(
         """
         import signal, sys, time
-        from detok_worker.parent_watch import watch_parent
+        from detok_worker.process.parent_watch import watch_parent
         assert watch_parent() is not None
         print("ready", flush=True)
         time.sleep(60)

@@ -16,7 +16,7 @@ import pytest
 from conftest import load_fixture_tokenizer
 from serve_helpers import REPO, wait_for
 
-from detok_worker.trace import read_trace, tokenizer_fingerprint
+from detok_worker.trace.format import read_trace, tokenizer_fingerprint
 
 
 def detok(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

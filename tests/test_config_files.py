@@ -1,4 +1,4 @@
-"""configs/*.toml against detok_worker/config.py, and the effective-config TOML round trip."""
+"""configs/*.toml against detok_worker/config/schema.py, and the effective-config TOML round trip."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from detok_worker.config import ConfigError, DetokConfig, load_config
-from detok_worker.config_cli import config_to_toml
+from detok_worker.config import ConfigError, DetokConfig, config_to_toml, load_config
 
 if sys.version_info >= (3, 11):
     import tomllib

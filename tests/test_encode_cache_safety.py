@@ -19,8 +19,8 @@ from test_encode_cache_corpus import chat_prompts, edge_strings
 
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.encode_cache import CachedTokenizer
+from detok_worker.tokenizer.encode_cache.split_safety import plan_prefix_split
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.tokenizer.split_safety import plan_prefix_split
 
 TEMPLATE_TOKENS = {
     "qwen3": ["<|im_start|>", "<|im_end|>"],

@@ -11,7 +11,7 @@ from conftest import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
-from detok_worker.worker import run_worker
+from detok_worker.worker.process import run_worker
 from engine_stub.engine import run_engine
 from engine_stub.sources import load_corpus
 

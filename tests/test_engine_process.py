@@ -25,8 +25,8 @@ from detok_worker.bus.messages import (
     Shutdown,
     TokenBatch,
 )
-from detok_worker.trace import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
-from detok_worker.worker import run_worker
+from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
+from detok_worker.worker.process import run_worker
 from engine_stub.engine import run_engine
 from engine_stub.sources import load_corpus, primary_eos_id
 

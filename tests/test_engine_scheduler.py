@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, Tokens
-from engine_stub.scheduler import (
+from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
     BAD_STRAY_FINISH,
     ORPHAN_GRACE_S,

@@ -9,7 +9,7 @@ from conftest import load_fixture_tokenizer
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
-from detok_worker.trace import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
+from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 from engine_stub.sources import (
     CorpusSource,
     EchoSource,

@@ -5,7 +5,7 @@ whose last ids had been sent hung at the front after a SIGKILL)."""
 from __future__ import annotations
 
 from detok_worker.bus.messages import FINISH_ABORT, RequestParams, Tokens
-from engine_stub.scheduler import DELIVERY_GRACE_S, Scheduler, StepPlan
+from detok_worker.engine.scheduler import DELIVERY_GRACE_S, Scheduler, StepPlan
 
 EOS = 99
 

@@ -40,7 +40,7 @@ from serve_helpers import ServeProcess, wait_for
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, Hello, Open, Shutdown, TokenBatch, Tokens, WorkerStats
-from detok_worker.worker import run_worker
+from detok_worker.worker.process import run_worker
 
 DEFAULT_FRAMES = 2_000
 SLOW_FRAMES = 10_000

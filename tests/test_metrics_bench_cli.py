@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detok_worker.bench_cli import BENCH_DIR, SCENARIOS
+from detok_worker.cli.bench import BENCH_DIR, SCENARIOS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from conftest import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.tokenizer import create_tokenizer
-from detok_worker.trace import (
+from detok_worker.trace.format import (
     TRACE_VERSION,
     RecordedRequest,
     Trace,

@@ -24,7 +24,7 @@ from detok_worker.bus.messages import (
     TokenBatch,
     Tokens,
 )
-from detok_worker.worker import run_worker
+from detok_worker.worker.process import run_worker
 
 WORKER = "w-test"
 TEXTS = {

@@ -6,7 +6,7 @@ import pytest
 from conftest import load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
-from detok_worker.worker_state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
+from detok_worker.worker.state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from detok_worker.errors import OperatorError
 
-class BusError(Exception):
+
+class BusError(OperatorError):
     """Base class of every error the bus layer raises on purpose."""
 
 

@@ -42,8 +42,8 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError
-from detok_worker.logging_setup import RateLimiter, warn_rate_limited
 from detok_worker.metrics import FrontMetrics
+from detok_worker.process.logs import RateLimiter, warn_rate_limited
 
 log = logging.getLogger(__name__)
 

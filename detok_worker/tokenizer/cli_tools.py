@@ -18,7 +18,7 @@ import sys
 from typing import Any, TextIO
 
 from detok_worker.config import DetokConfig
-from detok_worker.config_cli import add_config_flags
+from detok_worker.config.flags import add_config_flags
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
 

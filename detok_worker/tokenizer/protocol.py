@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from detok_worker.errors import OperatorError
 
-class TokenizerError(Exception):
+
+class TokenizerError(OperatorError):
     """Base class of every error the tokenizer layer raises on purpose."""
 
 

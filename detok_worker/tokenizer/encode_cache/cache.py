@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from detok_worker.config import TokenizerCacheConfig
-from detok_worker.tokenizer.prefix_cache import PrefixEncoder, PrefixHit, PrefixStore
+from detok_worker.tokenizer.encode_cache.prefix import PrefixEncoder, PrefixHit, PrefixStore
+from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_prefix_split
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, Tokenizer
-from detok_worker.tokenizer.split_safety import SplitPlan, plan_prefix_split
 
 logger = logging.getLogger(__name__)
 
@@ -305,19 +304,3 @@ class CachedTokenizer:
 
     def __repr__(self) -> str:
         return f"CachedTokenizer({self.inner!r}, l0={self._l0 is not None}, l1={self._l1 is not None})"
-
-
-def wrap_with_encode_cache(tokenizer: Tokenizer, config: TokenizerCacheConfig) -> Tokenizer:
-    """`tokenizer` behind the levels `config` enables, its stats exported to Prometheus (the process's default
-    registry, see encode_cache_metrics); the tokenizer itself when both levels are off."""
-    if not config.enable_l0 and not config.enable_l1:
-        return tokenizer
-    from detok_worker.tokenizer.encode_cache_metrics import export_encode_cache_metrics
-
-    cached = CachedTokenizer(
-        tokenizer,
-        l0_max_entries=config.l0_max_entries if config.enable_l0 else None,
-        l1_max_memory=config.l1_max_memory if config.enable_l1 else None,
-    )
-    export_encode_cache_metrics(cached)
-    return cached

@@ -25,10 +25,10 @@ from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, Token
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
-from detok_worker.stop_signals import stop_on_signals
+from detok_worker.process.signals import stop_on_signals
 from detok_worker.stream import byte_decoding_for
 from detok_worker.tokenizer import load_configured_tokenizer
-from detok_worker.worker_state import WorkerState
+from detok_worker.worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from detok_worker.tokenizer.prefix_cache import (
+from detok_worker.tokenizer.encode_cache.prefix import (
     Boundary,
     BoundaryFinder,
     Framing,

@@ -7,7 +7,7 @@
   detok trace     record | synth | replay | inspect token traces
   detok tokenize | detokenize | template    look inside a tokenizer (ids, tokens, offsets, chat prompts)
 
-Every subcommand takes --config FILE, --set KEY=VALUE and the flags of its role (see detok_worker.config_cli).
+Every subcommand takes --config FILE, --set KEY=VALUE and the flags of its role (see detok_worker.config.flags).
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from detok_worker.bench_cli import add_bench_command
-from detok_worker.cli_trace import add_trace_commands
-from detok_worker.config import ConfigError, DetokConfig
-from detok_worker.config_cli import (
+from detok_worker.cli.bench import add_bench_command
+from detok_worker.cli.trace import add_trace_commands
+from detok_worker.config import ConfigError, DetokConfig, config_to_toml
+from detok_worker.config.flags import (
     add_config_flags,
     add_engine_flags,
     add_front_flags,
     add_worker_count_flag,
     config_from_args,
-    config_to_toml,
 )
-from detok_worker.logging_setup import setup_logging
-from detok_worker.parent_watch import watch_parent
+from detok_worker.errors import OperatorError
+from detok_worker.process.logs import setup_logging
+from detok_worker.process.parent_watch import watch_parent
 from detok_worker.tokenizer.cli_tools import add_tokenizer_commands
+from engine_stub.command import add_engine_command_flags, run_engine_command
 
 log = logging.getLogger("detok")
 
@@ -43,14 +44,14 @@ def _start_role(role: str, config: DetokConfig) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, config: DetokConfig) -> int:
-    from detok_worker.supervisor import serve
+    from detok_worker.process.supervisor import serve
 
     setup_logging("serve", config.logging.level, config.logging.format)
     return serve(config, startup_timeout_s=args.startup_timeout)
 
 
 def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
-    from detok_worker.worker import run_worker
+    from detok_worker.worker.process import run_worker
 
     _start_role(f"worker:{args.id}" if args.id else "worker", config)
     run_worker(config, args.id)
@@ -58,7 +59,7 @@ def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
-    from detok_worker.front import run_front
+    from detok_worker.front.server import run_front
 
     _start_role("front", config)
     run_front(config)
@@ -66,24 +67,13 @@ def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def cmd_engine(args: argparse.Namespace, config: DetokConfig) -> int:
-    from engine_stub.engine import run_engine
-
     _start_role("engine", config)
-    run_engine(config, args.replay, exit_after_replay=args.exit_after_replay)
-    return 0
+    return run_engine_command(args, config)
 
 
 def cmd_config(args: argparse.Namespace, config: DetokConfig) -> int:
     sys.stdout.write(config_to_toml(config))
     return 0
-
-
-def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
-    """Everything `detok engine` / `engine-stub` accept (for engine_stub/__main__.py to reuse)."""
-    add_config_flags(parser)
-    add_engine_flags(parser)
-    parser.add_argument("--replay", metavar="FILE", help="generate the requests of this trace (no front needed)")
-    parser.add_argument("--exit-after-replay", action="store_true", help="exit once the replayed requests ended")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,23 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args, config)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        if isinstance(exc, user_facing_errors()):
-            print(f"detok {args.command}: {exc}", file=sys.stderr)
-            return 1
-        raise
-
-
-def user_facing_errors() -> tuple[type[Exception], ...]:
-    """Typed errors whose message is the whole story for the operator (no traceback)."""
-    from detok_worker.bus.errors import BusError
-    from detok_worker.cli_trace import TraceInputError
-    from detok_worker.launch import LaunchError
-    from detok_worker.tokenizer.protocol import TokenizerError
-    from detok_worker.trace import TraceFormatError
-    from engine_stub.sources import SourceError
-
-    return (BusError, ConfigError, LaunchError, SourceError, TokenizerError, TraceFormatError, TraceInputError)
+    except OperatorError as exc:
+        print(f"detok {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 - Children are `python -m detok_worker.cli <role> --config <runtime_dir>/config.toml`: real, separate processes
   that all read the same effective config. Each runs in its own session (so a terminal's Ctrl-C reaches only
   the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
-  plus a parent watch, see `detok_worker.parent_watch`).
+  plus a parent watch, see `detok_worker.process.parent_watch`).
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
-  exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`detok_worker.launch`).
+  exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`detok_worker.process.launch`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
   routing id over). A dead engine or front is fatal: everything stops and the exit code is non-zero, for an
   outer service manager to act on.
@@ -38,11 +38,10 @@ import msgspec
 from detok_worker.bus.endpoints import ensure_private_dir, resolve_endpoints
 from detok_worker.bus.errors import BusError
 from detok_worker.bus.sockets import check_binds_allowed
-from detok_worker.config import DetokConfig
-from detok_worker.config_cli import config_to_toml
-from detok_worker.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
+from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
-from detok_worker.parent_watch import PARENT_PID_ENV
+from detok_worker.process.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
+from detok_worker.process.parent_watch import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,12 @@ import zmq
 from detok_worker.bus.codec import front_decoder
 from detok_worker.bus.messages import FINISH_ERROR, Reject, TextBatch
 from detok_worker.bus.sockets import BusSockets
-from detok_worker.cli_trace import TraceInputError, percentile
 from detok_worker.config import DetokConfig
-from detok_worker.supervisor import Supervisor
+from detok_worker.process.supervisor import Supervisor
 from detok_worker.tokenizer import load_configured_tokenizer
-from detok_worker.trace import Trace, read_trace, tokenizer_fingerprint
+from detok_worker.trace.format import Trace, read_trace, tokenizer_fingerprint
+from detok_worker.trace.summary import percentile
+from detok_worker.trace.synth import TraceInputError
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,14 @@ from typing import IO, Any
 import msgspec
 
 from detok_worker.bus.messages import RequestParams
+from detok_worker.errors import OperatorError
 
 TRACE_VERSION = 1
 _LENGTH = struct.Struct("<I")
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(OperatorError, ValueError):
     """A file is not a trace, is corrupt before its last record, or cannot be opened or created."""
 
 

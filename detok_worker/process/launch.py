@@ -12,13 +12,15 @@ import socket
 import tempfile
 from pathlib import Path
 
+from detok_worker.errors import OperatorError
+
 RUNTIME_DIR_PREFIX = "detok-serve-"
 PID_FILE = "supervisor.pid"
 
 log = logging.getLogger(__name__)
 
 
-class LaunchError(Exception):
+class LaunchError(OperatorError):
     """`detok serve` cannot start (the message says why, for the operator)."""
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 SCENARIOS = {
     "core": ("bench_core.py", "streaming core: fast/generic path vs tokenizers, SGLang-style, naive; stop strings"),
     "stop": ("bench_stop.py", "stop decoder with 0, 4 and 50 stop strings"),

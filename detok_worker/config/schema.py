@@ -12,16 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import tomli_w
+
+from detok_worker.errors import OperatorError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(OperatorError, ValueError):
     """A config file or override is invalid; the message names the key."""
 
 
@@ -154,3 +157,9 @@ def validate(config: DetokConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def config_to_toml(config: DetokConfig) -> str:
+    """The full effective config as a TOML document that `load_config` reads back to an equal config."""
+    header = "# effective detok configuration (every option, after files and flags)\n\n"
+    return header + tomli_w.dumps(msgspec.to_builtins(config))

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from detok_worker.tokenizer.encode_cache import CachedTokenizer, EncodeCacheStats
+    from detok_worker.tokenizer.encode_cache.cache import CachedTokenizer, EncodeCacheStats
 
 
 class EncodeCacheCollector:

@@ -8,12 +8,8 @@ Every process entry point (detok serve/worker/front/engine, engine-stub) builds 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from typing import Any
-
-import msgspec
 
 from detok_worker.config import ConfigError, DetokConfig, load_config
 
@@ -129,42 +125,3 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace) -> DetokConfig:
     """Load --config (or the default file) and apply every flag; raises ConfigError with the offending key."""
     return load_config(getattr(args, "config", None), overrides_from_args(args))
-
-
-def _toml_value(value: Any, key: str) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        # A JSON string without \u escapes (ensure_ascii=False) is a valid TOML basic string.
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(item, key) for item in value) + "]"
-    raise ConfigError(f"config key {key!r}: cannot write {type(value).__name__} as TOML")
-
-
-def _toml_table(tree: dict[str, Any], prefix: str, lines: list[str]) -> None:
-    scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in tree.items() if isinstance(v, dict)}
-    if prefix and scalars:
-        lines.append(f"[{prefix}]")
-    for key, value in scalars.items():
-        lines.append(f"{key} = {_toml_value(value, f'{prefix}.{key}' if prefix else key)}")
-    if prefix and scalars:
-        lines.append("")
-    for key, sub in tables.items():
-        _toml_table(sub, f"{prefix}.{key}" if prefix else key, lines)
-
-
-def config_to_toml(config: DetokConfig) -> str:
-    """The full effective config as a TOML document that `load_config` reads back to an equal config."""
-    lines: list[str] = ["# effective detok configuration (every option, after files and flags)", ""]
-    _toml_table(msgspec.to_builtins(config), "", lines)
-    return "\n".join(lines).rstrip() + "\n"

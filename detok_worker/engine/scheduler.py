@@ -12,7 +12,7 @@ there. When a worker dies (heartbeat timeout, unreachable, Goodbye, or a Hello t
 its requests is re-opened on a live worker: Open again, and a Tokens item with the full history so far.
 
 Delivery: a request whose generation ended (its last ids were sent, or its worker found a stop) is kept, with its
-history, until the front reports `Delivered` (engine_stub/delivery.py). If its worker is lost meanwhile, the
+history, until the front reports `Delivered` (detok_worker/engine/delivery.py). If its worker is lost meanwhile, the
 request is re-opened like a live one, its Tokens item carrying the whole history and the finish, so the front
 still gets the last characters that died in the worker's queues.
 """
@@ -35,7 +35,7 @@ from detok_worker.bus.messages import (
     TokenBatch,
     Tokens,
 )
-from engine_stub.delivery import Undelivered
+from detok_worker.engine.delivery import Undelivered
 
 PROMPT_TAIL = 8  # prompt ids sent with Open: enough context for the first output characters
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected

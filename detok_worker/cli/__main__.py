@@ -1,0 +1,5 @@
+import sys
+
+from detok_worker.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,22 @@
+"""The engine stub's command line, shared by `detok engine` and `engine-stub` / `python -m engine_stub`."""
+
+from __future__ import annotations
+
+import argparse
+
+from detok_worker.config import DetokConfig
+from detok_worker.config.flags import add_config_flags, add_engine_flags
+from engine_stub.engine import run_engine
+
+
+def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
+    """Everything `detok engine` / `engine-stub` accept."""
+    add_config_flags(parser)
+    add_engine_flags(parser)
+    parser.add_argument("--replay", metavar="FILE", help="generate the requests of this trace (no front needed)")
+    parser.add_argument("--exit-after-replay", action="store_true", help="exit once the replayed requests ended")
+
+
+def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
+    run_engine(config, args.replay, exit_after_replay=args.exit_after_replay)
+    return 0
