@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from common import CORPUS_DIRS, QWEN3_DIR
 
 from detok_worker.stream import DecodeStream, StopSequenceConfig, StopSequenceDecoder
 from detok_worker.tokenizer import create_tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-QWEN3_DIR = REPO / "detok_worker" / "tokenizer" / "data" / "qwen3"
-CORPUS_DIR = REPO / "engine_stub" / "corpus"
 
 FOUR_STOPS = ("\n\nUser:", "</answer>", "###", "Observation:")
 _WORDS = (
@@ -36,7 +33,7 @@ FIFTY_STOPS = tuple(f"{COMMON_WORDS[index % len(COMMON_WORDS)]} zq{index}" for i
 
 def load_streams(tokenizer, n_streams: int, n_tokens: int) -> list[list[int]]:
     """n_streams id sequences of real text (the corpus, each stream starting at a different place)."""
-    text = "\n\n".join(path.read_text(encoding="utf-8") for path in sorted(CORPUS_DIR.glob("*.txt")))
+    text = "\n\n".join(path.read_text(encoding="utf-8") for path in sorted(CORPUS_DIRS[-1].glob("*.txt")))
     ids = tokenizer.encode(text).ids
     while len(ids) < 2 * n_tokens:
         ids = ids + ids

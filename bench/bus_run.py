@@ -14,18 +14,17 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
-from common import REPO, percentile
+from common import CONFIGS, HERE, QWEN3_DIR, REPO, percentile
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig, load_config
 from detok_worker.process.supervisor import Supervisor
 
-NULL_WORKER = REPO / "bench" / "null_worker.py"
+NULL_WORKER = HERE / "null_worker.py"
 
 
 @dataclass
@@ -48,7 +47,7 @@ class BusResult:
 
 def bench_config(workers: int, streams: int, high_water_mark: int, tokenizer_path: str = "") -> DetokConfig:
     return load_config(
-        REPO / "configs" / "bench.toml",
+        CONFIGS / "bench.toml",
         {
             "worker.count": workers,
             "worker.stats_interval_s": 1.0,
@@ -152,4 +151,4 @@ def prompt_ids_for(tokenizer: Any, streams: int, tokens: int) -> tuple[list[list
 
 
 def default_tokenizer_path() -> str:
-    return str(Path(REPO / "detok_worker" / "tokenizer" / "data" / "qwen3"))
+    return str(QWEN3_DIR)

