@@ -40,6 +40,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.engine.scheduler import Scheduler, StepPlan
 from detok_worker.metrics import EngineMetrics
 from detok_worker.process.signals import stop_on_signals
+from detok_worker.stream.stop_rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, TraceWriter, make_header, read_trace
 from engine_stub.sources import TokenSource, create_source
@@ -111,6 +112,7 @@ class EngineProcess:
             tokens_per_step=engine.tokens_per_step,
             heartbeat_timeout_s=engine.heartbeat_timeout_s,
             eos_ids=tokenizer.eos_token_ids,
+            stop_limits=StopLimits.from_config(config),
         )
         self.replay = ReplayFeed(replay, engine.replay_speed) if replay is not None else None
         self.exit_after_replay = exit_after_replay

@@ -9,6 +9,7 @@ from bus_peers import bus_config, raw_push, short_runtime_dir
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import CollectedRequest, FrontCollector
 from detok_worker.bus.messages import EngineStats, Reject, TextBatch, TextDelta, WorkerStats
+from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
 
 
 def test_deltas_assemble_in_order_and_reopened_text_is_trimmed():
@@ -27,12 +28,24 @@ def test_deltas_assemble_in_order_and_reopened_text_is_trimmed():
     assert request.text == "Hello, world!"
 
 
-def test_gap_is_counted_not_hidden():
+def test_gap_ends_the_request_with_an_error_and_delivers_nothing_out_of_place():
     request = CollectedRequest("r")
-    request.apply(TextDelta("r", 0, "ab", 1))
-    request.apply(TextDelta("r", 5, "xy", 2))
+    assert request.apply(TextDelta("r", 0, "ab", 1)) == "ab"
+    assert request.apply(TextDelta("r", 5, "xy", 2)) == ""  # characters 2..4 never arrived
     assert request.gaps == 1
-    assert request.text == "abxy"
+    assert (request.finish, request.error) == ("error", GAP_ERROR)
+    assert request.text == "ab"
+    assert request.apply(TextDelta("r", 2, "cdexy", 3)) == ""  # ended: nothing more, even text that fits
+
+
+def test_reassembly_rule():
+    reassembly = DeltaReassembly()
+    assert reassembly.take(TextDelta("r", 0, "abc", 1)) == "abc"
+    assert reassembly.take(TextDelta("r", 1, "bcd", 2)) == "d"  # overlap: only the new tail
+    assert reassembly.take(TextDelta("r", 0, "ab", 2)) == ""  # all seen
+    assert (reassembly.delivered, reassembly.duplicate_chars, reassembly.gap) == (4, 4, False)
+    assert reassembly.take(TextDelta("r", 6, "g", 3)) is None
+    assert reassembly.gap
 
 
 def test_reject_ends_with_an_error_once():

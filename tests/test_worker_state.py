@@ -6,6 +6,7 @@ import pytest
 from conftest import load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
+from detok_worker.stream.stop_rules import StopLimits
 from detok_worker.worker.state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
 
 TEXTS = [
@@ -28,7 +29,7 @@ def _eos(tokenizer) -> int:
 class Harness:
     """Feeds TokenBatches and keeps what a front would see."""
 
-    def __init__(self, tokenizer, **limits: int) -> None:
+    def __init__(self, tokenizer, **limits: StopLimits) -> None:
         self.state = WorkerState(tokenizer, "w-test", **limits)
         self.step = 0
         self.deltas: dict[str, list[TextDelta]] = {}
@@ -260,8 +261,8 @@ def test_reopen_after_the_rid_ended_here_starts_again(qwen3):
 @pytest.mark.parametrize(
     ("params", "limits"),
     [
-        (DetokParams(stop=["a", "b", "c"]), {"max_stop_strings": 2}),
-        (DetokParams(stop=["x" * 11]), {"max_stop_string_chars": 10}),
+        (DetokParams(stop=["a", "b", "c"]), {"stop_limits": StopLimits(max_strings=2)}),
+        (DetokParams(stop=["x" * 11]), {"stop_limits": StopLimits(max_string_chars=10)}),
         (DetokParams(stop=[""]), {}),
         (DetokParams(min_tokens=-1), {}),
         (DetokParams(stop_token_ids=[-3]), {}),

@@ -1,5 +1,5 @@
 """A front without HTTP: binds the front's PULL, optionally submits to the engine, and collects every request's
-text exactly once (deltas re-sent after a re-open are trimmed by offset). For `detok trace replay`, benchmarks
+text exactly once (bus/reassembly.py). For `detok trace replay`, benchmarks
 and tests that play the front.
 """
 
@@ -25,6 +25,7 @@ from detok_worker.bus.messages import (
     TextDelta,
     WorkerStats,
 )
+from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 
@@ -35,14 +36,12 @@ class CollectedRequest:
 
     rid: str
     parts: list[str] = field(default_factory=list)
-    chars: int = 0  # characters delivered
+    reassembly: DeltaReassembly = field(default_factory=DeltaReassembly)
     n_tokens: int = 0
     finish: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
     rejected: bool = False
-    duplicate_chars: int = 0  # re-sent characters dropped (a re-open replays text from offset 0)
-    gaps: int = 0  # deltas that started past the delivered text (text was lost upstream: must stay 0)
     first_ns: int | None = None  # wall clock of the first and last received text
     last_ns: int | None = None
 
@@ -53,6 +52,20 @@ class CollectedRequest:
         return self.parts[0] if self.parts else ""
 
     @property
+    def chars(self) -> int:
+        return self.reassembly.delivered
+
+    @property
+    def duplicate_chars(self) -> int:
+        """Re-sent characters dropped (a re-open replays text from offset 0)."""
+        return self.reassembly.duplicate_chars
+
+    @property
+    def gaps(self) -> int:
+        """1 when a delta started past the delivered text (text was lost upstream: must stay 0)."""
+        return int(self.reassembly.gap)
+
+    @property
     def done(self) -> bool:
         return self.finish is not None
 
@@ -60,15 +73,12 @@ class CollectedRequest:
         """Take a delta; returns the text newly delivered by it (nothing after the request ended)."""
         if self.finish is not None:
             return ""
-        skip = self.chars - delta.offset
-        if skip < 0:
-            self.gaps += 1
-            skip = 0
-        new = delta.text[skip:] if skip < len(delta.text) else ""
-        self.duplicate_chars += len(delta.text) - len(new)
+        new = self.reassembly.take(delta)
+        if new is None:
+            self.finish, self.error = FINISH_ERROR, GAP_ERROR
+            return ""
         if new:
             self.parts.append(new)
-            self.chars += len(new)
             if self.first_ns is None:
                 self.first_ns = now_ns
             self.last_ns = now_ns

@@ -36,6 +36,7 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
+from detok_worker.stream.stop_rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
 PROMPT_TAIL = 8  # prompt ids sent with Open: enough context for the first output characters
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
@@ -98,21 +99,6 @@ def plan_output(planned: list[int], params: RequestParams) -> tuple[list[int], s
     return planned, FINISH_STOP
 
 
-def detok_params_for(params: RequestParams, eos_ids: Iterable[int]) -> DetokParams:
-    """The engine adds the tokenizer's EOS ids to the stop token ids unless ignore_eos."""
-    detok = params.detok
-    if params.ignore_eos:
-        return detok
-    stop_ids = list(dict.fromkeys([*detok.stop_token_ids, *sorted(eos_ids)]))
-    return DetokParams(
-        stop=detok.stop,
-        stop_token_ids=stop_ids,
-        include_stop_str_in_output=detok.include_stop_str_in_output,
-        skip_special_tokens=detok.skip_special_tokens,
-        min_tokens=detok.min_tokens,
-    )
-
-
 class Scheduler:
     def __init__(
         self,
@@ -121,11 +107,13 @@ class Scheduler:
         tokens_per_step: int,
         heartbeat_timeout_s: float,
         eos_ids: Iterable[int] = (),
+        stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
     ) -> None:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
+        self.stop_limits = stop_limits
         self.workers: dict[str, WorkerInfo] = {}
         self.running: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -165,6 +153,10 @@ class Scheduler:
         self.delivering.forget(rid)
         if params.max_tokens < 0:
             return self._reject(rid, f"max_tokens must be >= 0, got {params.max_tokens}")
+        try:
+            rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
+        except StopRuleError as exc:
+            return self._reject(rid, str(exc))
         # with no live worker (all restarting, none started yet) it waits like an orphan: ORPHAN_GRACE_S at most
         ids, end = plan_output(planned, params)
         if finish is not None and end != FINISH_LENGTH:
@@ -172,7 +164,7 @@ class Scheduler:
         request = Request(
             rid=rid,
             prompt_tail=list(prompt_ids[-PROMPT_TAIL:]),
-            detok=detok_params_for(params, self.eos_ids),
+            detok=rules.worker_params(),
             planned=ids,
             finish=end,
             release_ns=release_ns[: len(ids)] if release_ns is not None else None,

@@ -62,8 +62,8 @@ class Front:
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
         self.model_name = config.front.model_name or tokenizer.name
-        self.limits = Limits.from_config(config, self.model_name, tokenizer.vocab_size)
-        self.dispatcher = Dispatcher(config, tokenizer.eos_token_ids)
+        self.limits = Limits.from_config(config, self.model_name, tokenizer.vocab_size, tokenizer.eos_token_ids)
+        self.dispatcher = Dispatcher(config)
         self._api_key = config.front.api_key.encode("utf-8")
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")
 
@@ -131,7 +131,7 @@ class Front:
         model = check_model(body.model, self.limits)
         checked = check_generation(body, self.limits)
         ids = await self._off_loop(prompt_ids, body)  # chat template + tokenizing: off the event loop
-        stream = self.dispatcher.submit(ids, checked.params)
+        stream = self.dispatcher.submit(ids, checked.params, checked.stop_rules)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
         formatter = formatter_type(stream.rid, model, checked.include_usage)
         if body.stream:

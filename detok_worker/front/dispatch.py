@@ -1,8 +1,8 @@
 """The front's side of the bus: Submit/Abort out to the engine, TextBatch/WorkerStats/Reject/EngineStats in.
 
 Each live request has a RequestStream: a bounded buffer of text not yet taken by its HTTP handler, plus the
-request's end state. Deltas are deduplicated by character offset (after a worker dies the engine re-opens the
-rid elsewhere and the new worker re-sends text from offset 0). A stream whose untaken text passes
+request's end state. Deltas go through bus/reassembly.py (each character exactly once; a gap fails the
+request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
 bounded; so is one that outlives front.request_timeout_s.
 
@@ -19,7 +19,6 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -39,11 +38,13 @@ from detok_worker.bus.messages import (
     TextDelta,
     WorkerStats,
 )
+from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError
 from detok_worker.metrics import FrontMetrics
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
+from detok_worker.stream.stop_rules import StopRules
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class RequestStream:
         "rid",
         "prompt_tokens",
         "deadline",
-        "received_chars",
+        "reassembly",
         "pending_chars",
         "n_tokens",
         "finish",
@@ -67,15 +68,15 @@ class RequestStream:
         "failure",
         "done",
         "_pieces",
-        "_eos_ids",
+        "_stop_rules",
         "_wakeup",
     )
 
-    def __init__(self, rid: str, prompt_tokens: int, deadline: float, eos_ids: frozenset[int]) -> None:
+    def __init__(self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.deadline = deadline
-        self.received_chars = 0  # characters of output accepted so far (the dedup position)
+        self.reassembly = DeltaReassembly()
         self.pending_chars = 0  # accepted but not yet taken by the handler
         self.n_tokens = 0
         self.finish: str | None = None
@@ -83,21 +84,18 @@ class RequestStream:
         self.failure: APIError | None = None
         self.done = False
         self._pieces: list[str] = []
-        self._eos_ids = eos_ids
+        self._stop_rules = stop_rules
         self._wakeup = asyncio.Event()
 
-    def accept(self, delta: TextDelta) -> tuple[int, bool]:
-        """Take a delta; returns (duplicate characters dropped, whether a gap was seen)."""
-        text = delta.text
-        dropped = 0
-        gap = delta.offset > self.received_chars
-        if delta.offset < self.received_chars:
-            dropped = min(len(text), self.received_chars - delta.offset)
-            text = text[dropped:]
+    def accept(self, delta: TextDelta) -> str | None:
+        """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
+        text = self.reassembly.take(delta)
+        if text is None:
+            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            return None
         if text:
             self._pieces.append(text)
             self.pending_chars += len(text)
-            self.received_chars = max(self.received_chars, delta.offset + len(delta.text))
         self.n_tokens = max(self.n_tokens, delta.n_tokens)
         if delta.finish is not None:
             if delta.finish == FINISH_ERROR:
@@ -105,13 +103,10 @@ class RequestStream:
                 self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
             else:
                 self.finish = delta.finish
-                stop_reason = delta.stop_reason
-                # OpenAI and vLLM report stop_reason null when generation ended on EOS
-                is_eos = isinstance(stop_reason, int) and stop_reason in self._eos_ids
-                self.stop_reason = None if is_eos else stop_reason
+                self.stop_reason = self._stop_rules.client_stop_reason(delta.stop_reason)
             self.done = True
         self._wakeup.set()
-        return dropped, gap
+        return text
 
     def fail(self, error: APIError, *, drop_text: bool) -> None:
         if self.done:
@@ -138,9 +133,8 @@ class RequestStream:
 class Dispatcher:
     """Owns the front's two bus sockets, the rid -> RequestStream table and the latest engine/worker stats."""
 
-    def __init__(self, config: DetokConfig, eos_token_ids: Iterable[int]) -> None:
+    def __init__(self, config: DetokConfig) -> None:
         self.config = config
-        self._eos_ids = frozenset(eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
         self._decoder = front_decoder()
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
@@ -189,12 +183,12 @@ class Dispatcher:
 
     # ---- requests ---------------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: RequestParams) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: RequestParams, stop_rules: StopRules) -> RequestStream:
         if not self.engine_alive():
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
         rid = f"cmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + self.config.front.request_timeout_s
-        stream = RequestStream(rid, len(prompt_ids), deadline, self._eos_ids)
+        stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules)
         self._streams[rid] = stream
         self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns())))
         self.counters["requests"] += 1
@@ -299,12 +293,15 @@ class Dispatcher:
             if stream is None:  # ended here already (aborted, failed) or not ours
                 self.counters["late_deltas"] += 1
                 continue
-            dropped, gap = stream.accept(delta)
-            chars += len(delta.text) - dropped
-            if dropped:
-                self.counters["duplicate_chars_dropped"] += dropped
-            if gap:
+            duplicates = stream.reassembly.duplicate_chars
+            text = stream.accept(delta)
+            if text is None:
                 self.counters["offset_gaps"] += 1
+                self._outbox.put_nowait(encode(Abort(delta.rid)))
+            else:
+                chars += len(text)
+            if stream.reassembly.duplicate_chars > duplicates:
+                self.counters["duplicate_chars_dropped"] += stream.reassembly.duplicate_chars - duplicates
             if stream.done:
                 del self._streams[delta.rid]
                 self._outbox.put_nowait(encode(Delivered(delta.rid)))  # the engine may now forget the rid

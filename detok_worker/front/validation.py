@@ -1,9 +1,11 @@
 """Request checks shared by both endpoints: everything a client can get wrong becomes a 4xx APIError here,
-before any prompt work or bus traffic. Limits come from the config (front.* and worker.max_stop_*)."""
+before any prompt work or bus traffic. Limits come from the config (front.* and worker.max_stop_*); the stop
+fields are checked by StopRules (detok_worker/stream/stop_rules.py), the one place of the stop rule."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -12,6 +14,7 @@ from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from detok_worker.stream.stop_rules import StopLimits, StopRuleError, StopRules
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -33,18 +36,18 @@ class Limits:
     vocab_size: int
     max_tokens_default: int
     max_tokens_limit: int
-    max_stop_strings: int
-    max_stop_string_chars: int
+    stop: StopLimits
+    eos_ids: frozenset[int]
 
     @classmethod
-    def from_config(cls, config: DetokConfig, model_name: str, vocab_size: int) -> Limits:
+    def from_config(cls, config: DetokConfig, model_name: str, vocab_size: int, eos_ids: Iterable[int]) -> Limits:
         return cls(
             model_name=model_name,
             vocab_size=vocab_size,
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
-            max_stop_strings=config.worker.max_stop_strings,
-            max_stop_string_chars=config.worker.max_stop_string_chars,
+            stop=StopLimits.from_config(config),
+            eos_ids=frozenset(eos_ids),
         )
 
 
@@ -99,18 +102,6 @@ def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None
     return value
 
 
-def _stop_strings(stop: str | list[str] | None, limits: Limits) -> list[str]:
-    strings = [stop] if isinstance(stop, str) else list(stop or [])
-    if len(strings) > limits.max_stop_strings:
-        raise bad_request(f"at most {limits.max_stop_strings} stop strings are allowed (got {len(strings)})", "stop")
-    for text in strings:
-        if not text:
-            raise bad_request("stop strings must not be empty", "stop")
-        if len(text) > limits.max_stop_string_chars:
-            raise bad_request(f"a stop string is longer than {limits.max_stop_string_chars} characters", "stop")
-    return strings
-
-
 def _check_sampling(request: GenerationRequest) -> None:
     for name, low, high in _SAMPLING_RANGES:
         value = getattr(request, name)
@@ -143,6 +134,7 @@ def _check_unsupported(request: CompletionRequest | ChatCompletionRequest) -> No
 @dataclass(frozen=True, slots=True)
 class CheckedParams:
     params: RequestParams
+    stop_rules: StopRules
     include_usage: bool
 
 
@@ -159,16 +151,18 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     if not 0 <= request.min_tokens <= max_tokens:
         raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     stop_token_ids = list(request.stop_token_ids or [])
-    if len(stop_token_ids) > limits.max_stop_strings:
-        raise bad_request(f"at most {limits.max_stop_strings} stop token ids are allowed", "stop_token_ids")
-    check_token_ids(stop_token_ids, limits, "stop_token_ids")
     detok = DetokParams(
-        stop=_stop_strings(request.stop, limits),
+        stop=[request.stop] if isinstance(request.stop, str) else list(request.stop or []),
         stop_token_ids=stop_token_ids,
         include_stop_str_in_output=request.include_stop_str_in_output,
         skip_special_tokens=request.skip_special_tokens,
         min_tokens=request.min_tokens,
     )
+    try:
+        stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=request.ignore_eos)
+    except StopRuleError as exc:
+        raise bad_request(str(exc), exc.param) from exc
+    check_token_ids(stop_token_ids, limits, "stop_token_ids")
     params = RequestParams(max_tokens=max_tokens, detok=detok, ignore_eos=request.ignore_eos)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return CheckedParams(params, include_usage)
+    return CheckedParams(params, stop_rules, include_usage)

@@ -274,13 +274,6 @@ def export_jsonl(trace: Trace, path: str | Path, tokenizer: Any | None = None) -
 
 
 def _params_to_json(params: RequestParams) -> dict[str, Any]:
-    detok = params.detok
-    return {
-        "max_tokens": params.max_tokens,
-        "ignore_eos": params.ignore_eos,
-        "stop": detok.stop,
-        "stop_token_ids": detok.stop_token_ids,
-        "include_stop_str_in_output": detok.include_stop_str_in_output,
-        "skip_special_tokens": detok.skip_special_tokens,
-        "min_tokens": detok.min_tokens,
-    }
+    """Flat JSON of a request's parameters (generation fields, then the detok ones), for people."""
+    generation = {name: value for name, value in msgspec.structs.asdict(params).items() if name != "detok"}
+    return {**generation, **msgspec.structs.asdict(params.detok)}

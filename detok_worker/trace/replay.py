@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -21,6 +21,7 @@ import msgspec
 import zmq
 
 from detok_worker.bus.codec import front_decoder
+from detok_worker.bus.collector import CollectedRequest
 from detok_worker.bus.messages import FINISH_ERROR, Reject, TextBatch
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
@@ -33,23 +34,28 @@ from detok_worker.trace.synth import TraceInputError
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ReplayedRequest:
-    rid: str
-    text: str = ""
-    n_tokens: int = 0
-    finish: str | None = None
-    stop_reason: str | int | None = None
-    error: str | None = None
+def request_json(request: CollectedRequest) -> dict[str, object]:
+    return {
+        "rid": request.rid,
+        "text": request.text,
+        "n_tokens": request.n_tokens,
+        "finish": request.finish,
+        "stop_reason": request.stop_reason,
+        "error": request.error,
+    }
 
 
 @dataclass
 class ReplayReport:
-    requests: list[ReplayedRequest]
+    requests: list[CollectedRequest]
     workers: int
     elapsed_s: float = 0.0
     latencies_ns: list[int] = field(default_factory=list)
-    gaps: int = 0  # deltas that started beyond the text delivered so far (must stay 0)
+
+    @property
+    def gaps(self) -> int:
+        """Requests whose deltas had a gap (text lost upstream; must stay 0)."""
+        return sum(request.gaps for request in self.requests)
 
     @property
     def finished(self) -> int:
@@ -84,9 +90,8 @@ class ReplayCollector:
     """Front-side assembly of TextBatches into per-request texts."""
 
     def __init__(self, rids: list[str]) -> None:
-        self.by_rid = {rid: ReplayedRequest(rid) for rid in rids}
+        self.by_rid = {rid: CollectedRequest(rid) for rid in rids}
         self.latencies_ns: list[int] = []
-        self.gaps = 0
         self.finished = 0
         self.first_ns: int | None = None  # earliest TokenBatch send (engine clock)
         self.last_ns: int | None = None  # arrival of the last final delta
@@ -98,7 +103,7 @@ class ReplayCollector:
     def add(self, message: object, received_ns: int) -> int:
         """Take one decoded front message; returns how many requests it finished."""
         if isinstance(message, Reject):
-            return self._end(message.rid, FINISH_ERROR, None, message.error, received_ns)
+            return self._reject(message.rid, message.error, received_ns)
         if not isinstance(message, TextBatch) or not message.items:
             return 0
         if self.first_ns is None or message.sent_ns < self.first_ns:
@@ -109,22 +114,18 @@ class ReplayCollector:
             request = self.by_rid.get(delta.rid)
             if request is None or request.finish is not None:
                 continue
-            delivered = len(request.text)
-            if delta.offset > delivered:
-                self.gaps += 1
-            else:
-                request.text += delta.text[delivered - delta.offset :]
-            request.n_tokens = max(request.n_tokens, delta.n_tokens)
-            if delta.finish is not None:
-                request.stop_reason = delta.stop_reason
-                ended += self._end(delta.rid, delta.finish, delta.stop_reason, delta.error, received_ns)
+            request.apply(delta, received_ns)
+            if request.done:
+                self.finished += 1
+                self.last_ns = received_ns
+                ended += 1
         return ended
 
-    def _end(self, rid: str, finish: str, stop_reason: str | int | None, error: str | None, now_ns: int) -> int:
+    def _reject(self, rid: str, error: str, now_ns: int) -> int:
         request = self.by_rid.get(rid)
-        if request is None or request.finish is not None:
+        if request is None or request.done:
             return 0
-        request.finish, request.stop_reason, request.error = finish, stop_reason, error
+        request.reject(error)
         self.finished += 1
         self.last_ns = now_ns
         return 1
@@ -188,7 +189,6 @@ def replay_trace(config: DetokConfig, path: str | Path, *, timeout_s: float = 60
         workers=config.worker.count,
         elapsed_s=max(elapsed_ns, 0) / 1e9,
         latencies_ns=collector.latencies_ns,
-        gaps=collector.gaps,
     )
 
 
@@ -197,12 +197,12 @@ def print_replay_report(report: ReplayReport, *, texts: bool, as_json: bool, out
     if as_json:
         body: dict[str, object] = {"summary": report.summary()}
         if texts:
-            body["requests"] = [asdict(request) for request in report.requests]
+            body["requests"] = [request_json(request) for request in report.requests]
         out.write(json.dumps(body, ensure_ascii=False) + "\n")
         return
     if texts:
         for request in report.requests:
-            out.write(json.dumps(asdict(request), ensure_ascii=False) + "\n")
+            out.write(json.dumps(request_json(request), ensure_ascii=False) + "\n")
     summary = report.summary()
     out.write(
         f"replayed {summary['finished']}/{summary['requests']} requests through {summary['workers']} workers: "

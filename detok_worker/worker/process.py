@@ -27,6 +27,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.stream import byte_decoding_for
+from detok_worker.stream.stop_rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.worker.state import WorkerState
 
@@ -47,12 +48,7 @@ class WorkerProcess:
         self.config = config
         self.worker_id = worker_id
         self.pid = os.getpid()
-        self.state = WorkerState(
-            tokenizer,
-            worker_id,
-            max_stop_strings=config.worker.max_stop_strings,
-            max_stop_string_chars=config.worker.max_stop_string_chars,
-        )
+        self.state = WorkerState(tokenizer, worker_id, StopLimits.from_config(config))
         self.decoder = worker_decoder()
         self.metrics = WorkerMetrics(worker_id, tokenizer)
         self.sockets = BusSockets(config)

@@ -21,7 +21,6 @@ from detok_worker.bus.messages import (
     FINISH_ERROR,
     FINISH_REASONS,
     FINISH_STOP,
-    DetokParams,
     Finish,
     Open,
     TextBatch,
@@ -29,7 +28,8 @@ from detok_worker.bus.messages import (
     TokenBatch,
     Tokens,
 )
-from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
+from detok_worker.stream import StopSequenceDecoder
+from detok_worker.stream.stop_rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
 log = logging.getLogger(__name__)
 
@@ -38,30 +38,6 @@ BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 RECENTLY_ENDED_CAPACITY = 16_384
 ENGINE_ERROR = "the engine ended the request with an error"
-
-
-class InvalidDetokParamsError(ValueError):
-    """DetokParams of an Open break the worker's limits; ends that rid with an error."""
-
-
-def check_detok_params(params: DetokParams, *, max_stop_strings: int, max_stop_string_chars: int) -> None:
-    """The configured limits (the stop decoder itself rejects empty stop strings, bad ids, negative min_tokens)."""
-    if len(params.stop) > max_stop_strings:
-        raise InvalidDetokParamsError(f"too many stop strings: {len(params.stop)} (limit {max_stop_strings})")
-    for stop in params.stop:
-        if len(stop) > max_stop_string_chars:
-            raise InvalidDetokParamsError(
-                f"stop string of {len(stop)} characters exceeds the limit of {max_stop_string_chars}"
-            )
-
-
-def stop_config_for(params: DetokParams) -> StopSequenceConfig:
-    """include_stop_str_in_output makes stop strings and stop tokens visible; otherwise both are hidden."""
-    tokens = list(dict.fromkeys(params.stop_token_ids))
-    strings = list(dict.fromkeys(params.stop))
-    if params.include_stop_str_in_output:
-        return StopSequenceConfig(visible_stop_tokens=tokens, visible_stop_sequences=strings)
-    return StopSequenceConfig(stop_tokens=tokens, stop_sequences=strings)
 
 
 @dataclass(slots=True)
@@ -106,14 +82,11 @@ class WorkerState:
         self,
         tokenizer: Any,
         worker_id: str,
-        *,
-        max_stop_strings: int = 64,
-        max_stop_string_chars: int = 1024,
+        stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
     ) -> None:
         self.tokenizer = tokenizer
         self.worker_id = worker_id
-        self.max_stop_strings = max_stop_strings
-        self.max_stop_string_chars = max_stop_string_chars
+        self.stop_limits = stop_limits
         self.live: dict[str, RidState] = {}
         self._ended = _RecentlyEnded(RECENTLY_ENDED_CAPACITY)
         self.bad: Counter[str] = Counter()
@@ -185,16 +158,14 @@ class WorkerState:
         self._ended.discard(rid)
         params = open_.params
         try:
-            check_detok_params(
-                params, max_stop_strings=self.max_stop_strings, max_stop_string_chars=self.max_stop_string_chars
-            )
-        except InvalidDetokParamsError as exc:
+            rules = StopRules.from_params(params, self.stop_limits)
+        except StopRuleError as exc:
             self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
             return
         try:
             decoder = StopSequenceDecoder(
                 self.tokenizer,
-                stop_config_for(params),
+                rules.decoder_config(),
                 prompt_ids=open_.prompt_tail,
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,

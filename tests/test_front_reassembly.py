@@ -1,0 +1,31 @@
+"""The front's RequestStream goes through the one reassembly rule: re-sent text once, a gap fails the request."""
+
+from __future__ import annotations
+
+from detok_worker.bus.messages import DetokParams, TextDelta
+from detok_worker.bus.reassembly import GAP_ERROR
+from detok_worker.front.dispatch import RequestStream
+from detok_worker.stream.stop_rules import StopLimits, StopRules
+
+
+def make_stream() -> RequestStream:
+    rules = StopRules.from_params(DetokParams(stop=["###"]), StopLimits(), eos_ids=[2])
+    return RequestStream("r", prompt_tokens=3, deadline=1e18, stop_rules=rules)
+
+
+def test_resent_text_is_delivered_once_and_eos_is_a_null_stop_reason() -> None:
+    stream = make_stream()
+    assert stream.accept(TextDelta("r", 0, "Hello", 1)) == "Hello"
+    assert stream.accept(TextDelta("r", 0, "Hello, wo", 3)) == ", wo"  # a re-open replays from 0
+    assert stream.accept(TextDelta("r", 9, "rld", 4, "stop", 2)) == "rld"
+    assert (stream.done, stream.finish, stream.stop_reason, stream.failure) == (True, "stop", None, None)
+    assert stream.reassembly.duplicate_chars == 5
+
+
+def test_a_gap_fails_the_stream_and_keeps_only_text_in_place() -> None:
+    stream = make_stream()
+    assert stream.accept(TextDelta("r", 0, "ab", 1)) == "ab"
+    assert stream.accept(TextDelta("r", 4, "ef", 2)) is None
+    assert stream.done and stream.failure is not None
+    assert (stream.failure.status, stream.failure.message) == (502, GAP_ERROR)
+    assert "".join(stream._pieces) == "ab"
