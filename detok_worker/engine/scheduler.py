@@ -153,6 +153,11 @@ class Scheduler:
             request.open_ended = False
         return True
 
+    def detok_params(self, rid: str) -> DetokParams | None:
+        """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
+        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        return None if request is None else request.detok
+
     def backlog(self, rid: str) -> int:
         """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
