@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from detok_worker.bus.messages import Submit
+from detok_worker.bus.messages import DetokParams, Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_api import (
     FINISH_REASONS,
@@ -80,9 +80,10 @@ class GrpcGateway:
             await self.api.channel.close()
 
     def _start(self, submit: Submit) -> None:
-        if not self.link.accept(submit) or submit.params.max_tokens == 0:
+        detok = self.link.accept(submit)
+        if detok is None or submit.params.max_tokens == 0:
             return  # rejected, or ends at once ("length") without the engine
-        self.streams[submit.rid] = asyncio.create_task(self._generate(submit))
+        self.streams[submit.rid] = asyncio.create_task(self._generate(submit, detok))
 
     def _stop(self, rid: str) -> None:
         """A worker found a stop string, or the client went away: stop generating on the engine."""
@@ -105,12 +106,10 @@ class GrpcGateway:
         finally:
             stream.cancel()
 
-    async def _generate(self, submit: Submit) -> None:
+    async def _generate(self, submit: Submit, detok: DetokParams) -> None:
         rid = submit.rid
         link = self.link
         api = self.api
-        detok = link.scheduler.detok_params(rid)
-        assert detok is not None
         request = api.dialect.generate_request(rid, submit.prompt_ids, submit.params, detok)
         received = 0
         call = api.stub.Generate(request)

@@ -9,8 +9,8 @@ only generates:
     while running:
         news = link.poll(0.005)
         for submit in news.submitted:               # new requests: accept, then generate them
-            link.accept(submit)
-            engine.add(submit.rid, submit.prompt_ids, submit.params)
+            if (detok := link.accept(submit)) is not None:
+                engine.add(submit.rid, submit.prompt_ids, submit.params.max_tokens, detok.stop_token_ids)
         for rid in news.stopped:                    # aborted by the client, stopped by a worker (stop string)
             engine.cancel(rid)
         for rid, new_ids, finish in engine.step():  # one decode step: the new ids of every running request
@@ -39,6 +39,7 @@ from detok_worker.bus.codec import BAD_MULTIPART, encode, engine_decoder
 from detok_worker.bus.messages import (
     Abort,
     Delivered,
+    DetokParams,
     EngineStats,
     Finish,
     Goodbye,
@@ -134,9 +135,10 @@ class EngineLink:
         *,
         release_ns: list[int] | None = None,
         finish: str | None = None,
-    ) -> bool:
+    ) -> DetokParams | None:
         """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
-        stub's sources; release_ns paces them). False when it was rejected (the front is told)."""
+        stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
+        should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
         rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
         if planned is None:
             reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
@@ -144,10 +146,10 @@ class EngineLink:
             reject = self.scheduler.submit(rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish)
         if reject is not None:
             self._to_front(reject)
-            return False
+            return None
         if self.recorder is not None:
             self.recorder.request(rid, prompt_ids, params)
-        return True
+        return self.scheduler.detok_params(rid)
 
     def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
         """New ids of an accepted request (sent at the next step); `finish` ends it. False when the rid no longer
