@@ -37,6 +37,7 @@ import zmq
 
 from detok_worker.bus.codec import BAD_MULTIPART, encode, engine_decoder
 from detok_worker.bus.messages import (
+    FINISH_ERROR,
     Abort,
     Delivered,
     DetokParams,
@@ -161,9 +162,11 @@ class EngineLink:
         return self.scheduler.backlog(rid)
 
     def fail(self, rid: str, error: str) -> None:
-        """End a request with an error the client sees (the engine failed it); its worker frees it."""
-        if self.scheduler.drop(rid):
+        """End a request with an error the client sees (the engine failed it); its worker frees it. The Reject
+        leaves now, ahead of the worker's own final delta (an error too) that the next step causes."""
+        if self.scheduler.drop(rid, FINISH_ERROR):
             self._to_front(Reject(rid, error))
+            self._flush_front()
             if self.recorder is not None:
                 self.recorder.tokens(rid, [], "error")
 
