@@ -18,5 +18,10 @@ def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
+    if config.engine.source == "grpc":
+        from detok_worker.engine.grpc_gateway import run_gateway
+
+        run_gateway(config)
+        return 0
     run_engine(config, args.replay, exit_after_replay=args.exit_after_replay)
     return 0

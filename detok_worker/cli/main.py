@@ -2,7 +2,8 @@
 
   detok serve     front + engine stub + N workers, supervised (the one command most users need)
   detok worker    one detok worker process        detok front    the HTTP front
-  detok engine    the engine stub (same as `engine-stub`)
+  detok engine    the engine stub (same as `engine-stub`), or with --source grpc the gateway to a gRPC engine
+  detok engine-server    engine_stub's sources served as a gRPC VllmEngine (for tests and benches)
   detok config    print the effective config (files + flags) as TOML
   detok trace     record | synth | replay | inspect token traces
   detok tokenize | detokenize | template    look inside a tokenizer (ids, tokens, offsets, chat prompts)
@@ -32,6 +33,7 @@ from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
 from detok_worker.tokenizer.cli_tools import add_tokenizer_commands
 from engine_stub.command import add_engine_command_flags, run_engine_command
+from engine_stub.grpc_server import add_engine_server_flags
 
 log = logging.getLogger("detok")
 
@@ -71,6 +73,13 @@ def cmd_engine(args: argparse.Namespace, config: DetokConfig) -> int:
     return run_engine_command(args, config)
 
 
+def cmd_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
+    from engine_stub.grpc_server import run_engine_server
+
+    setup_logging("engine-server", config.logging.level, config.logging.format)
+    return run_engine_server(args, config)
+
+
 def cmd_config(args: argparse.Namespace, config: DetokConfig) -> int:
     sys.stdout.write(config_to_toml(config))
     return 0
@@ -102,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = command("engine", cmd_engine, "run the engine stub (same as the engine-stub command)")
     add_engine_command_flags(engine)
+
+    engine_server = command(
+        "engine-server", cmd_engine_server, "serve engine_stub's token sources as a gRPC VllmEngine (tests, benches)"
+    )
+    add_config_flags(engine_server)
+    add_engine_flags(engine_server)
+    add_engine_server_flags(engine_server)
 
     config = command("config", cmd_config, "print the effective configuration as TOML")
     add_config_flags(config)

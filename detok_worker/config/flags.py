@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from detok_worker.config import ConfigError, DetokConfig, load_config
+from detok_worker.config.schema import ENGINE_SOURCES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,7 +55,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the engine stub (also accepted by `detok serve`, which passes them to its engine)."""
     group = parser.add_argument_group("engine")
-    add_override_flag(group, "--source", "engine.source", "token source", choices=("corpus", "echo", "trace"))
+    add_override_flag(group, "--source", "engine.source", "token source", choices=ENGINE_SOURCES)
+    add_override_flag(
+        group, "--engine-url", "engine.engine_url", "grpc://host:port of the gRPC engine (--source grpc)", metavar="URL"
+    )
     add_override_flag(group, "--trace", "engine.trace", "trace file for --source trace", metavar="FILE")
     add_override_flag(
         group, "--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", type=float

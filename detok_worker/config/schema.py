@@ -24,6 +24,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # configs/, shipped as package data
 
 
+ENGINE_SOURCES = ("corpus", "echo", "trace", "grpc")
+
+
 class ConfigError(OperatorError, ValueError):
     """A config file or override is invalid; the message names the key."""
 
@@ -56,7 +59,10 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    source: str = "corpus"  # corpus | echo | trace
+    source: str = "corpus"  # corpus | echo | trace | grpc
+    engine_url: str = ""  # source = grpc: grpc://host:port of an engine serving the token-only gRPC API
+    engine_service: str = "auto"  # auto | vllm (VllmEngine) | sglang (SglangScheduler)
+    connect_timeout_s: float = 10.0  # source = grpc: how long to wait for the engine at start-up
     trace: str = ""
     corpus: str = ""  # "" = the corpus shipped with engine_stub
     step_interval_ms: float = 20.0
@@ -137,8 +143,17 @@ def validate(config: DetokConfig) -> None:
     """Checks msgspec's types cannot express."""
     checks = [
         (config.worker.count >= 1, "worker.count must be >= 1"),
-        (config.engine.source in ("corpus", "echo", "trace"), "engine.source must be corpus, echo or trace"),
+        (config.engine.source in ENGINE_SOURCES, "engine.source must be corpus, echo, trace or grpc"),
         (config.engine.source != "trace" or bool(config.engine.trace), "engine.source = trace needs engine.trace"),
+        (
+            config.engine.source != "grpc" or config.engine.engine_url.startswith("grpc://"),
+            "engine.source = grpc needs engine.engine_url = grpc://host:port",
+        ),
+        (
+            config.engine.engine_service in ("auto", "vllm", "sglang"),
+            "engine.engine_service must be auto, vllm or sglang",
+        ),
+        (config.engine.connect_timeout_s > 0, "engine.connect_timeout_s must be > 0"),
         (config.engine.step_interval_ms >= 0, "engine.step_interval_ms must be >= 0"),
         (config.engine.max_batch >= 1, "engine.max_batch must be >= 1"),
         (config.engine.tokens_per_step >= 1, "engine.tokens_per_step must be >= 1"),

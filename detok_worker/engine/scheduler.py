@@ -1,8 +1,10 @@
 """The engine stub's scheduling state, pure (no sockets, the caller passes the clock).
 
-Continuous batching: at most max_batch requests generate at once, the rest wait in arrival order. Each step
-takes the next ids of every generating request (tokens_per_step, or, when replaying a trace at recorded speed,
-every id whose time has come), groups them by owning worker and builds one TokenBatch per worker. A step is
+Continuous batching: at most max_batch requests generate at once, the rest wait in arrival order. A request's
+ids are either planned at submit (the stub's sources) or pushed as a real engine generates them (`open` +
+`push`). Each step takes the next ids of every generating request (tokens_per_step of a planned one, or, when
+replaying a trace at recorded speed, every id whose time has come; every id pushed so far of a pushed one),
+groups them by owning worker and builds one TokenBatch per worker. A step is
 only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a worker
 could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow worker,
 that worker's requests just pause.
@@ -22,7 +24,6 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from detok_worker.bus.messages import (
     FINISH_ABORT,
@@ -36,6 +37,8 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
+from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output
+from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop_rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
 PROMPT_TAIL = 8  # prompt ids sent with Open: enough context for the first output characters
@@ -44,59 +47,6 @@ DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's De
 
 BAD_DUPLICATE_RID = "duplicate_rid"
 BAD_STRAY_FINISH = "stray_finish"  # Finish for a rid the sender does not own (late, after a re-open)
-
-
-@dataclass(slots=True)
-class Request:
-    rid: str
-    prompt_tail: list[int]
-    detok: DetokParams
-    planned: list[int]  # every output id, already truncated to max_tokens
-    finish: str  # finish reason once `planned` is exhausted
-    release_ns: list[int] | None = None  # replay at recorded speed: time at which each id may be emitted
-    cursor: int = 0  # ids emitted (and committed) so far
-    worker: str | None = None
-    opened: bool = False  # the current worker has had its Open
-    orphan_since: float | None = None
-    ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
-
-
-@dataclass(slots=True)
-class WorkerInfo:
-    worker: str
-    pid: int
-    last_seen: float
-    rids: set[str] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class Emitted:
-    """Ids newly emitted for one rid in a committed batch (history re-sent on a re-open is not included)."""
-
-    rid: str
-    ids: list[int]
-    finish: str | None
-
-
-@dataclass(slots=True)
-class WorkerPlan:
-    worker: str
-    batch: TokenBatch
-    advances: list[tuple[Request, int, bool]]  # (request, cursor after this batch, ends now)
-    extra: list[Tokens]  # abort items queued for this worker
-
-
-@dataclass(slots=True)
-class StepPlan:
-    workers: list[WorkerPlan]
-    rejects: list[Reject]
-
-
-def plan_output(planned: list[int], params: RequestParams) -> tuple[list[int], str]:
-    """Truncate a source's plan to max_tokens; the finish reason the request will end with."""
-    if len(planned) > params.max_tokens:
-        return planned[: params.max_tokens], FINISH_LENGTH
-    return planned, FINISH_STOP
 
 
 class Scheduler:
@@ -114,10 +64,10 @@ class Scheduler:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
         self.stop_limits = stop_limits
-        self.workers: dict[str, WorkerInfo] = {}
+        self.registry = WorkerRegistry(heartbeat_timeout_s)
         self.running: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
-        self._waiting_rids: set[str] = set()
+        self._waiting_by_rid: dict[str, Request] = {}
         self._to_assign: list[Request] = []  # admitted or orphaned requests without a worker
         self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
@@ -135,7 +85,7 @@ class Scheduler:
         return len(self.running) + len(self.waiting)
 
     def has_rid(self, rid: str) -> bool:
-        return rid in self.running or rid in self._waiting_rids
+        return rid in self.running or rid in self._waiting_by_rid
 
     def submit(
         self,
@@ -145,8 +95,11 @@ class Scheduler:
         planned: list[int],
         release_ns: list[int] | None = None,
         finish: str | None = None,
+        *,
+        pushed: bool = False,
     ) -> Reject | None:
-        """Queue a request. Returns a Reject when it cannot be taken; a duplicate live rid is ignored."""
+        """Queue a request whose output ids are `planned` (or, with pushed, come by `push`). Returns a Reject
+        when it cannot be taken; a duplicate live rid is ignored."""
         if self.has_rid(rid):
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
@@ -158,7 +111,7 @@ class Scheduler:
         except StopRuleError as exc:
             return self._reject(rid, str(exc))
         # with no live worker (all restarting, none started yet) it waits like an orphan: ORPHAN_GRACE_S at most
-        ids, end = plan_output(planned, params)
+        ids, end = plan_output(planned, params) if not pushed else ([], FINISH_LENGTH)
         if finish is not None and end != FINISH_LENGTH:
             end = finish
         request = Request(
@@ -168,18 +121,51 @@ class Scheduler:
             planned=ids,
             finish=end,
             release_ns=release_ns[: len(ids)] if release_ns is not None else None,
+            max_tokens=params.max_tokens,
+            pushed=pushed,
+            open_ended=pushed and params.max_tokens > 0,
         )
         self.waiting.append(request)
-        self._waiting_rids.add(rid)
+        self._waiting_by_rid[rid] = request
         return None
+
+    def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
+        """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
+        dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
+        aborted, unknown): the engine should stop generating it."""
+        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        if request is None or not request.open_ended:
+            return False
+        room = request.max_tokens - len(request.planned)
+        request.planned.extend(ids[:room])
+        if len(ids) > room:
+            finish = FINISH_LENGTH
+        if finish is not None:
+            request.finish = finish
+            request.open_ended = False
+        return True
+
+    def detok_params(self, rid: str) -> DetokParams | None:
+        """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
+        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        return None if request is None else request.detok
+
+    def backlog(self, rid: str) -> int:
+        """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
+        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        return 0 if request is None else len(request.planned) - request.cursor
 
     def abort(self, rid: str) -> bool:
         """Stop generating `rid`; its worker gets Tokens(rid, [], finish="abort") to free its state."""
-        self.delivering.forget(rid)
-        if self._stop(rid):
+        if self.drop(rid):
             self.aborted += 1
             return True
         return False
+
+    def drop(self, rid: str, finish: str = FINISH_ABORT) -> bool:
+        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish)); not counted as an abort."""
+        self.delivering.forget(rid)
+        return self._stop(rid, finish)
 
     def finish(self, rid: str, worker: str) -> bool:
         """A worker found a stop (or a bad id) in `rid`: stop generating it. Only the owner's Finish counts."""
@@ -196,6 +182,7 @@ class Scheduler:
         if request.release_ns is not None:
             request.release_ns = request.release_ns[: request.cursor]
         request.finish = FINISH_STOP
+        request.open_ended = False
         self._hold(request)
         return True
 
@@ -207,46 +194,37 @@ class Scheduler:
     # ---- workers --------------------------------------------------------------------------------------
 
     def live_workers(self) -> list[str]:
-        return list(self.workers)
+        return self.registry.names()
 
     def hello(self, worker: str, pid: int, now: float) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
-        if worker in self.workers:
-            self._lose_worker(worker)
-        self.workers[worker] = WorkerInfo(worker, pid, now)
+        lost = self.registry.hello(worker, pid, now)
+        if lost is not None:
+            self._reopen(lost)
 
     def heartbeat(self, worker: str, load: int, now: float) -> bool:
         """Returns False when an unregistered worker still holds requests: they are not this engine's (it
         declared the worker dead and re-opened them elsewhere, or the engine restarted), so the worker must be
         told to shut down rather than keep stale state forever. An unregistered worker without requests joins."""
-        info = self.workers.get(worker)
-        if info is not None:
-            info.last_seen = now
-            return True
-        if load > 0:
-            return False
-        self.workers[worker] = WorkerInfo(worker, -1, now)
-        return True
+        return self.registry.heartbeat(worker, load, now)
 
     def goodbye(self, worker: str) -> None:
-        if worker in self.workers:
-            self._lose_worker(worker)
+        self._lose_worker(worker)
 
     def worker_unreachable(self, worker: str) -> None:
-        if worker in self.workers:
-            self._lose_worker(worker)
+        self._lose_worker(worker)
 
     def expire_workers(self, now: float) -> list[str]:
         """Declare workers without a recent heartbeat dead; their requests are re-opened."""
         self._now = now
-        dead = [w for w, info in self.workers.items() if now - info.last_seen > self.heartbeat_timeout_s]
+        dead = self.registry.silent(now)
         for worker in dead:
             self._lose_worker(worker)
         self.delivering.expire(now)
         return dead
 
     def worker_loads(self) -> dict[str, int]:
-        return {worker: len(info.rids) for worker, info in self.workers.items()}
+        return self.registry.loads()
 
     # ---- steps ----------------------------------------------------------------------------------------
 
@@ -264,11 +242,15 @@ class Scheduler:
                 continue
             cursor = request.cursor
             planned = request.planned
-            if request.release_ns is None:
-                end = min(cursor + tokens_per_step, len(planned))
+            if request.pushed:
+                end = len(planned)
+                ends = not request.open_ended
             else:
-                end = bisect.bisect_right(request.release_ns, now_ns, lo=cursor)
-            ends = end >= len(planned)
+                if request.release_ns is None:
+                    end = min(cursor + tokens_per_step, len(planned))
+                else:
+                    end = bisect.bisect_right(request.release_ns, now_ns, lo=cursor)
+                ends = end >= len(planned)
             if end == cursor and not ends and request.opened:
                 continue
             group = groups.get(worker)
@@ -280,7 +262,7 @@ class Scheduler:
             group[1].append(Tokens(request.rid, planned[cursor:end], request.finish if ends else None))
             group[2].append((request, end, ends))
         for worker, extra in self._pending.items():
-            if worker in self.workers and extra and worker not in groups:
+            if worker in self.registry and extra and worker not in groups:
                 groups[worker] = ([], [], [])
         self.step_number += 1
         plans = []
@@ -328,7 +310,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             request = self.waiting.popleft()
-            self._waiting_rids.discard(request.rid)
+            del self._waiting_by_rid[request.rid]
             self.running[request.rid] = request
             self._to_assign.append(request)
 
@@ -340,8 +322,8 @@ class Scheduler:
         for request in self._to_assign:
             if self.running.get(request.rid) is not request or request.worker is not None:
                 continue  # ended (abort, Finish) or already placed
-            if self.workers:
-                info = min(self.workers.values(), key=lambda w: len(w.rids))
+            info = self.registry.least_loaded()
+            if info is not None:
                 info.rids.add(request.rid)
                 request.worker = info.worker
                 request.opened = False
@@ -358,11 +340,16 @@ class Scheduler:
         return rejects
 
     def _unassign(self, request: Request) -> None:
-        if request.worker is not None and (info := self.workers.get(request.worker)) is not None:
+        if request.worker is not None and (info := self.registry.get(request.worker)) is not None:
             info.rids.discard(request.rid)
 
     def _lose_worker(self, worker: str) -> None:
-        info = self.workers.pop(worker)
+        info = self.registry.remove(worker)
+        if info is not None:
+            self._reopen(info)
+
+    def _reopen(self, info: WorkerInfo) -> None:
+        worker = info.worker
         self._pending.pop(worker, None)
         for request in self.delivering.take_worker(worker):  # the final text may have died with the worker
             self.running[request.rid] = request
@@ -375,22 +362,22 @@ class Scheduler:
                 self._to_assign.append(request)
                 self.reopened += 1
 
-    def _stop(self, rid: str) -> bool:
+    def _stop(self, rid: str, finish: str = FINISH_ABORT) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
-            if rid not in self._waiting_rids:
+            if rid not in self._waiting_by_rid:
                 return False
-            self._waiting_rids.discard(rid)
+            del self._waiting_by_rid[rid]
             self.waiting = deque(r for r in self.waiting if r.rid != rid)
             return True
         if request.worker is not None and request.opened:
-            self._pending.setdefault(request.worker, []).append(Tokens(rid, [], FINISH_ABORT))
+            self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish))
         self._unassign(request)
         return True
 
     def _hold(self, request: Request) -> None:
         """Keep an ended request until the front confirms its final text (see Delivery above)."""
-        if request.worker is not None and request.worker in self.workers:
+        if request.worker is not None and request.worker in self.registry:
             request.ended = True
             self.delivering.hold(request.rid, request, request.worker, self._now)
 

@@ -1,0 +1,190 @@
+"""The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: which service
+an engine serves, the GenerateRequest detok sends, and the start-up check (health, model info, tokenizer).
+
+Two services, the same shape: `VllmEngine` (`vllm serve --grpc`) and `SglangScheduler` (`sglang serve
+--grpc-mode`). They differ only in field names (max_tokens/min_tokens vs max_new_tokens/min_new_tokens) and
+in Abort (a list of request ids vs one); `engine.engine_service = "auto"` asks VllmEngine first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from smg_grpc_proto import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc, vllm_engine_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import common_pb2
+
+from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams
+from detok_worker.errors import OperatorError
+from detok_worker.trace.format import tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("auto", "vllm", "sglang")
+# a model's embedding table is often padded past the tokenizer's vocabulary (to a multiple of 64..1024)
+VOCAB_PADDING_LIMIT = 1024
+# reconnect fast once an engine is back (gRPC's default backoff grows to 120 s)
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH}  # anything else ends the request with an error
+
+
+class EngineConnectError(OperatorError):
+    """The gRPC engine cannot be used (down, unhealthy, another tokenizer); the message names its URL."""
+
+
+def grpc_target(url: str) -> str:
+    """grpc://host:port -> host:port (the form grpc channels take)."""
+    parts = urlsplit(url)
+    if parts.scheme != "grpc" or not parts.hostname or parts.port is None:
+        raise EngineConnectError(f"engine.engine_url must look like grpc://host:port, got {url!r}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port}"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    service: str
+    pb2: Any
+    stub_class: Any
+
+    def generate_request(self, rid: str, prompt_ids: list[int], params: RequestParams, detok: DetokParams) -> Any:
+        """Prompt ids in, ids out: stop *strings* stay with detok's workers; stop ids (EOS included as detok
+        applies it: unless ignore_eos) go to the engine so it stops generating there."""
+        pb2 = self.pb2
+        limits = {"max_tokens": params.max_tokens, "min_tokens": detok.min_tokens}
+        if self.name == "sglang":
+            limits = {"max_new_tokens": params.max_tokens, "min_new_tokens": detok.min_tokens}
+        sampling = pb2.SamplingParams(
+            stop_token_ids=detok.stop_token_ids,
+            ignore_eos=params.ignore_eos,
+            skip_special_tokens=False,
+            n=1,
+            **limits,
+        )
+        return pb2.GenerateRequest(
+            request_id=rid,
+            tokenized=pb2.TokenizedInput(input_ids=prompt_ids),
+            sampling_params=sampling,
+            stream=True,
+        )
+
+    def abort_request(self, rid: str) -> Any:
+        if self.name == "sglang":
+            return self.pb2.AbortRequest(request_id=rid, reason="detok: stopped")
+        return self.pb2.AbortRequest(request_ids=[rid])
+
+
+DIALECTS = {
+    "vllm": Dialect("vllm", "VllmEngine", vllm_engine_pb2, vllm_engine_pb2_grpc.VllmEngineStub),
+    "sglang": Dialect("sglang", "SglangScheduler", sglang_scheduler_pb2, sglang_scheduler_pb2_grpc.SglangSchedulerStub),
+}
+
+
+@dataclass
+class EngineApi:
+    """A connected, checked engine."""
+
+    url: str
+    channel: grpc.aio.Channel
+    dialect: Dialect
+    stub: Any
+    model_path: str
+
+
+def engine_failure(url: str, exc: grpc.aio.AioRpcError) -> str:
+    return f"the gRPC engine at {url} failed: {exc.code().name}: {exc.details() or 'no details'}"
+
+
+async def connect_engine(url: str, service: str, tokenizer: Any, timeout_s: float) -> EngineApi:
+    """Open a channel, find the service, check health and that the engine's ids mean what detok's tokenizer
+    says (vocab size; the tokenizer fingerprint where the engine serves GetTokenizer)."""
+    channel = grpc.aio.insecure_channel(grpc_target(url), options=CHANNEL_OPTIONS)
+    try:
+        dialect = await _healthy_dialect(url, channel, service, timeout_s)
+        stub = dialect.stub_class(channel)
+        info = await stub.GetModelInfo(dialect.pb2.GetModelInfoRequest(), timeout=timeout_s)
+        _check_vocab(url, info.vocab_size, tokenizer)
+        await _check_tokenizer_files(url, stub, tokenizer, timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        await channel.close()
+        raise EngineConnectError(engine_failure(url, exc)) from exc
+    except BaseException:
+        await channel.close()
+        raise
+    log.info("engine: %s serves %s (model %s, vocab %d)", url, dialect.service, info.model_path, info.vocab_size)
+    return EngineApi(url, channel, dialect, stub, info.model_path)
+
+
+async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:
+    names = ["vllm", "sglang"] if service == "auto" else [service]
+    for name in names:
+        dialect = DIALECTS[name]
+        stub = dialect.stub_class(channel)
+        try:
+            health = await stub.HealthCheck(dialect.pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and name != names[-1]:
+                continue
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise EngineConnectError(
+                    f"no gRPC engine answers at {url} (waited {timeout_s:g} s): {exc.details() or exc.code().name}"
+                ) from exc
+            raise
+        if not health.healthy:
+            raise EngineConnectError(f"the gRPC engine at {url} is not healthy: {health.message or 'no message'}")
+        return dialect
+    raise AssertionError("unreachable")
+
+
+def _check_vocab(url: str, engine_vocab: int, tokenizer: Any) -> None:
+    ours = tokenizer.vocab_size
+    if engine_vocab and not ours <= engine_vocab < ours + VOCAB_PADDING_LIMIT:
+        raise EngineConnectError(
+            f"the gRPC engine at {url} serves another tokenizer: its vocabulary has {engine_vocab} ids, detok's "
+            f"tokenizer ({getattr(tokenizer, 'name', '?')}) {ours}; start detok with the engine's tokenizer "
+            "(--tokenizer DIR)"
+        )
+
+
+async def _check_tokenizer_files(url: str, stub: Any, tokenizer: Any, timeout_s: float) -> None:
+    """Load the tokenizer the engine ships (GetTokenizer: a zip of its files) and compare fingerprints."""
+    from detok_worker.tokenizer import create_tokenizer
+
+    try:
+        chunks = [chunk.data async for chunk in stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=timeout_s)]
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        log.info("engine: %s does not serve GetTokenizer; checked the vocabulary size only", url)
+        return
+    with tempfile.TemporaryDirectory(prefix="detok-engine-tokenizer-") as directory:
+        with zipfile.ZipFile(io.BytesIO(b"".join(chunks))) as archive:
+            archive.extractall(directory)
+        theirs = await asyncio.to_thread(lambda: tokenizer_fingerprint(create_tokenizer(directory)))
+    ours = await asyncio.to_thread(tokenizer_fingerprint, tokenizer)
+    if theirs != ours:
+        raise EngineConnectError(
+            f"the gRPC engine at {url} serves another tokenizer (GetTokenizer: fingerprint {theirs}, detok's "
+            f"{ours}); start detok with the engine's tokenizer (--tokenizer DIR)"
+        )
+
+
+def new_ids_of_complete(output_ids: list[int], received: int) -> list[int]:
+    """The ids a GenerateComplete adds to the `received` streamed ones: engines put either every output id in
+    it or none (or only the last chunk's, already streamed)."""
+    if received == 0 or len(output_ids) > received:
+        return output_ids[received:]
+    return []

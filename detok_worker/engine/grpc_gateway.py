@@ -1,0 +1,158 @@
+"""`detok engine --source grpc`: detok as the gateway in front of an engine that serves the token-only gRPC API
+(vLLM `--grpc`, SGLang `--grpc-mode`, engine_stub's `detok engine-server`).
+
+One asyncio loop: every Submit opens a streaming Generate on the engine (grpc_api.Dialect.generate_request); the
+ids of its chunks are pushed into the EngineLink as they arrive, and every engine.step_interval_ms the link sends
+one TokenBatch per worker with what arrived meanwhile. A rid a worker stopped (stop string) or the client left is
+aborted on the engine (the stream is cancelled and Abort is sent). An engine failure mid-stream ends each open
+request with an error naming the engine (the client gets it at once); new requests fail the same way until the
+engine is back, then work again (the channel reconnects by itself).
+Backpressure: while a rid's ids wait in the link (its worker's queue is full) its stream is not read, so gRPC's
+flow control holds the engine back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from detok_worker.bus.messages import DetokParams, Submit
+from detok_worker.config import DetokConfig
+from detok_worker.engine.grpc_api import (
+    FINISH_REASONS,
+    EngineApi,
+    connect_engine,
+    engine_failure,
+    new_ids_of_complete,
+)
+from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.process.signals import stop_on_signals
+from detok_worker.tokenizer import load_configured_tokenizer
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.05  # nothing in flight: wait this long on the bus sockets
+BACKLOG_LIMIT = 256  # ids of a rid waiting for its worker before its stream is read again
+ABORT_TIMEOUT_S = 5.0
+
+
+class GrpcGateway:
+    def __init__(self, config: DetokConfig, tokenizer: Any, api: EngineApi) -> None:
+        self.config = config
+        self.api = api
+        self.link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, recorder=recorder_for(config, tokenizer))
+        self.tick_s = config.engine.step_interval_ms / 1000.0
+        self.streams: dict[str, asyncio.Task[None]] = {}
+        self.background: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+        self.engine_aborts = 0
+
+    def request_stop(self) -> None:
+        self.stopping = True
+
+    async def run(self) -> None:
+        endpoints = self.link.sockets.endpoints
+        log.info(
+            "engine: gateway to %s; submits at %s, workers at %s", self.api.url, endpoints.engine, endpoints.workers
+        )
+        link = self.link
+        try:
+            while not self.stopping:
+                idle = not self.streams and not link.scheduler.has_work()
+                news = link.poll(IDLE_POLL_S if idle else 0.0)
+                for submit in news.submitted:
+                    self._start(submit)
+                for rid in news.stopped:
+                    self._stop(rid)
+                if link.scheduler.has_work():
+                    link.step()
+                await asyncio.sleep(0 if idle else self.tick_s)
+        finally:
+            for task in list(self.streams.values()):
+                task.cancel()
+            await asyncio.gather(*self.streams.values(), *self.background, return_exceptions=True)
+            link.close()
+            await self.api.channel.close()
+
+    def _start(self, submit: Submit) -> None:
+        detok = self.link.accept(submit)
+        if detok is None or submit.params.max_tokens == 0:
+            return  # rejected, or ends at once ("length") without the engine
+        self.streams[submit.rid] = asyncio.create_task(self._generate(submit, detok))
+
+    def _stop(self, rid: str) -> None:
+        """A worker found a stop string, or the client went away: stop generating on the engine."""
+        task = self.streams.pop(rid, None)
+        if task is None:
+            return
+        abort = asyncio.create_task(self._abort_on_engine(rid, task))
+        self.background.add(abort)
+        abort.add_done_callback(self.background.discard)
+
+    async def _abort_on_engine(self, rid: str, stream: asyncio.Task[None]) -> None:
+        """Abort first (the engine frees the request at once), then drop the stream (no more ids are pushed
+        for the rid meanwhile: the link refuses them)."""
+        api = self.api
+        try:
+            await api.stub.Abort(api.dialect.abort_request(rid), timeout=ABORT_TIMEOUT_S)
+            self.engine_aborts += 1
+        except grpc.aio.AioRpcError as exc:  # the cancelled stream tells the engine too
+            log.debug("engine: Abort(%s) on %s failed: %s", rid, api.url, exc.code().name)
+        finally:
+            stream.cancel()
+
+    async def _generate(self, submit: Submit, detok: DetokParams) -> None:
+        rid = submit.rid
+        link = self.link
+        api = self.api
+        request = api.dialect.generate_request(rid, submit.prompt_ids, submit.params, detok)
+        received = 0
+        call = api.stub.Generate(request)
+        try:
+            async for response in call:
+                kind = response.WhichOneof("response")
+                if kind == "chunk":
+                    ids = list(response.chunk.token_ids)
+                    received += len(ids)
+                    if not link.push(rid, ids):
+                        return
+                    while link.backlog(rid) > BACKLOG_LIMIT:
+                        await asyncio.sleep(self.tick_s or 0.001)
+                elif kind == "complete":
+                    complete = response.complete
+                    finish = FINISH_REASONS.get(complete.finish_reason)
+                    if finish is None:
+                        link.fail(rid, f"the gRPC engine at {api.url} ended the request: {complete.finish_reason}")
+                    else:
+                        link.push(rid, new_ids_of_complete(list(complete.output_ids), received), finish)
+                    return
+            link.fail(rid, f"the gRPC engine at {api.url} ended the stream without GenerateComplete")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                link.fail(rid, engine_failure(api.url, exc))
+        finally:
+            call.cancel()
+            if self.streams.get(rid) is asyncio.current_task():
+                del self.streams[rid]
+
+
+def run_gateway(config: DetokConfig) -> None:
+    """Connect to engine.engine_url, check it, and serve the bus until SIGINT/SIGTERM."""
+    engine = config.engine
+    tokenizer = load_configured_tokenizer(config)
+
+    async def main() -> None:
+        started = time.monotonic()
+        api = await connect_engine(engine.engine_url, engine.engine_service, tokenizer, engine.connect_timeout_s)
+        log.info("engine: connected to %s in %.2f s", engine.engine_url, time.monotonic() - started)
+        gateway = GrpcGateway(config, tokenizer, api)
+        with stop_on_signals(gateway.request_stop):
+            await gateway.run()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

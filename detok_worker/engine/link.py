@@ -1,0 +1,313 @@
+"""The engine's side of the detok bus, for any engine loop: the stub's, the gRPC gateway's, a real scheduler's.
+
+`EngineLink` binds the engine sockets (docs/protocol.md), takes Submit/Abort/Delivered from the front and
+Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registry, rid -> worker assignment,
+re-open on worker loss, Delivered bookkeeping), and on `step()` sends one TokenBatch per worker. The engine loop
+only generates:
+
+    link = EngineLink(config, eos_ids=tokenizer.eos_token_ids)
+    while running:
+        news = link.poll(0.005)
+        for submit in news.submitted:               # new requests: accept, then generate them
+            if (detok := link.accept(submit)) is not None:
+                engine.add(submit.rid, submit.prompt_ids, submit.params.max_tokens, detok.stop_token_ids)
+        for rid in news.stopped:                    # aborted by the client, stopped by a worker (stop string)
+            engine.cancel(rid)
+        for rid, new_ids, finish in engine.step():  # one decode step: the new ids of every running request
+            link.push(rid, new_ids, finish)
+        link.step()                                 # one TokenBatch per worker
+
+Never blocks on a peer: a TokenBatch a worker cannot take now is planned again at the next step (its ids wait in
+the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
+is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
+to live workers. Messages to a stalled front wait in a bounded outbox. Every bad frame is counted and skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from detok_worker.bus.codec import BAD_MULTIPART, encode, engine_decoder
+from detok_worker.bus.messages import (
+    FINISH_ERROR,
+    Abort,
+    Delivered,
+    DetokParams,
+    EngineStats,
+    Finish,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    Reject,
+    Shutdown,
+    Submit,
+)
+from detok_worker.bus.sockets import BusSockets, recv_single_frame
+from detok_worker.config import DetokConfig
+from detok_worker.engine.scheduler import Scheduler
+from detok_worker.metrics import EngineMetrics
+from detok_worker.stream.stop_rules import StopLimits
+from detok_worker.trace.format import TraceWriter, make_header
+
+log = logging.getLogger(__name__)
+
+FRAMES_PER_WAKEUP = 1024
+FRONT_OUTBOX_LIMIT = 100_000
+BAD_UNEXPECTED = "unexpected"  # a valid message on the wrong socket (e.g. Hello at the front's PULL)
+BAD_SOURCE = "source_error"
+BAD_WORKER_ID = "worker_id"  # a worker message whose routing id is not a UTF-8 worker id
+STALE_WORKER = "you hold requests this engine does not know (declared dead, or the engine restarted)"
+
+
+@dataclass(slots=True)
+class BusNews:
+    """What happened on the bus since the last poll."""
+
+    submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
+    stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
+
+
+def recorder_for(config: DetokConfig, tokenizer: Any) -> TraceWriter | None:
+    """The trace recorder of engine.record ("" = none)."""
+    engine = config.engine
+    return TraceWriter(engine.record, make_header(tokenizer, f"engine:{engine.source}")) if engine.record else None
+
+
+class EngineLink:
+    def __init__(
+        self, config: DetokConfig, *, eos_ids: Iterable[int] = (), recorder: TraceWriter | None = None
+    ) -> None:
+        engine = config.engine
+        self.config = config
+        self.scheduler = Scheduler(
+            max_batch=engine.max_batch,
+            tokens_per_step=engine.tokens_per_step,
+            heartbeat_timeout_s=engine.heartbeat_timeout_s,
+            eos_ids=eos_ids,
+            stop_limits=StopLimits.from_config(config),
+        )
+        self.recorder = recorder
+        self.decoder = engine_decoder()
+        self.metrics = EngineMetrics()
+        self.sockets = BusSockets(config)
+        self.from_front = self.sockets.engine_pull()
+        self.workers = self.sockets.worker_router()
+        self.to_front = self.sockets.front_push()
+        self.poller = zmq.Poller()
+        self.poller.register(self.from_front, zmq.POLLIN)
+        self.poller.register(self.workers, zmq.POLLIN)
+        self.front_outbox: deque[bytes] = deque()
+        self.steps = 0
+        self.blocked = False  # the last step found a worker's queue full
+        self.blocked_sends = 0
+        self._news = BusNews()
+        self.next_stats = time.monotonic()
+
+    # ---- the engine loop's API ----------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 0.0) -> BusNews:
+        """Wait up to timeout_s for bus traffic, take all of it, run the timers (worker liveness, stats);
+        returns the news since the last poll."""
+        events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
+        if self.workers in events:
+            self._drain_workers()
+        if self.from_front in events:
+            self._drain_front()
+        now = time.monotonic()
+        for worker in self.scheduler.expire_workers(now):
+            log.warning("engine: worker %s missed its heartbeats; re-opening its requests elsewhere", worker)
+        if now >= self.next_stats:
+            self._send_stats()
+            self.next_stats = now + self.config.engine.stats_interval_s
+        self._flush_front()
+        news, self._news = self._news, BusNews()
+        return news
+
+    def accept(
+        self,
+        submit: Submit,
+        planned: list[int] | None = None,
+        *,
+        release_ns: list[int] | None = None,
+        finish: str | None = None,
+    ) -> DetokParams | None:
+        """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
+        stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
+        should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
+        rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
+        if planned is None:
+            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
+        else:
+            reject = self.scheduler.submit(rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish)
+        if reject is not None:
+            self._to_front(reject)
+            return None
+        if self.recorder is not None:
+            self.recorder.request(rid, prompt_ids, params)
+        return self.scheduler.detok_params(rid)
+
+    def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
+        """New ids of an accepted request (sent at the next step); `finish` ends it. False when the rid no longer
+        generates (stopped, aborted, unknown): stop generating it."""
+        return self.scheduler.push(rid, ids, finish)
+
+    def backlog(self, rid: str) -> int:
+        """Ids pushed for `rid` that its worker has not taken yet (backpressure: pause a rid with a big one)."""
+        return self.scheduler.backlog(rid)
+
+    def fail(self, rid: str, error: str) -> None:
+        """End a request with an error the client sees (the engine failed it); its worker frees it. The Reject
+        leaves now, ahead of the worker's own final delta (an error too) that the next step causes."""
+        if self.scheduler.drop(rid, FINISH_ERROR):
+            self._to_front(Reject(rid, error))
+            self._flush_front()
+            if self.recorder is not None:
+                self.recorder.tokens(rid, [], "error")
+
+    def step(self) -> int:
+        """Send one TokenBatch per worker with work; returns how many were sent."""
+        plan = self.scheduler.plan_step(time.monotonic(), time.monotonic_ns(), time.time_ns())
+        for reject in plan.rejects:
+            self._news.stopped.append(reject.rid)
+            self._to_front(reject)
+        sent = 0
+        blocked_before = self.blocked_sends
+        recorder = self.recorder
+        for worker_plan in plan.workers:
+            if self._send_worker(worker_plan.worker.encode("utf-8"), worker_plan.batch):
+                emitted = self.scheduler.commit(worker_plan, report=recorder is not None)
+                sent += 1
+                if recorder is not None:
+                    for item in emitted:
+                        recorder.tokens(item.rid, item.ids, item.finish)
+        self.steps += 1
+        self.blocked = self.blocked_sends > blocked_before
+        self._flush_front()
+        return sent
+
+    def reject(self, rid: str, error: str) -> None:
+        """Refuse a request that was never accepted (e.g. the token source failed for it)."""
+        self._to_front(Reject(rid, error))
+
+    def close(self) -> None:
+        self.sockets.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+    # ---- incoming ---------------------------------------------------------------------------------------
+
+    def _drain_front(self) -> None:
+        scheduler = self.scheduler
+        for _ in range(FRAMES_PER_WAKEUP):
+            try:
+                frame = recv_single_frame(self.from_front, self.decoder)
+            except zmq.Again:
+                return
+            message = self.decoder.decode(frame) if frame is not None else None
+            if isinstance(message, Submit):
+                self._news.submitted.append(message)
+            elif isinstance(message, Abort):
+                if scheduler.abort(message.rid):
+                    self._news.stopped.append(message.rid)
+                    if self.recorder is not None:
+                        self.recorder.tokens(message.rid, [], message.reason)
+                else:
+                    self._withdraw(message.rid)
+            elif isinstance(message, Delivered):
+                scheduler.delivered(message.rid)
+            elif message is not None:
+                self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
+
+    def _withdraw(self, rid: str) -> None:
+        """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
+        submitted = self._news.submitted
+        for index, submit in enumerate(submitted):
+            if submit.rid == rid:
+                del submitted[index]
+                self.scheduler.aborted += 1
+                return
+
+    def _drain_workers(self) -> None:
+        now = time.monotonic()
+        scheduler = self.scheduler
+        for _ in range(FRAMES_PER_WAKEUP):
+            try:
+                parts = self.workers.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 2:
+                self.decoder.count_bad(BAD_MULTIPART, f"{len(parts)} parts")
+                continue
+            identity, frame = parts
+            try:
+                worker = identity.decode("utf-8")
+            except UnicodeDecodeError:  # a DEALER without ROUTING_ID: nothing could be routed back to it by name
+                self.decoder.count_bad(BAD_WORKER_ID, identity)
+                continue
+            message = self.decoder.decode(frame)
+            if isinstance(message, Heartbeat):
+                if not scheduler.heartbeat(worker, message.load, now):
+                    self._send_worker(identity, Shutdown(STALE_WORKER))
+            elif isinstance(message, Finish):
+                if scheduler.finish(message.rid, worker):
+                    self._news.stopped.append(message.rid)
+                    if self.recorder is not None:
+                        self.recorder.tokens(message.rid, [], message.reason)
+            elif isinstance(message, Hello):
+                log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
+                scheduler.hello(worker, message.pid, now)
+            elif isinstance(message, Goodbye):
+                log.info("engine: worker %s leaves", worker)
+                scheduler.goodbye(worker)
+            elif message is not None:
+                self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
+
+    def _send_worker(self, identity: bytes, message: object) -> bool:
+        try:
+            self.workers.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.blocked_sends += 1  # its queue is full: retried next step
+            return False
+        except zmq.ZMQError as exc:
+            worker = identity.decode("utf-8", "replace")
+            log.warning("engine: cannot send to worker %s (%s); re-opening its requests elsewhere", worker, exc)
+            self.scheduler.worker_unreachable(worker)
+            return False
+
+    # ---- to the front -------------------------------------------------------------------------------------
+
+    def _to_front(self, message: object) -> None:
+        if len(self.front_outbox) < FRONT_OUTBOX_LIMIT:
+            self.front_outbox.append(encode(message))
+
+    def _flush_front(self) -> None:
+        while self.front_outbox:
+            try:
+                self.to_front.send(self.front_outbox[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.front_outbox.popleft()
+
+    def _send_stats(self) -> None:
+        scheduler = self.scheduler
+        bad = Counter(self.decoder.bad_frames)
+        bad.update(scheduler.bad)
+        stats = EngineStats(
+            live_rids=scheduler.live_rids,
+            workers=scheduler.worker_loads(),
+            bad_frames=dict(bad),
+            aborted=scheduler.aborted,
+            reopened=scheduler.reopened,
+        )
+        self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
+        with contextlib.suppress(zmq.Again):  # periodic; the next one will do
+            self.to_front.send(encode(stats), zmq.NOBLOCK)

@@ -1,0 +1,56 @@
+"""The scheduler's data: a request as the engine tracks it, and one step's plan (a TokenBatch per worker, not
+yet sent; detok_worker/engine/scheduler.py commits what was sent)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, Reject, RequestParams, TokenBatch, Tokens
+
+
+@dataclass(slots=True)
+class Request:
+    rid: str
+    prompt_tail: list[int]
+    detok: DetokParams
+    planned: list[int]  # every output id, already truncated to max_tokens (pushed: every id pushed so far)
+    finish: str  # finish reason once `planned` is exhausted
+    max_tokens: int = 0
+    pushed: bool = False  # ids arrive by push(); a step emits every id pushed so far
+    open_ended: bool = False  # pushed, and the engine has not ended it yet: more ids may come
+    release_ns: list[int] | None = None  # replay at recorded speed: time at which each id may be emitted
+    cursor: int = 0  # ids emitted (and committed) so far
+    worker: str | None = None
+    opened: bool = False  # the current worker has had its Open
+    orphan_since: float | None = None
+    ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
+
+
+@dataclass(slots=True)
+class Emitted:
+    """Ids newly emitted for one rid in a committed batch (history re-sent on a re-open is not included)."""
+
+    rid: str
+    ids: list[int]
+    finish: str | None
+
+
+@dataclass(slots=True)
+class WorkerPlan:
+    worker: str
+    batch: TokenBatch
+    advances: list[tuple[Request, int, bool]]  # (request, cursor after this batch, ends now)
+    extra: list[Tokens]  # abort items queued for this worker
+
+
+@dataclass(slots=True)
+class StepPlan:
+    workers: list[WorkerPlan]
+    rejects: list[Reject]
+
+
+def plan_output(planned: list[int], params: RequestParams) -> tuple[list[int], str]:
+    """Truncate a source's plan to max_tokens; the finish reason the request will end with."""
+    if len(planned) > params.max_tokens:
+        return planned[: params.max_tokens], FINISH_LENGTH
+    return planned, FINISH_STOP

@@ -1,0 +1,63 @@
+"""The engine's registry of live detok workers: who is alive (Hello, heartbeats), which rids each one owns, and
+who is lost (heartbeat timeout, Goodbye, unreachable, a Hello that shows a restart). Pure: the caller passes the
+clock and re-opens a lost worker's rids (detok_worker/engine/scheduler.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    worker: str
+    pid: int
+    last_seen: float
+    rids: set[str] = field(default_factory=set)
+
+
+class WorkerRegistry:
+    def __init__(self, heartbeat_timeout_s: float) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.workers: dict[str, WorkerInfo] = {}
+
+    def __contains__(self, worker: str) -> bool:
+        return worker in self.workers
+
+    def __bool__(self) -> bool:
+        return bool(self.workers)
+
+    def get(self, worker: str) -> WorkerInfo | None:
+        return self.workers.get(worker)
+
+    def names(self) -> list[str]:
+        return list(self.workers)
+
+    def loads(self) -> dict[str, int]:
+        return {worker: len(info.rids) for worker, info in self.workers.items()}
+
+    def least_loaded(self) -> WorkerInfo | None:
+        return min(self.workers.values(), key=lambda w: len(w.rids)) if self.workers else None
+
+    def hello(self, worker: str, pid: int, now: float) -> WorkerInfo | None:
+        """Register a (re)started worker; returns its previous incarnation, whose rids are lost."""
+        lost = self.workers.pop(worker, None)
+        self.workers[worker] = WorkerInfo(worker, pid, now)
+        return lost
+
+    def heartbeat(self, worker: str, load: int, now: float) -> bool:
+        """False when an unregistered worker still holds rids (see Scheduler.heartbeat); one without joins."""
+        info = self.workers.get(worker)
+        if info is not None:
+            info.last_seen = now
+            return True
+        if load > 0:
+            return False
+        self.workers[worker] = WorkerInfo(worker, -1, now)
+        return True
+
+    def remove(self, worker: str) -> WorkerInfo | None:
+        return self.workers.pop(worker, None)
+
+    def silent(self, now: float) -> list[str]:
+        """Workers without a heartbeat for longer than the timeout (still registered: the caller removes them)."""
+        return [w for w, info in self.workers.items() if now - info.last_seen > self.heartbeat_timeout_s]

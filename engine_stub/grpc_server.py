@@ -1,0 +1,233 @@
+"""`detok engine-server` / `python -m engine_stub.grpc_server`: engine_stub's token sources (corpus, echo, trace)
+served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests and
+benches of detok's gateway (`--source grpc`) and of other gateways (SMG).
+
+Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
+engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
+GenerateComplete with every output id. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the
+request's stop_token_ids, none before min_tokens) and at max_tokens. Abort (and a cancelled stream) stops a
+request. Counts go to the log at exit and, with --stats-file, to a JSON file rewritten every 0.1 s while they
+change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming a request that was
+running, or whose stream the client had just cancelled), abort_calls.
+GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
+serves that directory's files as a zip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import signal
+import time
+import zipfile
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from smg_grpc_proto import vllm_engine_pb2 as pb2
+from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
+from smg_grpc_proto.generated import common_pb2
+
+from detok_worker.bus.messages import DetokParams, RequestParams
+from detok_worker.config import DetokConfig
+from detok_worker.tokenizer import load_configured_tokenizer
+from detok_worker.tokenizer.factory import DEFAULT_TOKENIZER_DIR
+from engine_stub.sources import TokenSource, create_source
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 4096  # a request without max_tokens
+STATS_INTERVAL_S = 0.1
+ZIP_CHUNK = 1 << 20
+DROPPED_KEPT = 10_000
+
+
+def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) -> tuple[list[int], str, int | None]:
+    """(output ids, finish reason, matched stop id) of a plan under the engine's own stop rules."""
+    stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+    for index in range(params.detok.min_tokens, min(len(ids), params.max_tokens)):
+        if ids[index] in stop_ids:
+            return ids[: index + 1], "stop", ids[index]
+    if len(ids) > params.max_tokens:
+        return ids[: params.max_tokens], "length", None
+    return ids, "stop", None
+
+
+def tokenizer_dir(config: DetokConfig) -> Path:
+    path = Path(config.tokenizer.path) if config.tokenizer.path else DEFAULT_TOKENIZER_DIR
+    return path if path.is_dir() else path.parent
+
+
+class StubEngineServicer(pb2_grpc.VllmEngineServicer):
+    def __init__(self, config: DetokConfig, tokenizer: Any, source: TokenSource) -> None:
+        engine = config.engine
+        self.tokenizer = tokenizer
+        self.source = source
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.model_dir = tokenizer_dir(config).resolve()
+        self.model_name = config.front.model_name or self.model_dir.name
+        self.step_s = engine.step_interval_ms / 1000.0
+        self.tokens_per_step = engine.tokens_per_step
+        self.running: set[str] = set()
+        self.aborting: set[str] = set()
+        self.dropped: dict[str, None] = {}  # rids whose stream the client cancelled (recent ones), oldest first
+        self.counts: Counter[str] = Counter()
+
+    async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802 - the gRPC method
+        rid = request.request_id
+        sampling = request.sampling_params
+        params = RequestParams(
+            max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+            detok=DetokParams(stop_token_ids=list(sampling.stop_token_ids), min_tokens=sampling.min_tokens),
+            ignore_eos=sampling.ignore_eos,
+        )
+        prompt_ids = list(request.tokenized.input_ids)
+        plan = self.source.plan(rid, prompt_ids, params)
+        ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
+        self.counts["requests"] += 1
+        self.running.add(rid)
+        started = time.monotonic()
+        done = False
+        try:
+            for start in range(0, len(ids), self.tokens_per_step):
+                if rid in self.aborting:
+                    finish = "abort"
+                    break
+                end = start + self.tokens_per_step
+                if plan.offsets_ns is not None:
+                    due = started + plan.offsets_ns[min(end, len(ids)) - 1] / 1e9
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                elif self.step_s and start:
+                    await asyncio.sleep(self.step_s)
+                chunk = pb2.GenerateStreamChunk(
+                    token_ids=ids[start:end], prompt_tokens=len(prompt_ids), completion_tokens=min(end, len(ids))
+                )
+                yield pb2.GenerateResponse(chunk=chunk)
+            complete = pb2.GenerateComplete(
+                output_ids=ids if finish != "abort" else [],
+                finish_reason=finish,
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(ids),
+            )
+            if matched is not None and finish == "stop":
+                complete.matched_token_id = matched
+            yield pb2.GenerateResponse(complete=complete)
+            done = True
+            self.counts["completed" if finish != "abort" else "aborted_streams"] += 1
+        finally:
+            if not done:
+                self.counts["cancelled"] += 1  # the client dropped the stream
+                self.dropped[rid] = None
+                if len(self.dropped) > DROPPED_KEPT:
+                    del self.dropped[next(iter(self.dropped))]
+            self.running.discard(rid)
+            self.aborting.discard(rid)
+
+    async def Abort(self, request: Any, context: Any) -> Any:  # noqa: N802
+        for rid in request.request_ids:
+            self.counts["abort_calls"] += 1
+            if rid in self.running:
+                self.counts["aborted"] += 1
+                self.aborting.add(rid)
+            elif self.dropped.pop(rid, 0) is None:  # the client cancelled the stream just before: still an abort
+                self.counts["aborted"] += 1
+        return pb2.AbortResponse()
+
+    async def HealthCheck(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.HealthCheckResponse(healthy=True, message="ok")
+
+    async def GetModelInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.GetModelInfoResponse(
+            model_path=str(self.model_dir),
+            tokenizer_path=str(self.model_dir),
+            served_model_name=self.model_name,
+            is_generation=True,
+            vocab_size=self.tokenizer.vocab_size,
+            max_context_length=1 << 20,
+            eos_token_ids=sorted(self.eos_ids),
+        )
+
+    async def GetTokenizer(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in sorted(self.model_dir.iterdir()):
+                if file.is_file():
+                    archive.write(file, file.name)
+        data = buffer.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        for start in range(0, len(data), ZIP_CHUNK):
+            last = start + ZIP_CHUNK >= len(data)
+            yield common_pb2.GetTokenizerChunk(data=data[start : start + ZIP_CHUNK], sha256=digest if last else "")
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counts, "running": len(self.running)}
+
+
+async def serve_engine(config: DetokConfig, listen: str, stats_file: str | None = None) -> None:
+    tokenizer = load_configured_tokenizer(config)
+    servicer = StubEngineServicer(config, tokenizer, create_source(config, tokenizer))
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    host = listen.rsplit(":", 1)[0]
+    print(f"engine server listening on grpc://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    written: dict[str, int] | None = None
+    while not stop.is_set():
+        if stats_file and (stats := servicer.stats()) != written:
+            write_stats(stats_file, stats)
+            written = stats
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), STATS_INTERVAL_S)
+    await server.stop(grace=1.0)
+    if stats_file:
+        write_stats(stats_file, servicer.stats())
+    log.info("engine server: %s", json.dumps(servicer.stats(), sort_keys=True))
+
+
+def write_stats(path: str, stats: dict[str, int]) -> None:
+    temporary = f"{path}.tmp"
+    Path(temporary).write_text(json.dumps(stats, sort_keys=True))
+    os.replace(temporary, path)
+
+
+def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
+    parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
+
+
+def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
+    asyncio.run(serve_engine(config, args.listen, args.stats_file))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from detok_worker.config.flags import add_config_flags, add_engine_flags, config_from_args
+    from detok_worker.process.logs import setup_logging
+
+    parser = argparse.ArgumentParser(prog="engine-server", description=__doc__.split("\n\n")[0])
+    add_config_flags(parser)
+    add_engine_flags(parser)
+    add_engine_server_flags(parser)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    setup_logging("engine-server", config.logging.level, config.logging.format)
+    return run_engine_server(args, config)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
