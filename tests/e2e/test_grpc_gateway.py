@@ -1,0 +1,189 @@
+"""detok as the gateway to a gRPC engine (`detok serve --source grpc`): real processes, real gRPC and ZeroMQ
+sockets. The engine is `detok engine-server` on the echo source (the output is the prompt's ids, then EOS), so
+every expected text is known; it counts the aborts it gets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+from helpers.fault_helpers import (
+    EchoCase,
+    Outcome,
+    bounded,
+    complete,
+    echo_cases,
+    http_client,
+    reference,
+    serving,
+    stream_completion,
+)
+from helpers.fixtures import load_fixture_tokenizer
+from helpers.grpc_engine_server import EngineServer
+from helpers.serve_helpers import REPO, ServeProcess, wait_for
+
+from engine_stub.sources import load_corpus
+
+STEP_MS = "4"  # the engine server's pace: long prompts are still generating when a stop or a disconnect comes
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return load_fixture_tokenizer("qwen3")
+
+
+def gateway(engine: EngineServer, *extra: str) -> ServeProcess:
+    return ServeProcess(
+        "--workers", "2", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "5", *extra,
+        "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EngineServer]:
+    server = EngineServer("--source", "echo", "--step-interval-ms", STEP_MS)
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def service(engine: EngineServer) -> Iterator[ServeProcess]:
+    with serving(gateway(engine)) as serve:
+        yield serve
+
+
+def long_prompt(tokens: int) -> str:
+    passages = load_corpus()
+    return "\n".join(passages[i % len(passages)] for i in range(tokens // 40 + 1))
+
+
+def visible_reference(tokenizer: object, case: EchoCase) -> tuple[str, str]:
+    """With include_stop_str_in_output the text runs to the end of the first stop string match."""
+    text, finish = reference(tokenizer, EchoCase(case.ids, [], case.max_tokens))
+    matches = [(text.find(s) + len(s), text.find(s)) for s in case.stop if s in text]
+    return (text[: min(matches)[0]], "stop") if matches else (text, finish)
+
+
+def test_50_concurrent_streams_are_exact_with_hidden_and_visible_stop_strings(service, engine, qwen3):
+    cases = echo_cases(qwen3, 50, seed=13)
+    visible = [index % 2 == 1 for index in range(len(cases))]
+
+    async def run() -> list[Outcome]:
+        async with http_client(service) as client:
+            pairs = zip(cases, visible, strict=True)
+            bodies = [{**case.body(True), "include_stop_str_in_output": show} for case, show in pairs]
+            return await asyncio.gather(*(bounded(stream_completion(client, body)) for body in bodies))
+
+    outcomes = asyncio.run(run())
+    for case, show, outcome in zip(cases, visible, outcomes, strict=True):
+        text, finish = visible_reference(qwen3, case) if show else reference(qwen3, case)
+        assert outcome.status == 200 and outcome.error is None, outcome
+        assert outcome.text == text, (case, show)
+        assert outcome.finish_reason == finish
+    assert sum(1 for case in cases if case.stop) > 20  # the stop strings really were exercised
+    assert engine.count("requests") >= 50
+
+
+def test_a_stop_string_found_by_a_worker_aborts_the_engine_request(service, engine, qwen3):
+    prompt = long_prompt(600)  # ~600 tokens at 4 ms: generating for seconds
+    stop = prompt[30:36]
+    aborted_before = engine.count("aborted")
+
+    async def run() -> Outcome:
+        async with http_client(service) as client:
+            return await bounded(stream_completion(client, {"prompt": prompt, "max_tokens": 4000, "stop": [stop]}))
+
+    outcome = asyncio.run(run())
+    assert outcome.text == prompt[: prompt.index(stop)] and outcome.finish_reason == "stop"
+    wait_for(lambda: engine.count("aborted") > aborted_before, 10, what="the engine server to count the abort")
+    assert engine.count("running") == 0
+
+
+def test_a_client_disconnect_aborts_the_engine_request_within_1s(service, engine):
+    prompt = long_prompt(2000)
+    aborted_before = engine.count("aborted")
+
+    async def read_a_little_then_leave() -> str:
+        async with (
+            http_client(service) as client,
+            client.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 4000, "stream": True}) as r,
+        ):
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    return line
+        return ""
+
+    assert asyncio.run(bounded(read_a_little_then_leave())).startswith("data: ")
+    wait_for(lambda: engine.count("aborted") > aborted_before, 1.0, what="the engine server to count the abort")
+    wait_for(lambda: engine.count("running") == 0, 5, what="the engine server to stop generating")
+
+
+def test_engine_down_mid_stream_fails_every_open_request_then_serves_again(qwen3):
+    engine = EngineServer("--source", "echo", "--step-interval-ms", "10")
+    try:
+        with serving(gateway(engine)) as service:
+            prompt = long_prompt(1000)  # ~10 s of generation: all still open when the engine dies
+
+            async def streams_while_engine_dies() -> list[Outcome]:
+                async with http_client(service) as client:
+                    body = {"prompt": prompt, "max_tokens": 4000}
+                    tasks = [asyncio.create_task(bounded(stream_completion(client, body))) for _ in range(8)]
+                    while engine.count("running") < 8:
+                        await asyncio.sleep(0.05)
+                    engine.kill()
+                    return await asyncio.gather(*tasks)
+
+            for outcome in asyncio.run(streams_while_engine_dies()):
+                assert outcome.error is not None, outcome
+                assert engine.url in outcome.error["message"]
+                assert prompt.startswith(outcome.text)
+
+            async def one(text: str) -> Outcome:
+                async with http_client(service) as client:
+                    return await bounded(complete(client, {"prompt": text, "max_tokens": 50}))
+
+            down = asyncio.run(one("while the engine is down"))
+            assert down.status == 503 and engine.url in down.error["message"]
+            engine.start()  # same port
+            text = "The engine is back."
+            wait_for(lambda: asyncio.run(one(text)).text == text, 30, interval=0.2, what="detok to serve again")
+    finally:
+        engine.cleanup()
+
+
+def run_engine_command(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="detok-test-xdg-") as xdg:
+        return subprocess.run(
+            [sys.executable, "-m", "detok_worker.cli", "engine", "--source", "grpc", "--engine-url", url, *extra],
+            cwd=REPO,
+            env=dict(os.environ, XDG_RUNTIME_DIR=xdg),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+def test_an_engine_with_another_tokenizer_is_refused_at_start_up():
+    engine = EngineServer("--source", "echo", "--tokenizer", str(REPO / "tests/fixtures/tokenizers/deepseek-v3"))
+    try:
+        result = run_engine_command(engine.url)
+    finally:
+        engine.cleanup()
+    assert result.returncode == 1
+    assert f"the gRPC engine at {engine.url} serves another tokenizer" in result.stderr
+
+
+def test_an_engine_that_is_down_is_refused_at_start_up_naming_its_url():
+    engine = EngineServer("--source", "echo")
+    url = engine.url
+    engine.cleanup()  # nothing listens there any more
+    result = run_engine_command(url, "--set", "engine.connect_timeout_s=1")
+    assert result.returncode == 1
+    assert f"no gRPC engine answers at {url}" in result.stderr

@@ -1,0 +1,102 @@
+"""configs/*.toml against detok_worker/config/schema.py, and the effective-config TOML round trip."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from helpers.fixtures import REPO
+
+from detok_worker.config import ConfigError, DetokConfig, config_to_toml, load_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIGS = REPO / "configs"
+
+
+def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        keys |= _leaf_keys(value, dotted + ".") if isinstance(value, dict) else {dotted}
+    return keys
+
+
+def test_default_toml_equals_the_struct_defaults() -> None:
+    assert load_config(CONFIGS / "default.toml") == DetokConfig()
+
+
+def test_default_toml_lists_every_option() -> None:
+    in_file = _leaf_keys(tomllib.loads((CONFIGS / "default.toml").read_text()))
+    in_structs = _leaf_keys(msgspec.to_builtins(DetokConfig()))
+    assert in_file == in_structs
+
+
+def test_every_option_in_default_toml_has_a_comment() -> None:
+    lines = (CONFIGS / "default.toml").read_text().splitlines()
+    undocumented = []
+    for index, line in enumerate(lines):
+        match = re.match(r"^([a-z0-9_]+)\s*=", line)
+        if not match:
+            continue
+        # documented by the comment block right above it, or by the nearest option above in the same block
+        above = index - 1
+        while above >= 0 and re.match(r"^[a-z0-9_]+\s*=", lines[above]):
+            above -= 1
+        if above < 0 or not lines[above].startswith("#"):
+            undocumented.append(match.group(1))
+    assert undocumented == []
+
+
+def test_default_config_uses_the_embedded_tokenizer_and_two_workers() -> None:
+    config = load_config(CONFIGS / "default.toml")
+    assert config.tokenizer.path == ""
+    assert config.worker.count == 2
+
+
+@pytest.mark.parametrize("name", ["multihost.toml", "bench.toml"])
+def test_shipped_configs_load(name: str) -> None:
+    assert isinstance(load_config(CONFIGS / name), DetokConfig)
+
+
+def test_multihost_config_uses_tcp_with_curve_keys() -> None:
+    bus = load_config(CONFIGS / "multihost.toml").bus
+    endpoints = (bus.engine_endpoint, bus.worker_endpoint, bus.front_endpoint)
+    assert all(endpoint.startswith("tcp://") for endpoint in endpoints)
+    assert len(set(endpoints)) == 3
+    assert bus.curve_server_public_key and bus.curve_server_secret_key
+    assert bus.allow_insecure_tcp is False
+
+
+def test_bench_config_steps_flat_out() -> None:
+    config = load_config(CONFIGS / "bench.toml")
+    assert config.engine.step_interval_ms == 0
+    assert config.worker.count > DetokConfig().worker.count
+
+
+def test_effective_config_toml_round_trips(tmp_path: Path) -> None:
+    config = load_config(
+        None,
+        {
+            "front.model_name": 'quote " backslash \\ tab \t newline \n emoji \U0001f600 ctl \x01',
+            "front.port": 0,
+            "engine.step_interval_ms": 0.125,
+            "engine.replay_speed": 1e-7,
+            "tokenizer.cache.enable_l1": True,
+            "worker.count": 7,
+        },
+    )
+    path = tmp_path / "effective.toml"
+    path.write_text(config_to_toml(config), encoding="utf-8")
+    assert load_config(path) == config
+
+
+def test_invalid_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="worker.count"):
+        load_config(None, {"worker.count": 0})

@@ -1,0 +1,251 @@
+"""Streaming through the core is exact for every backend: the differential checks of test_decode_stream.py
+(check_stream and its byte-accounting oracle), run on tokenizers loaded by the other backends.
+
+Backends whose ids coincide with a fixture's reuse that fixture's oracle: o200k_base = gpt-oss's BPE, a Qwen-style
+rank file and a GGUF rebuilt from qwen3 = qwen3, SentencePiece v1 (from the .model or from GGUF) = mistral-sp-v1
+(on canonical tokenizations; SentencePiece and Hugging Face differ only on invalid byte runs, so per-step
+checks for SentencePiece use its own decode). Tekken and the mock
+get an oracle built from per-token bytes taken from an independent source (mistral-common; the mock's vocabulary).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import mistral_common
+import pytest
+from helpers.stream_checks import check_stream, cut_points_inside_characters, literal_expected
+from helpers.stream_oracle import ByteOracle
+from helpers.texts import load_texts, text_lines
+from helpers.tokenizer_files import gguf_from_byte_level_fixture, gguf_from_sentencepiece, o200k_rank_file_bytes
+
+from detok_worker.stream import DecodeStream
+from detok_worker.tokenizer import create_tokenizer
+from detok_worker.tokenizer.mock import DEFAULT_SPECIALS, DEFAULT_WORDS, MockTokenizer
+from detok_worker.tokenizer.tiktoken_backend import load_named_encoding, tiktoken_cache_file
+
+MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
+FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.byte_verify") is not None
+
+
+class PiecesOracle(ByteOracle):
+    """The byte-level oracle of stream_oracle.py, fed per-token bytes directly."""
+
+    def __init__(self, pieces: list[bytes], special: frozenset[int]) -> None:
+        self.byte_fallback = False
+        self.special = special
+        self.vocab_size = len(pieces)
+        self._data = list(pieces)
+        self._is_byte = [False] * len(pieces)
+        self.byte_token_ids = []
+        self.id_of_byte = {}
+        self.partial_ids = [i for i, data in enumerate(pieces) if not _is_complete_utf8(data)]
+
+
+def _is_complete_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _o200k(tmp: Path):
+    import os
+
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(tmp)  # only read while loading; restored by the fixture below
+    tiktoken_cache_file("o200k_base").write_bytes(o200k_rank_file_bytes())
+    return load_named_encoding("o200k_base")
+
+
+def _qwen_rank_file(tmp: Path):
+    import json
+
+    from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
+    from helpers.tokenizer_files import byte_level_ranks, rank_file_bytes
+
+    (tmp / "qwen.tiktoken").write_bytes(rank_file_bytes(byte_level_ranks("qwen3", 151643)))
+    config = json.loads((FIXTURE_TOKENIZER_DIRS["qwen3"] / "tokenizer_config.json").read_text())
+    (tmp / "tokenizer_config.json").write_text(json.dumps({**config, "pat_str": "qwen"}))
+    return create_tokenizer(tmp / "qwen.tiktoken")
+
+
+def _tekken_oracle(tokenizer) -> ByteOracle:
+    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    reference = Tekkenizer.from_file(str(MISTRAL_DATA / "tekken_240911.json"))
+    pieces = [reference.id_to_byte_piece(i, SpecialTokenPolicy.KEEP) for i in range(reference.n_words)]
+    return PiecesOracle(pieces, frozenset(range(reference.num_special_tokens)))
+
+
+def _mock_oracle(tokenizer) -> ByteOracle:
+    pieces = (
+        [bytes([b]) for b in range(256)] + [w.encode() for w in DEFAULT_WORDS] + [s.encode() for s in DEFAULT_SPECIALS]
+    )
+    return PiecesOracle(pieces, frozenset(range(256 + len(DEFAULT_WORDS), len(pieces))))
+
+
+def _transformers_qwen3(tmp: Path):
+    import shutil
+
+    from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
+    from helpers.tokenizer_files import fixture_tokenizer_json
+    from transformers import AutoTokenizer
+
+    from detok_worker.tokenizer.python_backend import wrap_python_tokenizer
+
+    (tmp / "tokenizer.json").write_text(fixture_tokenizer_json("qwen3"))
+    shutil.copy(FIXTURE_TOKENIZER_DIRS["qwen3"] / "tokenizer_config.json", tmp / "tokenizer_config.json")
+    return wrap_python_tokenizer(AutoTokenizer.from_pretrained(str(tmp)), name="qwen3-transformers")
+
+
+# case -> (fixture whose oracle applies or None, builder(tmp dir), oracle builder or None, byte-level?)
+CASES: dict[str, tuple[str | None, Callable, Callable | None, bool]] = {
+    "tiktoken-o200k": ("gpt-oss", _o200k, None, True),
+    "tiktoken-qwen-rank-file": ("qwen3", _qwen_rank_file, None, True),
+    "gguf-qwen3": (
+        "qwen3",
+        lambda tmp: create_tokenizer(gguf_from_byte_level_fixture("qwen3", tmp / "q.gguf")),
+        None,
+        True,
+    ),
+    "sentencepiece-v1": (
+        "mistral-sp-v1",
+        lambda tmp: create_tokenizer(MISTRAL_DATA / "tokenizer.model.v1"),
+        None,
+        False,
+    ),
+    "gguf-sentencepiece-v1": (
+        "mistral-sp-v1",
+        lambda tmp: create_tokenizer(gguf_from_sentencepiece(MISTRAL_DATA / "tokenizer.model.v1", tmp / "s.gguf")),
+        None,
+        False,
+    ),
+    "tekken": (None, lambda tmp: create_tokenizer(MISTRAL_DATA / "tekken_240911.json"), _tekken_oracle, True),
+    "mock": (None, lambda tmp: MockTokenizer(), _mock_oracle, True),
+    "transformers-qwen3": ("qwen3", _transformers_qwen3, None, True),
+}
+
+
+@cache
+def loaded(case: str):
+    """(oracle fixture name, tokenizer, oracle) for a case, built once per session."""
+    import os
+    import tempfile
+
+    fixture, build, build_oracle, _ = CASES[case]
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    try:
+        tokenizer = build(Path(tempfile.mkdtemp(prefix=f"detok-{case}-")))
+    finally:
+        if saved is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved
+    model = build_oracle(tokenizer) if build_oracle else None
+    return fixture or "qwen3", tokenizer, model
+
+
+def paths_for(case: str) -> list[str]:
+    return ["generic", "fast"] if CASES[case][3] else ["generic"]
+
+
+PARAMS = [pytest.param(case, path, id=f"{case}-{path}") for case in CASES for path in paths_for(case)]
+
+
+def _stream(case: str, prompt: list[int], generated: list[int], skip: bool, path: str, per_step: bool = True) -> str:
+    if path == "fast" and not FAST_PATH_AVAILABLE:
+        pytest.skip("the streaming core's fast path is not available yet")
+    name, tokenizer, model = loaded(case)
+    byte_level = CASES[case][3]
+    if per_step and not byte_level:
+        _check_steps_against_decode(tokenizer, prompt, generated, skip)
+    return check_stream(
+        name, prompt, generated, skip, path, per_step=per_step and byte_level, tokenizer=tokenizer, model=model
+    )
+
+
+def _check_steps_against_decode(tokenizer, prompt: list[int], generated: list[int], skip: bool) -> None:
+    """Per step, for SentencePiece: the fixture oracle models Hugging Face's all-or-nothing byte runs, while
+    SentencePiece settles each valid byte at once, so the truth here is the tokenizer's own decode: everything
+    emitted is final, and only trailing U+FFFD (bytes that may still complete a character) is withheld."""
+    stream = DecodeStream(tokenizer, prompt, skip)
+    emitted = ""
+    for k, token_id in enumerate(generated):
+        emitted += stream.step(token_id) or ""
+        so_far = literal_expected(tokenizer, prompt, generated[: k + 1], skip)
+        assert so_far.startswith(emitted), f"after id #{k} ({token_id})"
+        assert set(so_far[len(emitted) :]) <= {"\ufffd"}, f"late text after id #{k} ({token_id})"
+
+
+@pytest.mark.parametrize(("case", "path"), PARAMS)
+def test_whole_texts_stream_to_their_decode(case: str, path: str) -> None:
+    _, tokenizer, _ = loaded(case)
+    for number, text in enumerate(load_texts().values()):
+        ids = tokenizer.encode(text, add_special_tokens=True).ids
+        skip = number % 2 == 1
+        assert _stream(case, [], ids, skip, path, per_step=False) == tokenizer.decode(ids, skip)
+
+
+@pytest.mark.parametrize(("case", "path"), PARAMS)
+def test_lines_with_prompts_and_special_tokens_have_no_late_characters(case: str, path: str) -> None:
+    _, tokenizer, _ = loaded(case)
+    special = sorted(tokenizer.special_token_ids)[:8]
+    previous: list[int] = []
+    for number, (_, line) in enumerate(text_lines()[::3]):
+        ids = tokenizer.encode(line).ids
+        generated = [*ids[:3], special[number % len(special)], *ids[3:]]
+        _stream(case, previous[-8:], generated, number % 2 == 1, path)
+        previous = ids
+
+
+@pytest.mark.parametrize(("case", "path"), [p for p in PARAMS if CASES[p.values[0]][0] is not None])
+def test_prompt_cut_inside_a_character_leaks_nothing(case: str, path: str) -> None:
+    name, tokenizer, _ = loaded(case)
+    text = load_texts()["emoji"]
+    ids = tokenizer.encode(text).ids
+    cuts = cut_points_inside_characters(name, ids)[:10]
+    assert cuts
+    for cut in cuts:
+        assert text.endswith(_stream(case, ids[:cut], ids[cut:], False, path))
+
+
+@pytest.mark.parametrize(("case", "path"), [p for p in PARAMS if CASES[p.values[0]][3]])
+def test_random_ids_with_partial_characters(case: str, path: str) -> None:
+    """Byte-level backends: seeded random ids (many of them partial UTF-8), after random prompts."""
+    _, tokenizer, model = loaded(case)
+    rng = random.Random(case)
+    partial = [i for i in (model or _fixture_oracle(case)).partial_ids if tokenizer.id_to_token(i) is not None]
+    known = [i for i in range(tokenizer.vocab_size) if tokenizer.id_to_token(i) is not None]
+    for _ in range(25):
+        ids = [rng.choice(partial) if rng.random() < 0.5 else rng.choice(known) for _ in range(rng.randrange(1, 24))]
+        cut = rng.randrange(0, len(ids))
+        _stream(case, ids[:cut], ids[cut:], rng.random() < 0.5, path)
+
+
+def _fixture_oracle(case: str) -> ByteOracle:
+    from helpers.stream_checks import oracle
+
+    return oracle(loaded(case)[0])
+
+
+@pytest.mark.skipif(not FAST_PATH_AVAILABLE, reason="the streaming core's fast path is not available yet")
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_path_is_used_exactly_where_it_applies(case: str) -> None:
+    _, tokenizer, _ = loaded(case)
+    assert DecodeStream(tokenizer).fast_path == CASES[case][3]
+
+
+def test_three_token_emoji_is_emitted_at_its_third_token_on_tiktoken() -> None:
+    _, tokenizer, _ = loaded("tiktoken-o200k")
+    ids = tokenizer.encode("\U0001fae8").ids
+    assert len(ids) == 3
+    for force_generic in (True, False) if FAST_PATH_AVAILABLE else (True,):
+        stream = DecodeStream(tokenizer, tokenizer.encode("Look: ").ids, force_generic=force_generic)
+        assert [stream.step(i) for i in ids] == [None, None, "\U0001fae8"]
+        assert stream.flush() is None
