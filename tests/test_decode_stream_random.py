@@ -12,9 +12,9 @@ from functools import cache
 
 import pytest
 from conftest import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
+from differential.check import check_stream, oracle, prompt_ends_in_byte_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_decode_stream import check_stream, oracle, prompt_ends_in_byte_run
 
 from detok_worker.stream import DecodeStream
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from test_decode_stream import oracle
+from differential.check import oracle
 from texts import load_texts
 
 from detok_worker.stream import Sequence
