@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detok_worker.stream.registry import cached
-from detok_worker.tokenizer.protocol import InvalidTokenIdError
+from detok_worker.tokenizer.protocol import check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,8 @@ class DecodeTables:
 
     texts[id]: the token's text when decoding it needs no neighbour and it is not empty; None when its bytes are not
     complete UTF-8, when it is a byte-fallback byte token, a skipped special token, or an unknown id (the streams
-    handle all of those off the one-lookup path). It is padded with vocab_size Nones, so that texts[id] for any id
-    in [-vocab_size, 2 * vocab_size) is either a real entry or None: the hot path needs no range check, a negative
-    id lands in the padding instead of wrapping around to a real token, and larger ones raise IndexError.
+    handle all of those off the one-lookup path). The hot path looks up only ints >= 0 (a negative index would wrap
+    around to a real token) and treats IndexError as "not a token".
     pieces[id]: the token's bytes (b'' for a skipped special token), None for an unknown id.
     byte_values[id]: byte-fallback scheme only: the byte of a byte token, NOT_A_BYTE or SKIPPED.
     feed_memo: the byte-level streams' shared memo of their off-lookup steps, (pending bytes, id) -> (text, pending
@@ -51,7 +50,7 @@ class ByteDecoding:
     vocab_size: int
     byte_fallback: bool
     strip_leading_spaces: int
-    has_unknown_ids: bool
+    unknown_ids: frozenset[int]  # ids in [0, vocab_size) that name no token
     keep: DecodeTables  # skip_special_tokens=False
     skip: DecodeTables  # skip_special_tokens=True
 
@@ -60,16 +59,8 @@ class ByteDecoding:
 
 
 def check_ids(decoding: ByteDecoding, ids: Sequence[int]) -> None:
-    """Raise InvalidTokenIdError naming the first id that is not a token (checks the whole batch first)."""
-    if not ids:
-        return
-    size = decoding.vocab_size
-    if min(ids) >= 0 and max(ids) < size and not decoding.has_unknown_ids:
-        return
-    pieces = decoding.keep.pieces
-    for token_id in ids:
-        if not 0 <= token_id < size or pieces[token_id] is None:
-            raise InvalidTokenIdError(token_id, size)
+    """Raise InvalidTokenIdError naming the first entry that is not a token id (checks the whole batch first)."""
+    check_token_ids(ids, decoding.vocab_size, decoding.unknown_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +94,6 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
             if 0 <= token_id < vocab_size:
                 byte_values[token_id] = value
                 texts[token_id] = None
-    texts += [None] * vocab_size
     skip_texts, skip_pieces = list(texts), list(pieces)
     skip_byte_values = None if byte_values is None else list(byte_values)
     for token_id in special_ids:
@@ -116,7 +106,7 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
         vocab_size=vocab_size,
         byte_fallback=table.byte_fallback,
         strip_leading_spaces=table.strip_leading_spaces,
-        has_unknown_ids=any(piece is None for piece in pieces),
+        unknown_ids=frozenset(i for i, piece in enumerate(pieces) if piece is None),
         keep=DecodeTables(texts, pieces, byte_values),
         skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values),
     )

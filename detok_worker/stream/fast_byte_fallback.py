@@ -2,9 +2,12 @@
 tokens are single bytes, and a maximal run of byte tokens is decoded as a whole: valid UTF-8 gives its text,
 anything else one U+FFFD per byte. Then up to N leading spaces of the whole text are stripped (Strip decoder).
 
-So a run is withheld until an ordinary token (or flush) ends it: one more byte could turn characters that already
-looked complete into U+FFFD. A special token removed by skip_special_tokens does not end a run (it is dropped before
-the decoder sees the ids); one that is kept does.
+So a run that is still well-formed UTF-8 (an unfinished character at its end allowed, see utf8.py) is withheld
+until an ordinary token (or flush) ends it: one more byte could turn characters that already looked complete into
+U+FFFD. A run with an ill-formed sequence before its unfinished tail can never become valid again: its bytes are
+U+FFFD whatever follows, so they are released at once, as is every later byte of the same run. A special token
+removed by skip_special_tokens does not end a run (it is dropped before the decoder sees the ids); one that is kept
+does.
 
 Prompt: a run still open at the end of the prompt stays open. When it resolves, exactly the characters whose first
 byte was generated are emitted: for valid UTF-8 those starting after the prompt's bytes; for an invalid run one
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 
 from detok_worker.stream.byte_decoding import NOT_A_BYTE, ByteDecoding, check_ids
 from detok_worker.stream.table_stream import TableDecodeStream
+from detok_worker.stream.utf8 import is_well_formed, unfinished_length
 from detok_worker.tokenizer.protocol import Tokenizer
 
 _PROMPT_TAIL_IDS = 64
@@ -27,7 +31,17 @@ REPLACEMENT = "\ufffd"
 class ByteFallbackDecodeStream(TableDecodeStream):
     """DecodeStream for byte-fallback tokenizers; see the module docstring."""
 
-    __slots__ = ("_decoding", "_texts", "_byte_values", "_run", "_run_ids", "_owned", "_strip_left")
+    __slots__ = (
+        "_decoding",
+        "_texts",
+        "_byte_values",
+        "_run",
+        "_run_ids",
+        "_run_checked",
+        "_run_invalid",
+        "_owned",
+        "_strip_left",
+    )
     byte_fallback = True
 
     def _setup(
@@ -42,6 +56,8 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         self._byte_values = tables.byte_values
         self._run = bytearray()  # bytes of the open run of byte tokens
         self._run_ids: list[int] = []
+        self._run_checked = 0  # leading bytes of the run known to be well-formed complete characters
+        self._run_invalid = False  # the open run is ill-formed: it was released, its later bytes are U+FFFD at once
         self._owned = 0  # leading bytes of the run that are the prompt's (or were already flushed)
         self._strip_left = decoding.strip_leading_spaces
         self._start_from_prompt(prompt_ids)
@@ -64,6 +80,7 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         if position < start:  # the strip is settled and no run is open there: skip to the tail
             self._run.clear()
             self._run_ids.clear()
+            self._run_checked, self._run_invalid = 0, False
             position = start
         for token_id in prompt_ids[position:]:
             self._feed(token_id)
@@ -74,7 +91,7 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         return tuple(self._run_ids)
 
     def step(self, token_id: int) -> str | None:
-        if not self._run and not self._strip_left:
+        if not (self._run or self._run_invalid or self._strip_left) and type(token_id) is int and token_id >= 0:
             try:
                 text = self._texts[token_id]  # None for anything but an ordinary non-empty token (see DecodeTables)
             except IndexError:
@@ -92,7 +109,7 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         out: list[str] = []
         append = out.append
         for token_id in ids:
-            if not self._run and not self._strip_left:
+            if not (self._run or self._run_invalid or self._strip_left):
                 text = texts[token_id]
                 if text is not None:
                     append(text)
@@ -103,28 +120,39 @@ class ByteFallbackDecodeStream(TableDecodeStream):
     def pending_text(self) -> str:
         if not self._run:
             return ""
-        state = bytes(self._run), list(self._run_ids), self._owned, self._strip_left
+        state = bytes(self._run), list(self._run_ids), self._run_checked, self._owned, self._strip_left
         text = self._emit("")
-        self._run[:], self._run_ids[:], self._owned, self._strip_left = state
+        self._run[:], self._run_ids[:], self._run_checked, self._owned, self._strip_left = state
         return text
 
     def flush(self) -> str | None:
         if not self._run:
             return None
-        run, run_ids = bytes(self._run), list(self._run_ids)
+        run, run_ids, checked = bytes(self._run), list(self._run_ids), self._run_checked
         text = self._emit("")
         # The run stays open, as the prompt's: later byte tokens may extend it (see the module docstring).
-        self._run[:], self._run_ids[:], self._owned = run, run_ids, len(run)
+        self._run[:], self._run_ids[:], self._run_checked, self._owned = run, run_ids, checked, len(run)
         return text or None
 
     def _feed(self, token_id: int) -> str:
         value = self._byte_values[token_id]
         if value == NOT_A_BYTE:
+            self._run_invalid = False
             return self._emit(self._texts[token_id])
-        if value >= 0:
-            self._run.append(value)
-            self._run_ids.append(token_id)
-        return ""  # a byte token, or a skipped special token (which does not end a run)
+        if value < 0:
+            return ""  # a skipped special token, which does not end a run
+        if self._run_invalid:
+            return self._emit(REPLACEMENT)
+        run = self._run
+        run.append(value)
+        self._run_ids.append(token_id)
+        finished = len(run) - unfinished_length(run)
+        if finished > self._run_checked:
+            if not is_well_formed(run[self._run_checked : finished]):
+                self._run_invalid = True
+                return self._emit("")  # no byte can make the run valid again: it is U+FFFD per byte now
+            self._run_checked = finished
+        return ""
 
     def _emit(self, text: str) -> str:
         """Resolve the open run, then `text`; strip leading spaces of the whole text; drop the prompt's characters."""
@@ -145,7 +173,7 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         run, owned = bytes(self._run), self._owned
         self._run.clear()
         self._run_ids.clear()
-        self._owned = 0
+        self._run_checked = self._owned = 0
         try:
             text = run.decode("utf-8")
         except UnicodeDecodeError:

@@ -2,26 +2,27 @@
 concatenated token bytes, so a stream only needs the bytes of an unfinished character.
 
 Most steps are one table lookup (the token's bytes are complete UTF-8 and nothing is pending). Otherwise the pending
-bytes plus the token's go through CPython's UTF-8 decoder with errors="replace" and final=False: it emits U+FFFD
-for a maximal invalid subpart as soon as it is known to be invalid (the same rule as Rust's from_utf8_lossy, which
-the tests check) and keeps a valid but incomplete sequence pending.
+bytes plus the token's are split into their final text and the unfinished tail that stays pending (utf8.py: exactly
+the bytes a continuation could still change, as Rust's from_utf8_lossy decides; a maximal invalid subpart becomes
+U+FFFD as soon as it is known to be invalid).
 
 Prompt: the bytes of an unfinished character at the end of the prompt stay pending, and the one character they
-turn into (the completed character, or U+FFFD) is the prompt's, so it is not emitted.
+turn into (the completed character, or the one U+FFFD of an invalid maximal subpart) is the prompt's, so it is not
+emitted. Skipped special tokens at the end of the prompt have no bytes: the search for those bytes walks past any
+number of them.
 """
 
 from __future__ import annotations
 
-from codecs import utf_8_decode
 from collections.abc import Sequence
 
 from detok_worker.stream.byte_decoding import ByteDecoding, check_ids
 from detok_worker.stream.table_stream import TableDecodeStream
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer
+from detok_worker.stream.utf8 import decode_finished, unfinished_length
+from detok_worker.tokenizer.protocol import Tokenizer
 
 # Enough trailing prompt bytes to find an unfinished character (at most 3 bytes long) at the end of the prompt.
 _PROMPT_TAIL_BYTES = 4
-_PROMPT_TAIL_IDS = 64
 # Entries of a tables' feed memo before it is cleared (a few MB at most; partial-character tokens repeat a lot).
 _FEED_MEMO_MAX = 16384
 
@@ -47,17 +48,18 @@ class ByteLevelDecodeStream(TableDecodeStream):
         self._start_from_prompt(prompt_ids)
 
     def _start_from_prompt(self, prompt_ids: Sequence[int]) -> None:
-        tail: list[int] = []
+        tail: list[bytes] = []
         collected = 0
-        for token_id in reversed(prompt_ids[-_PROMPT_TAIL_IDS:]):
-            tail.append(token_id)
+        for position in range(len(prompt_ids) - 1, -1, -1):
+            token_id = prompt_ids[position]
             check_ids(self._decoding, (token_id,))
-            collected += len(self._pieces[token_id])
+            piece = self._pieces[token_id]
+            tail.append(piece)  # type: ignore[arg-type]  # check_ids: a known id
+            collected += len(piece)  # type: ignore[arg-type]
             if collected >= _PROMPT_TAIL_BYTES:
                 break
-        tail.reverse()
-        data = b"".join(self._pieces[i] for i in tail)
-        self._pending = data[utf_8_decode(data, "replace", False)[1] :]
+        data = b"".join(reversed(tail))
+        self._pending = data[len(data) - unfinished_length(data) :]
         self._owed = 1 if self._pending else 0
 
     @property
@@ -65,6 +67,8 @@ class ByteLevelDecodeStream(TableDecodeStream):
         return ()  # this path keeps the bytes of an unfinished character, never ids
 
     def step(self, token_id: int) -> str | None:
+        if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id
+            return self._feed_id(token_id) or None
         pending = self._pending
         if not pending:
             try:
@@ -85,6 +89,8 @@ class ByteLevelDecodeStream(TableDecodeStream):
     def step_batch(self, ids: Sequence[int]) -> list[str]:
         if len(ids) == 1:  # the worker's usual case (one new id per request per engine step): step() inlined
             token_id = ids[0]
+            if type(token_id) is not int or token_id < 0:
+                return [self._feed_id(token_id)]
             pending = self._pending
             if not pending:
                 try:
@@ -115,7 +121,8 @@ class ByteLevelDecodeStream(TableDecodeStream):
         return out
 
     def pending_text(self) -> str:
-        return utf_8_decode(self._pending, "replace", True)[0][self._owed :] if self._pending else ""
+        # pending bytes are an unfinished character: one U+FFFD, or nothing if it is the prompt's
+        return "" if self._owed or not self._pending else "\ufffd"
 
     def flush(self) -> str | None:
         if not self._pending:
@@ -126,25 +133,14 @@ class ByteLevelDecodeStream(TableDecodeStream):
         self._owed = 1
         return text or None
 
-    def _piece(self, token_id: int) -> bytes:
-        """The id's bytes; InvalidTokenIdError if it names no token."""
-        try:
-            piece = self._pieces[token_id] if token_id >= 0 else None
-        except IndexError:
-            piece = None
-        if piece is None:
-            raise InvalidTokenIdError(token_id, self._decoding.vocab_size)
-        return piece
-
     def _feed_id(self, token_id: int) -> str:
         """_feed(_piece(token_id)) through the tables' shared memo: the text and the pending bytes after are a pure
         function of (pending bytes, id), and off-lookup steps (characters split across tokens) repeat a lot."""
         key = (self._pending, token_id)
-        known = self._memo.get(key)
+        known = self._memo.get(key) if type(token_id) is int else None  # True == 1: only ints are memo keys
         if known is None:
-            data = self._pending + self._piece(token_id)
-            text, consumed = utf_8_decode(data, "replace", False)
-            known = (text, data[consumed:])
+            check_ids(self._decoding, (token_id,))
+            known = decode_finished(self._pending + self._pieces[token_id])  # type: ignore[operator]
             if len(self._memo) >= _FEED_MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = known
@@ -155,9 +151,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         return text
 
     def _feed(self, piece: bytes) -> str:
-        data = self._pending + piece
-        text, consumed = utf_8_decode(data, "replace", False)
-        self._pending = data[consumed:]
+        text, self._pending = decode_finished(self._pending + piece)
         if self._owed and text:
             self._owed = 0
             return text[1:]

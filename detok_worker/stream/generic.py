@@ -4,23 +4,29 @@ Like TGI/vLLM/the SGLang router it decodes a small window of ids, starting 5 ids
 what the newest ids added. It fixes their known faults:
 - Text is emitted per character, not per window: a token that completes "abc" and starts a multi-byte character
   emits "abc" at once; only the part that can still change is withheld.
-- What can still change: a trailing run of U+FFFD (an incomplete UTF-8 sequence looks exactly like invalid bytes
-  that stay U+FFFD; a decoder that sees only text cannot tell them apart), and any tail that appending a lone
-  "probe" byte token would rewrite (byte-fallback decoders turn a whole run of byte tokens into U+FFFD when the
-  run becomes invalid, so text that decoded fine can still change). The probe is the first non-special id whose
-  own decode is exactly U+FFFD, found once per tokenizer; a tokenizer without one has no byte semantics.
+- What can still change: any tail that appending a lone "probe" byte token would rewrite (byte-fallback decoders
+  turn a whole run of byte tokens into U+FFFD when the run becomes invalid, so text that decoded fine can still
+  change), and an unfinished character. The probe is the first non-special id whose own decode is exactly U+FFFD,
+  found once per tokenizer; a tokenizer without one has no byte semantics. When the tokenizer has raw-byte tokens
+  (`<0xNN>`, byte_tokens.py) the stream knows which trailing ids are an unfinished character (utf8.py) and also
+  compares with the text after a continuation that completes it; everything else is final, so a long run of
+  invalid bytes is released byte by byte. Without them, a trailing run of U+FFFD is withheld: an incomplete UTF-8
+  sequence looks exactly like invalid bytes that stay U+FFFD, and text alone cannot tell them apart.
 - The window moves on every step whose text is entirely final, including steps that add no text (ids that decode
   to nothing), so work per step stays bounded; skipped special ids never enter the window at all.
-- A withheld tail is bounded too: after MAX_HELD_TOKENS ids without a final point (e.g. a long run of invalid
-  bytes), everything but its last character is released and the window restarts from the last ids. For byte-level
-  decoders this is exact (only the last U+FFFD of a run can still change); for byte-fallback decoders it would only
-  differ after more than MAX_HELD_TOKENS consecutive byte tokens, and those tokenizers use the fast path anyway.
+- A withheld tail is bounded too: after MAX_HELD_TOKENS ids without a final point (a long run of invalid bytes
+  without raw-byte tokens known), everything but its last character is released and the window restarts from the
+  last ids. For byte-level decoders this is exact (only the last U+FFFD of a run can still change); for
+  Hugging Face byte-fallback decoders it would only differ after more than MAX_HELD_TOKENS consecutive byte tokens,
+  and those tokenizers use the fast path anyway.
 - Prompt: the expected text is decode(prompt + generated)[len(decode(prompt)):]. The window starts 5 ids back
-  (more, doubling up to MAX_PROMPT_CONTEXT_TOKENS, while its text starts with U+FFFD, i.e. inside a character);
-  emitted text is counted from the end of the prompt's text, so a character completed across the boundary is the
-  prompt's. Known limit: with a byte-fallback decoder, a prompt ending inside a run of byte tokens that the output
-  continues makes that formula itself wrong (decode(prompt) resolved the run too early); a decoder that sees only
-  text cannot do better, while the fast path attributes such characters by their bytes.
+  (more, doubling up to MAX_PROMPT_CONTEXT_TOKENS, while its text starts with U+FFFD, i.e. inside a character) from
+  the prompt's last ids that are not skipped special tokens, however many of those follow; emitted text is counted
+  from the end of the prompt's text, so a character completed across the boundary is the prompt's. With raw-byte
+  tokens known, an unfinished character at the end of the prompt that the output completes counts as the one
+  character it becomes (decode(prompt) showed it as one U+FFFD per byte). Known limit: with a Hugging Face
+  byte-fallback decoder, a prompt ending inside a run of byte tokens that the output continues makes the formula
+  itself wrong (decode(prompt) resolved the run too early); the fast path attributes such characters by their bytes.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from detok_worker.stream.batch_decode import batch_decoder
+from detok_worker.stream.byte_tokens import byte_tokens_for
 from detok_worker.stream.decode_stream import DecodeStream
 from detok_worker.stream.registry import cached
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer
+from detok_worker.stream.utf8 import completion, is_well_formed, unfinished_length
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, check_token_ids
 
 PROMPT_CONTEXT_TOKENS = 5
 MAX_PROMPT_CONTEXT_TOKENS = 64
@@ -84,6 +92,8 @@ class GenericDecodeStream(DecodeStream):
         "_backend_check",
         "_decode",
         "_probe",
+        "_bytes",
+        "_owned_tail",
         "_ids",
         "_read",
         "_prefix_text",
@@ -107,6 +117,9 @@ class GenericDecodeStream(DecodeStream):
         self._backend_check: Callable[[Sequence[int]], Any] | None = getattr(tokenizer, "check_ids", None)
         self._decode = batch_decoder(tokenizer, skip_special_tokens, large=False)
         self._probe = probe_token_for(tokenizer)
+        self._bytes = byte_tokens_for(tokenizer)
+        # Bytes of an unfinished character the prompt (or a flush) showed as U+FFFD, until the output resolves it.
+        self._owned_tail = b""
         self._ids: list[int] = []  # the window: context ids [0, read), then ids whose text is (partly) withheld
         self._read = 0
         self._prefix_text = ""  # decode(ids[:read])
@@ -117,15 +130,19 @@ class GenericDecodeStream(DecodeStream):
     def _check(self, ids: Sequence[int]) -> None:
         if self._backend_check is not None:
             self._backend_check(ids)
-            return
-        for token_id in ids:
-            if not 0 <= token_id < self._vocab_size:
-                raise InvalidTokenIdError(token_id, self._vocab_size)
+        else:
+            check_token_ids(ids, self._vocab_size)
 
     def _start_from_prompt(self, prompt_ids: Sequence[int]) -> None:
-        tail = list(prompt_ids[-2 * MAX_PROMPT_CONTEXT_TOKENS :])
-        self._check(tail)
-        tail = [i for i in tail if i not in self._skipped]
+        tail: list[int] = []  # the prompt's last ids that are not skipped, however many skipped ones follow them
+        for position in range(len(prompt_ids) - 1, -1, -1):
+            if len(tail) == MAX_PROMPT_CONTEXT_TOKENS:
+                break
+            token_id = prompt_ids[position]
+            self._check((token_id,))
+            if token_id not in self._skipped:
+                tail.append(token_id)
+        tail.reverse()
         size = PROMPT_CONTEXT_TOKENS
         window = tail[-size:]
         text = self._decode([window])[0] if window else ""
@@ -135,6 +152,7 @@ class GenericDecodeStream(DecodeStream):
             text = self._decode([window])[0]
         self._ids, self._read, self._prefix_text, self._sent = window, len(window), text, 0
         self._read_is_final = not window or self._final_length(window, text) == len(text)
+        self._owned_tail = self._bytes.unfinished(window) if self._bytes is not None else b""
 
     # ---- DecodeStream -----------------------------------------------------------------------------------------
 
@@ -166,6 +184,7 @@ class GenericDecodeStream(DecodeStream):
         # Everything so far becomes context, as if it had been the prompt.
         self._read, self._prefix_text, self._sent = len(self._ids), text, 0
         self._read_is_final = False
+        self._owned_tail = self._bytes.unfinished(self._ids) if self._bytes is not None else b""
         return text[start:] or None
 
     # ---- the algorithm ----------------------------------------------------------------------------------------
@@ -178,11 +197,37 @@ class GenericDecodeStream(DecodeStream):
             if probed is None:
                 probed = self._decode([[*ids, self._probe]])[0]
             end = _common_prefix_length(text, probed)
+        if self._bytes is not None:
+            unfinished = self._bytes.unfinished(ids)
+            if unfinished:
+                completed = self._decode([[*ids, *self._bytes.ids(completion(unfinished))]])[0]
+                end = min(end, _common_prefix_length(text, completed))
+            return end
         while end > 0 and text[end - 1] == REPLACEMENT:
             end -= 1
         return end
 
+    def _resolve_owned_tail(self, token_id: int) -> None:
+        """While the prompt's unfinished character is open: once the output completes it, the prompt owns the one
+        character it becomes, not the U+FFFD per byte its text showed (the emitted count moves back by the
+        difference); once the output makes it invalid, that text stays as it was."""
+        assert self._bytes is not None
+        value = self._bytes.value_of.get(token_id)
+        data = self._owned_tail + bytes([value]) if value is not None else b""
+        if data and unfinished_length(data) == len(data):
+            self._owned_tail = data
+            return
+        if data and is_well_formed(data):
+            read = self._read
+            in_prompt = len(self._owned_tail) - (len(self._ids) - read)  # every id after read extended the tail
+            shown = self._prefix_text
+            before = self._decode([self._ids[: read - in_prompt]])[0] if read > in_prompt else ""
+            self._sent -= len(shown) - len(before) - 1
+        self._owned_tail = b""
+
     def _push(self, token_id: int) -> str:
+        if self._owned_tail:
+            self._resolve_owned_tail(token_id)
         ids = self._ids
         ids.append(token_id)
         read = self._read

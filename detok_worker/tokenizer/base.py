@@ -16,7 +16,7 @@ from typing import Any
 
 from detok_worker.tokenizer.chat_template import special_tokens_template_vars
 from detok_worker.tokenizer.chat_template_source import ChatTemplates, load_chat_template, missing_template_error
-from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, SpecialTokens, TokenizerLoadError
+from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, TokenizerLoadError, check_token_ids
 
 
 class ChatTemplateSupport:
@@ -106,11 +106,8 @@ class TokenizerBase(ChatTemplateSupport):
         return [self.encode(text, add_special_tokens) for text in texts]
 
     def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise InvalidTokenIdError for the first id outside [0, vocab_size)."""
-        vocab_size = self._vocab_size
-        for token_id in ids:
-            if not 0 <= token_id < vocab_size:
-                raise InvalidTokenIdError(token_id, vocab_size)
+        """Raise InvalidTokenIdError for the first entry that is not an int in [0, vocab_size)."""
+        check_token_ids(ids, self._vocab_size)
 
     def without_special(self, ids: Sequence[int]) -> list[int]:
         special = self._special_token_ids

@@ -19,9 +19,9 @@ from detok_worker.tokenizer.chat_template_source import templates_from_config
 from detok_worker.tokenizer.hf_token_bytes import hf_token_bytes_table
 from detok_worker.tokenizer.protocol import (
     Encoding,
-    InvalidTokenIdError,
     SpecialTokens,
     TokenizerLoadError,
+    check_token_ids,
 )
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
@@ -123,14 +123,7 @@ class HFTokenizer(ChatTemplateSupport):
 
     def check_ids(self, ids: Iterable[int]) -> None:
         """Raise InvalidTokenIdError naming the first id that is not a token of this tokenizer."""
-        ids = ids if isinstance(ids, (list, tuple)) else list(ids)
-        if not ids:
-            return
-        if min(ids) >= 0 and max(ids) < self._vocab_size and not self._unknown_ids:
-            return
-        for token_id in ids:
-            if not 0 <= token_id < self._vocab_size or token_id in self._unknown_ids:
-                raise InvalidTokenIdError(token_id, self._vocab_size)
+        check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,12 +24,36 @@ class TokenizerLoadError(TokenizerError):
 
 
 class InvalidTokenIdError(TokenizerError, ValueError):
-    """A token id outside [0, vocab_size) or otherwise unknown to the tokenizer."""
+    """A value that is not a token id of the tokenizer: not an int (bool, float, str, None...), outside
+    [0, vocab_size), or an id the vocabulary skips."""
 
-    def __init__(self, token_id: int, vocab_size: int) -> None:
-        super().__init__(f"token id {token_id} is out of range for this tokenizer (valid ids: 0..{vocab_size - 1})")
+    def __init__(self, token_id: object, vocab_size: int) -> None:
+        if is_int_id(token_id):
+            inside = 0 <= token_id < vocab_size  # type: ignore[operator]
+            reason = f"token id {token_id} " + ("names no token" if inside else "is out of range for this tokenizer")
+        else:
+            reason = f"token id {token_id!r} is a {type(token_id).__name__}, not an int"
+        super().__init__(f"{reason} (valid ids: ints 0..{vocab_size - 1})")
         self.token_id = token_id
         self.vocab_size = vocab_size
+
+
+def is_int_id(value: object) -> bool:
+    """An int that may be a token id (bool is an int subclass, but True is not id 1)."""
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def check_token_ids(ids: Sequence[object], vocab_size: int, unknown: AbstractSet[int] = frozenset()) -> None:
+    """The one validation of ids at every boundary (decode, streams, stop decoders): raise InvalidTokenIdError
+    naming the first entry that is not an int in [0, vocab_size) outside `unknown` (ids naming no token)."""
+    if not ids:
+        return
+    all_ints = set(map(type, ids)) == {int}
+    if all_ints and min(ids) >= 0 and max(ids) < vocab_size and (not unknown or unknown.isdisjoint(ids)):  # type: ignore
+        return
+    for token_id in ids:
+        if not is_int_id(token_id) or not 0 <= token_id < vocab_size or token_id in unknown:  # type: ignore[operator]
+            raise InvalidTokenIdError(token_id, vocab_size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Differential tests of DecodeStream on canonical tokenizations of real texts, on every fixture tokenizer.
 
-Each stream is checked after every step against an independent byte-accounting model (stream_oracle.py): the text
+Each stream is checked after every step against an independent byte-accounting model (differential/oracle.py): the text
 emitted so far must be exactly what can no longer change ("no late characters"), and everything emitted plus
 flush() must equal the tokenizer's own decode (with a prompt: decode(prompt + gen)[len(decode(prompt)):]).
 """
@@ -8,12 +8,8 @@ flush() must equal the tokenizer's own decode (with a prompt: decode(prompt + ge
 from __future__ import annotations
 
 import pytest
+from differential.check import check_stream, cut_points_inside_characters, oracle
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from helpers.stream_checks import (
-    check_stream,
-    cut_points_inside_characters,
-    oracle,
-)
 from helpers.texts import load_texts, text_lines
 
 from detok_worker.stream import DecodeStream

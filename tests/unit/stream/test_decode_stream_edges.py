@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from differential.check import oracle
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from helpers.stream_checks import oracle
 from helpers.texts import load_texts
 
 from detok_worker.stream import DecodeStream

@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
+from differential.check import check_stream, oracle, prompt_ends_in_byte_run
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from helpers.stream_checks import check_stream, oracle, prompt_ends_in_byte_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

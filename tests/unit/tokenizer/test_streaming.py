@@ -1,11 +1,10 @@
 """Streaming through the core is exact for every backend: the differential checks of test_decode_stream.py
-(check_stream and its byte-accounting oracle), run on tokenizers loaded by the other backends.
+(differential/check.py and its byte-accounting oracle), run on tokenizers loaded by the other backends.
 
 Backends whose ids coincide with a fixture's reuse that fixture's oracle: o200k_base = gpt-oss's BPE, a Qwen-style
-rank file and a GGUF rebuilt from qwen3 = qwen3, SentencePiece v1 (from the .model or from GGUF) = mistral-sp-v1
-(on canonical tokenizations; SentencePiece and Hugging Face differ only on invalid byte runs, so per-step
-checks for SentencePiece use its own decode). Tekken and the mock
-get an oracle built from per-token bytes taken from an independent source (mistral-common; the mock's vocabulary).
+rank file and a GGUF rebuilt from qwen3 = qwen3, SentencePiece v1 (from the .model or from GGUF)
+gets SentencePiece's own byte semantics (differential/families.py: one U+FFFD per invalid byte), Tekken and the
+mock an oracle built from per-token bytes taken from an independent source (mistral-common; the mock's vocabulary).
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ from pathlib import Path
 
 import mistral_common
 import pytest
-from helpers.stream_checks import check_stream, cut_points_inside_characters, literal_expected
-from helpers.stream_oracle import ByteOracle
+from differential.check import check_stream, cut_points_inside_characters, oracle
+from differential.families import sentencepiece_oracle
+from differential.oracle import ByteOracle
 from helpers.texts import load_texts, text_lines
 from helpers.tokenizer_files import gguf_from_byte_level_fixture, gguf_from_sentencepiece, o200k_rank_file_bytes
 
@@ -30,28 +30,6 @@ from detok_worker.tokenizer.tiktoken_backend import load_named_encoding, tiktoke
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.byte_verify") is not None
-
-
-class PiecesOracle(ByteOracle):
-    """The byte-level oracle of stream_oracle.py, fed per-token bytes directly."""
-
-    def __init__(self, pieces: list[bytes], special: frozenset[int]) -> None:
-        self.byte_fallback = False
-        self.special = special
-        self.vocab_size = len(pieces)
-        self._data = list(pieces)
-        self._is_byte = [False] * len(pieces)
-        self.byte_token_ids = []
-        self.id_of_byte = {}
-        self.partial_ids = [i for i, data in enumerate(pieces) if not _is_complete_utf8(data)]
-
-
-def _is_complete_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _o200k(tmp: Path):
@@ -80,14 +58,14 @@ def _tekken_oracle(tokenizer) -> ByteOracle:
 
     reference = Tekkenizer.from_file(str(MISTRAL_DATA / "tekken_240911.json"))
     pieces = [reference.id_to_byte_piece(i, SpecialTokenPolicy.KEEP) for i in range(reference.n_words)]
-    return PiecesOracle(pieces, frozenset(range(reference.num_special_tokens)))
+    return ByteOracle.from_pieces(pieces, frozenset(range(reference.num_special_tokens)))
 
 
 def _mock_oracle(tokenizer) -> ByteOracle:
     pieces = (
         [bytes([b]) for b in range(256)] + [w.encode() for w in DEFAULT_WORDS] + [s.encode() for s in DEFAULT_SPECIALS]
     )
-    return PiecesOracle(pieces, frozenset(range(256 + len(DEFAULT_WORDS), len(pieces))))
+    return ByteOracle.from_pieces(pieces, frozenset(range(256 + len(DEFAULT_WORDS), len(pieces))))
 
 
 def _transformers_qwen3(tmp: Path):
@@ -117,13 +95,13 @@ CASES: dict[str, tuple[str | None, Callable, Callable | None, bool]] = {
     "sentencepiece-v1": (
         "mistral-sp-v1",
         lambda tmp: create_tokenizer(MISTRAL_DATA / "tokenizer.model.v1"),
-        None,
+        sentencepiece_oracle,
         False,
     ),
     "gguf-sentencepiece-v1": (
         "mistral-sp-v1",
         lambda tmp: create_tokenizer(gguf_from_sentencepiece(MISTRAL_DATA / "tokenizer.model.v1", tmp / "s.gguf")),
-        None,
+        sentencepiece_oracle,
         False,
     ),
     "tekken": (None, lambda tmp: create_tokenizer(MISTRAL_DATA / "tekken_240911.json"), _tekken_oracle, True),
@@ -162,25 +140,7 @@ def _stream(case: str, prompt: list[int], generated: list[int], skip: bool, path
     if path == "fast" and not FAST_PATH_AVAILABLE:
         pytest.skip("the streaming core's fast path is not available yet")
     name, tokenizer, model = loaded(case)
-    byte_level = CASES[case][3]
-    if per_step and not byte_level:
-        _check_steps_against_decode(tokenizer, prompt, generated, skip)
-    return check_stream(
-        name, prompt, generated, skip, path, per_step=per_step and byte_level, tokenizer=tokenizer, model=model
-    )
-
-
-def _check_steps_against_decode(tokenizer, prompt: list[int], generated: list[int], skip: bool) -> None:
-    """Per step, for SentencePiece: the fixture oracle models Hugging Face's all-or-nothing byte runs, while
-    SentencePiece settles each valid byte at once, so the truth here is the tokenizer's own decode: everything
-    emitted is final, and only trailing U+FFFD (bytes that may still complete a character) is withheld."""
-    stream = DecodeStream(tokenizer, prompt, skip)
-    emitted = ""
-    for k, token_id in enumerate(generated):
-        emitted += stream.step(token_id) or ""
-        so_far = literal_expected(tokenizer, prompt, generated[: k + 1], skip)
-        assert so_far.startswith(emitted), f"after id #{k} ({token_id})"
-        assert set(so_far[len(emitted) :]) <= {"\ufffd"}, f"late text after id #{k} ({token_id})"
+    return check_stream(name, prompt, generated, skip, path, per_step=per_step, tokenizer=tokenizer, model=model)
 
 
 @pytest.mark.parametrize(("case", "path"), PARAMS)
@@ -209,7 +169,7 @@ def test_prompt_cut_inside_a_character_leaks_nothing(case: str, path: str) -> No
     name, tokenizer, _ = loaded(case)
     text = load_texts()["emoji"]
     ids = tokenizer.encode(text).ids
-    cuts = cut_points_inside_characters(name, ids)[:10]
+    cuts = cut_points_inside_characters(name, ids, loaded(case)[2])[:10]
     assert cuts
     for cut in cuts:
         assert text.endswith(_stream(case, ids[:cut], ids[cut:], False, path))
@@ -229,8 +189,6 @@ def test_random_ids_with_partial_characters(case: str, path: str) -> None:
 
 
 def _fixture_oracle(case: str) -> ByteOracle:
-    from helpers.stream_checks import oracle
-
     return oracle(loaded(case)[0])
 
 
