@@ -109,9 +109,14 @@ class ByteOracle:
         self._is_byte: list[bool] = []
         self.byte_token_ids: list[int] = []
         self.id_of_byte: dict[int, int] = {}
+        self.unknown_ids: set[int] = set()  # ids inside the range that name no token (cl100k's 100256)
         for token_id in range(tokenizer.vocab_size):
             token = rust.id_to_token(token_id)
-            if self.byte_fallback:
+            if token is None:
+                self.unknown_ids.add(token_id)
+                self._is_byte.append(False)
+                self._data.append(b"")
+            elif self.byte_fallback:
                 match = _BYTE_TOKEN.fullmatch(token)
                 self._is_byte.append(match is not None)
                 if match:
