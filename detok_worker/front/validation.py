@@ -4,6 +4,7 @@ before any prompt work or bus traffic. Limits come from the config (front.* and 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -12,6 +13,7 @@ from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -35,12 +37,15 @@ class Limits:
     max_tokens_limit: int
     max_stop_strings: int
     max_stop_string_chars: int
+    # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
+    check_ids: Callable[[Sequence[int]], None]
 
     @classmethod
-    def from_config(cls, config: DetokConfig, model_name: str, vocab_size: int) -> Limits:
+    def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
         return cls(
             model_name=model_name,
-            vocab_size=vocab_size,
+            vocab_size=tokenizer.vocab_size,
+            check_ids=lambda ids: validate_token_ids(tokenizer, ids),
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
             max_stop_strings=config.worker.max_stop_strings,
@@ -82,9 +87,11 @@ def check_model(requested: str | None, limits: Limits) -> str:
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
-    for token_id in ids:
-        if not 0 <= token_id < limits.vocab_size:
-            raise bad_request(f"token id {token_id} in {param} is outside [0, {limits.vocab_size})", param)
+    try:
+        limits.check_ids(ids)
+    except InvalidTokenIdError as error:
+        message = f"token id {error.token_id} in {param} is not a token of this model (ids: 0..{limits.vocab_size - 1})"
+        raise bad_request(message, param) from error
 
 
 def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None) -> int:
