@@ -8,6 +8,9 @@ the tests check) and keeps a valid but incomplete sequence pending.
 
 Prompt: the bytes of an unfinished character at the end of the prompt stay pending, and the one character they
 turn into (the completed character, or U+FFFD) is the prompt's, so it is not emitted.
+
+Skipped special tokens that end the text before them (DecodeTables.text_enders, mistral-common's IGNORE policy)
+decode the pending bytes as final: an unfinished character before one becomes U+FFFD at once.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ _FEED_MEMO_MAX = 16384
 class ByteLevelDecodeStream(TableDecodeStream):
     """DecodeStream for byte-level tokenizers; see the module docstring."""
 
-    __slots__ = ("_decoding", "_texts", "_pieces", "_memo", "_pending", "_owed")
+    __slots__ = ("_decoding", "_texts", "_pieces", "_memo", "_text_enders", "_pending", "_owed")
     byte_fallback = False
 
     def _setup(
@@ -42,6 +45,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         self._texts = tables.texts
         self._pieces = tables.pieces
         self._memo = tables.feed_memo
+        self._text_enders = tables.text_enders
         self._pending = b""  # bytes of an unfinished character
         self._owed = 0  # 1 if the character the pending bytes become belongs to the prompt (or was flushed)
         self._start_from_prompt(prompt_ids)
@@ -50,8 +54,10 @@ class ByteLevelDecodeStream(TableDecodeStream):
         tail: list[int] = []
         collected = 0
         for token_id in reversed(prompt_ids[-_PROMPT_TAIL_IDS:]):
-            tail.append(token_id)
             check_ids(self._decoding, (token_id,))
+            if token_id in self._text_enders:
+                break  # the text before it is final
+            tail.append(token_id)
             collected += len(self._pieces[token_id])
             if collected >= _PROMPT_TAIL_BYTES:
                 break
@@ -111,7 +117,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
                 if text is not None:
                     append(text)
                     continue
-            append(self._feed(pieces[token_id]))
+            append(self._feed(pieces[token_id], token_id in self._text_enders))
         return out
 
     def pending_text(self) -> str:
@@ -143,7 +149,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         known = self._memo.get(key)
         if known is None:
             data = self._pending + self._piece(token_id)
-            text, consumed = utf_8_decode(data, "replace", False)
+            text, consumed = utf_8_decode(data, "replace", token_id in self._text_enders)
             known = (text, data[consumed:])
             if len(self._memo) >= _FEED_MEMO_MAX:
                 self._memo.clear()
@@ -154,9 +160,9 @@ class ByteLevelDecodeStream(TableDecodeStream):
             return text[1:]
         return text
 
-    def _feed(self, piece: bytes) -> str:
+    def _feed(self, piece: bytes, ends_text: bool = False) -> str:
         data = self._pending + piece
-        text, consumed = utf_8_decode(data, "replace", False)
+        text, consumed = utf_8_decode(data, "replace", ends_text)
         self._pending = data[consumed:]
         if self._owed and text:
             self._owed = 0
