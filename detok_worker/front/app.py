@@ -62,7 +62,7 @@ class Front:
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
         self.model_name = config.front.model_name or tokenizer.name
-        self.limits = Limits.from_config(config, self.model_name, tokenizer.vocab_size, tokenizer.eos_token_ids)
+        self.limits = Limits.from_config(config, self.model_name, tokenizer)
         self.dispatcher = Dispatcher(config)
         self._api_key = config.front.api_key.encode("utf-8")
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")

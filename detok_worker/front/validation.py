@@ -5,7 +5,7 @@ fields are checked by StopRules (detok_worker/stream/stop_rules.py), the one pla
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -15,6 +15,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.stream.stop_rules import StopLimits, StopRuleError, StopRules
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -38,16 +39,19 @@ class Limits:
     max_tokens_limit: int
     stop: StopLimits
     eos_ids: frozenset[int]
+    # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
+    check_ids: Callable[[Sequence[int]], None]
 
     @classmethod
-    def from_config(cls, config: DetokConfig, model_name: str, vocab_size: int, eos_ids: Iterable[int]) -> Limits:
+    def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
         return cls(
             model_name=model_name,
-            vocab_size=vocab_size,
+            vocab_size=tokenizer.vocab_size,
+            check_ids=lambda ids: validate_token_ids(tokenizer, ids),
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
             stop=StopLimits.from_config(config),
-            eos_ids=frozenset(eos_ids),
+            eos_ids=frozenset(tokenizer.eos_token_ids),
         )
 
 
@@ -85,9 +89,11 @@ def check_model(requested: str | None, limits: Limits) -> str:
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
-    for token_id in ids:
-        if not 0 <= token_id < limits.vocab_size:
-            raise bad_request(f"token id {token_id} in {param} is outside [0, {limits.vocab_size})", param)
+    try:
+        limits.check_ids(ids)
+    except InvalidTokenIdError as error:
+        message = f"token id {error.token_id} in {param} is not a token of this model (ids: 0..{limits.vocab_size - 1})"
+        raise bad_request(message, param) from error
 
 
 def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None) -> int:

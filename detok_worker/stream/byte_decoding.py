@@ -35,11 +35,14 @@ class DecodeTables:
     byte_values[id]: byte-fallback scheme only: the byte of a byte token, NOT_A_BYTE or SKIPPED.
     feed_memo: the byte-level streams' shared memo of their off-lookup steps, (pending bytes, id) -> (text, pending
     bytes after); both sides are a pure function of these tables, so every stream on them can share it.
+    text_enders: skipped special ids that still end the text before them (TokenBytesTable.skipped_special_ends_text):
+    after one, no pending bytes remain (an unfinished character before it is U+FFFD).
     """
 
     texts: list[str | None]
     pieces: list[bytes | None]
     byte_values: list[int] | None
+    text_enders: frozenset[int] = frozenset()
     feed_memo: dict[tuple[bytes, int], tuple[str, bytes]] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -108,8 +111,14 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
         strip_leading_spaces=table.strip_leading_spaces,
         unknown_ids=frozenset(i for i, piece in enumerate(pieces) if piece is None),
         keep=DecodeTables(texts, pieces, byte_values),
-        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values),
+        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values, _skipped_text_enders(table, special_ids)),
     )
+
+
+def _skipped_text_enders(table: TokenBytesTable, special_ids: frozenset[int]) -> frozenset[int]:
+    if not table.skipped_special_ends_text or table.byte_fallback:
+        return frozenset()
+    return frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)
 
 
 def _build_status(tokenizer: Any) -> FastPathStatus:

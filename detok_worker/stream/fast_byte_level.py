@@ -10,6 +10,9 @@ Prompt: the bytes of an unfinished character at the end of the prompt stay pendi
 turn into (the completed character, or the one U+FFFD of an invalid maximal subpart) is the prompt's, so it is not
 emitted. Skipped special tokens at the end of the prompt have no bytes: the search for those bytes walks past any
 number of them.
+
+Skipped special tokens that end the text before them (DecodeTables.text_enders, mistral-common's IGNORE policy)
+decode the pending bytes as final: an unfinished character before one becomes U+FFFD at once.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ _FEED_MEMO_MAX = 16384
 class ByteLevelDecodeStream(TableDecodeStream):
     """DecodeStream for byte-level tokenizers; see the module docstring."""
 
-    __slots__ = ("_decoding", "_texts", "_pieces", "_memo", "_pending", "_owed")
+    __slots__ = ("_decoding", "_texts", "_pieces", "_memo", "_text_enders", "_pending", "_owed")
     byte_fallback = False
 
     def _setup(
@@ -43,6 +46,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         self._texts = tables.texts
         self._pieces = tables.pieces
         self._memo = tables.feed_memo
+        self._text_enders = tables.text_enders
         self._pending = b""  # bytes of an unfinished character
         self._owed = 0  # 1 if the character the pending bytes become belongs to the prompt (or was flushed)
         self._start_from_prompt(prompt_ids)
@@ -53,6 +57,8 @@ class ByteLevelDecodeStream(TableDecodeStream):
         for position in range(len(prompt_ids) - 1, -1, -1):
             token_id = prompt_ids[position]
             check_ids(self._decoding, (token_id,))
+            if token_id in self._text_enders:
+                break  # the text before it is final
             piece = self._pieces[token_id]
             tail.append(piece)  # type: ignore[arg-type]  # check_ids: a known id
             collected += len(piece)  # type: ignore[arg-type]
@@ -117,7 +123,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
                 if text is not None:
                     append(text)
                     continue
-            append(self._feed(pieces[token_id]))
+            append(self._feed(pieces[token_id], token_id in self._text_enders))
         return out
 
     def pending_text(self) -> str:
@@ -140,7 +146,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         known = self._memo.get(key) if type(token_id) is int else None  # True == 1: only ints are memo keys
         if known is None:
             check_ids(self._decoding, (token_id,))
-            known = decode_finished(self._pending + self._pieces[token_id])  # type: ignore[operator]
+            known = _decode(self._pending + self._pieces[token_id], token_id in self._text_enders)  # type: ignore[operator]
             if len(self._memo) >= _FEED_MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = known
@@ -150,9 +156,14 @@ class ByteLevelDecodeStream(TableDecodeStream):
             return text[1:]
         return text
 
-    def _feed(self, piece: bytes) -> str:
-        text, self._pending = decode_finished(self._pending + piece)
+    def _feed(self, piece: bytes, ends_text: bool = False) -> str:
+        text, self._pending = _decode(self._pending + piece, ends_text)
         if self._owed and text:
             self._owed = 0
             return text[1:]
         return text
+
+
+def _decode(data: bytes, ends_text: bool) -> tuple[str, bytes]:
+    """(final text, pending bytes): all of data is final when what follows ends the text."""
+    return (data.decode("utf-8", "replace"), b"") if ends_text else decode_finished(data)

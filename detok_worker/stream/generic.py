@@ -112,7 +112,10 @@ class GenericDecodeStream(DecodeStream):
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._skipped = frozenset(tokenizer.special_token_ids) if skip_special_tokens else frozenset()
+        # Skipped ids are left out of the window, unless the tokenizer's skipped special tokens still end the text
+        # before them (Tekken, mistral-common's IGNORE policy): then they go in and decode drops them itself.
+        leave_out = skip_special_tokens and not getattr(tokenizer, "skipped_special_ends_text", False)
+        self._skipped = frozenset(tokenizer.special_token_ids) if leave_out else frozenset()
         self._vocab_size = tokenizer.vocab_size
         self._backend_check: Callable[[Sequence[int]], Any] | None = getattr(tokenizer, "check_ids", None)
         self._decode = batch_decoder(tokenizer, skip_special_tokens, large=False)

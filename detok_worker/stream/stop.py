@@ -24,7 +24,7 @@ import msgspec
 
 from detok_worker.stream.decode_stream import DecodeStream
 from detok_worker.stream.stop_matcher import StopStringFilter, compile_stop_strings
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 StopReason = str | int
 
@@ -152,9 +152,10 @@ class StopSequenceDecoder:
     ) -> None:
         if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
             raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        vocab_size = tokenizer.vocab_size
-        if bad := [i for i in (*config.stop_tokens, *config.visible_stop_tokens) if i >= vocab_size]:
-            raise StopConfigError(f"stop token ids {bad} are out of range for this tokenizer (vocab {vocab_size})")
+        try:
+            validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
+        except InvalidTokenIdError as error:
+            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
         self._tokenizer = tokenizer
         self._config = config
         self._prompt_ids = tuple(prompt_ids)

@@ -3,8 +3,12 @@
 Ids follow mistral-common: the first `num_special_tokens` ids are control tokens (`<unk>`, `<s>`, `</s>`,
 `[INST]`, ...), then the tiktoken-style BPE. Encoding splits the text at control-token texts (so a rendered prompt
 maps `[INST]` to its id, as Mistral's Hugging Face conversions do) and encodes the rest with mistral-common.
-Decoding concatenates token bytes, which is exactly mistral-common's decode with the KEEP (or, when skipping,
-IGNORE) special-token policy; the per-token bytes are also what the streaming core's byte-level fast path uses.
+Decoding is mistral-common's (the tokenizer's own library is the reference): with skip_special_tokens=False it
+is the KEEP policy, the concatenated token bytes decoded as UTF-8 with replacement; with skip_special_tokens=True
+it is the IGNORE policy, which decodes each run of ordinary tokens between special tokens on its own, so a
+dropped special token still ends the text before it: `[1227, 1129, 3, 1130]` (the bytes of "あ" split by `[INST]`)
+decodes to two U+FFFD, not to "あ". The tokenizer and its byte table say so (`skipped_special_ends_text`): both
+streaming paths stream exactly this decode.
 Token strings use the GPT-2 byte-level alphabet, like the tiktoken backend; control tokens are their text.
 
 Mistral's SentencePiece `.model` files need no adapter: the SentencePiece backend gives mistral-common's ids.
@@ -13,6 +17,7 @@ Mistral's SentencePiece `.model` files need no adapter: the SentencePiece backen
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,9 @@ _NAMED = {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
 
 class TekkenTokenizer(TokenizerBase):
     """A mistral-common Tekkenizer behind the tokenizer protocol; see the module docstring."""
+
+    # With skip_special_tokens, a special token's text is dropped but it still ends the text before it.
+    skipped_special_ends_text = True
 
     def __init__(self, path: str | Path, *, chat_templates: ChatTemplates | None = None) -> None:
         tekken = import_optional("mistral_common.tokens.tokenizers.tekken", "mistral")
@@ -63,7 +71,7 @@ class TekkenTokenizer(TokenizerBase):
         )
 
     def token_bytes_table(self) -> TokenBytesTable:
-        return TokenBytesTable(pieces=self._bytes)
+        return TokenBytesTable(pieces=self._bytes, skipped_special_ends_text=self.skipped_special_ends_text)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         ids: list[int] = []
@@ -80,9 +88,14 @@ class TekkenTokenizer(TokenizerBase):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         self.check_ids(ids)
-        kept = self.without_special(ids) if skip_special_tokens else ids
         table = self._bytes
-        return b"".join([table[i] for i in kept]).decode("utf-8", errors="replace")
+        if not skip_special_tokens:
+            return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
+        n_special = self._tekken.num_special_tokens
+        runs = groupby(ids, key=lambda token_id: token_id < n_special)
+        return "".join(
+            b"".join([table[i] for i in run]).decode("utf-8", errors="replace") for special, run in runs if not special
+        )
 
     def token_to_id(self, token: str) -> int | None:
         if token in self._ids_by_special_text:

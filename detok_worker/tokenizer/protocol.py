@@ -125,3 +125,14 @@ class Tokenizer(Protocol):
         continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> str: ...
+
+
+def validate_token_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> None:
+    """Raise InvalidTokenIdError for the first id that names no token of `tokenizer`, by the tokenizer's own rule:
+    its `check_ids` when it has one (backends whose id range has gaps, e.g. cl100k_base's 100256), else
+    [0, vocab_size). Every place that accepts ids from outside (prompts, stop token ids) checks them here."""
+    backend_check = getattr(tokenizer, "check_ids", None)
+    if backend_check is not None:
+        backend_check(ids)
+    else:
+        check_token_ids(ids, tokenizer.vocab_size)

@@ -3,9 +3,14 @@
 Encoding follows SentencePiece itself (as mistral-common and Llama's reference code use it): the text is split
 at special-token texts (control pieces such as `<s>` or `[INST]`, the unknown piece, and added tokens from
 tokenizer_config.json), each stretch is encoded with the model (so each gets its dummy-prefix space), and the
-special ids are put in between. Decoding gives what Hugging Face tokenizers give for the same ids: special
-tokens appear as their text unless skipped, and only the very first leading space of the output is removed
-(SentencePiece alone would drop control tokens and strip the space after each of them).
+special ids are put in between. Decoding is SentencePiece's own decode of each stretch between special tokens,
+so it follows the sentencepiece library, not Hugging Face tokenizers' conversion of the same model, where they
+differ: byte pieces (`<0xNN>`) become their longest valid UTF-8 text and each byte that cannot be part of a
+character becomes one U+FFFD (Hugging Face turns a whole run of byte pieces that is not valid UTF-8 into one
+U+FFFD per byte), and only the dummy-prefix space of the first piece is removed, so a leading `<0x20>` byte piece
+stays a space (Hugging Face's Strip decoder removes it too). Special tokens appear as their text unless skipped
+(SentencePiece alone would drop control tokens), and a stretch after one keeps its leading space (SentencePiece
+alone would strip it). tests/test_tokenizer_backends_sentencepiece_decode.py pins this against the library.
 
 Named special tokens and BOS/EOS policy come from tokenizer_config.json / special_tokens_map.json when they sit
 beside the model, else from the model (bos/eos/unk/pad pieces; BOS is added by add_special_tokens=True unless

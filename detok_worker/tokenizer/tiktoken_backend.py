@@ -13,7 +13,10 @@ OpenAI encoding), else the cl100k pattern with no special tokens.
 
 Token strings: tiktoken tokens are byte strings. `id_to_token`/`token_to_id` spell them with the GPT-2 byte-level
 alphabet (each byte one printable character, e.g. b" world" -> "Ġworld"), exactly as Hugging Face `tokenizer.json`
-files converted from tiktoken do; added/special tokens are spelled as their text.
+files converted from tiktoken do; added/special tokens are spelled as their text. Where several texts name one
+id (o200k_harmony's 200018 is `<|endofprompt|>` and `<|reserved_200018|>`), every text encodes to it, and decode
+and id_to_token give the text tiktoken itself decodes it to. Ids inside the range that name no token (cl100k_base's
+100256 and 100261..100275) are invalid everywhere: check_ids, decode and the streaming core refuse them.
 
 Encoding recognises every added token's text in the input (like Hugging Face tokenizers and unlike tiktoken's
 default, which refuses special text): prompts rendered from chat templates must map to the special ids.
@@ -37,7 +40,7 @@ from detok_worker.tokenizer.base import (
 )
 from detok_worker.tokenizer.chat_template_source import ChatTemplates
 from detok_worker.tokenizer.config_files import SideConfig, build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, TokenizerLoadError
+from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError, check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 logger = logging.getLogger(__name__)
@@ -141,9 +144,14 @@ class TiktokenTokenizer(TokenizerBase):
         )
         self._id_to_bytes: dict[int, bytes] = {rank: token for token, rank in self._ranks.items()}
         self._added = dict(added_tokens)
-        self._added_by_id = {token_id: text for text, token_id in added_tokens.items()}
+        # Several texts may name one id (o200k_harmony: <|endofprompt|> and <|reserved_200018|> are both 200018);
+        # which one decodes is tiktoken's choice, so ask tiktoken rather than guess from the mapping's order.
+        decode_single = self._encoding.decode_single_token_bytes
+        self._added_by_id = {token_id: decode_single(token_id).decode() for token_id in set(added_tokens.values())}
         for token_id, text in self._added_by_id.items():
             self._id_to_bytes[token_id] = text.encode()
+        # Ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275).
+        self._gap_ids = frozenset(range(max(self._id_to_bytes) + 1)) - self._id_to_bytes.keys()
         special_texts = set(added_tokens) if special_texts is None else special_texts
         named = {role: text for role, text in side.named.items() if text in added_tokens}
         special_texts |= set(named.values())
@@ -180,17 +188,18 @@ class TiktokenTokenizer(TokenizerBase):
         return Encoding(ids=ids, offsets=offsets)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        self.check_ids(ids)
         table = self._id_to_bytes
-        try:
-            if skip_special_tokens:
-                special = self.special_token_ids
-                data = b"".join([table[i] for i in ids if i not in special])
-            else:
-                data = b"".join([table[i] for i in ids])
-        except (KeyError, TypeError):
-            bad = next(i for i in ids if not isinstance(i, int) or i not in table)
-            raise InvalidTokenIdError(bad, self.vocab_size) from None
+        if skip_special_tokens:
+            special = self.special_token_ids
+            data = b"".join([table[i] for i in ids if i not in special])
+        else:
+            data = b"".join([table[i] for i in ids])
         return data.decode("utf-8", errors="replace")
+
+    def check_ids(self, ids: Sequence[int]) -> None:
+        """Raise InvalidTokenIdError for the first id outside [0, vocab_size) or in a gap of the ranks."""
+        check_token_ids(ids, self.vocab_size, self._gap_ids)
 
     def token_to_id(self, token: str) -> int | None:
         if token in self._added:

@@ -10,7 +10,10 @@ Two decoding schemes are described by one table:
   bytes (`<0xNN>`); a maximal run of them is decoded as a whole (valid UTF-8 -> its text, otherwise one U+FFFD per
   byte); every other token's piece is UTF-8 text; then up to `strip_leading_spaces` spaces are removed from the
   start of the whole decoded text.
-In both schemes a special token is dropped entirely (before any joining) when skip_special_tokens is set.
+In both schemes a special token is dropped entirely (before any joining) when skip_special_tokens is set, unless
+`skipped_special_ends_text` is set (byte-level scheme only; mistral-common's IGNORE policy): then the bytes before
+a dropped special token are decoded on their own, so an unfinished character there becomes U+FFFD, exactly as if
+the special token had been kept.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class TokenBytesTable:
     # id -> byte value, for the byte-fallback scheme; empty for the byte-level scheme.
     byte_tokens: Mapping[int, int] = field(default_factory=dict)
     strip_leading_spaces: int = 0
+    # skip_special_tokens drops a special token's text but it still ends the text before it (see the docstring).
+    skipped_special_ends_text: bool = False
 
     @property
     def byte_fallback(self) -> bool:

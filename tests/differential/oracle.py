@@ -139,8 +139,14 @@ class ByteOracle:
         byte_of = _gpt2_byte_of_char()
         data: list[bytes] = []
         is_byte: list[bool] = []
+        unknown: set[int] = set()
         for token_id in range(tokenizer.vocab_size):
             token = rust.id_to_token(token_id)
+            if token is None:  # an id inside the range that names no token (cl100k's 100256): no bytes
+                unknown.add(token_id)
+                data.append(b"")
+                is_byte.append(False)
+                continue
             match = _BYTE_TOKEN.fullmatch(token) if byte_fallback else None
             is_byte.append(match is not None)
             if match:
@@ -152,6 +158,7 @@ class ByteOracle:
             else:
                 data.append(token.encode())
         self._setup(data, is_byte, tokenizer.special_token_ids, RUN if byte_fallback else LOSSY)
+        self.unknown_ids = frozenset(unknown)  # ids inside the range that name no token (cl100k's 100256)
         if byte_fallback:
             self.strip = STRIP_WHOLE_TEXT
 
@@ -173,6 +180,7 @@ class ByteOracle:
 
     def _setup(self, data: list[bytes], is_byte: list[bool], special: frozenset[int], semantics: str) -> None:
         self.semantics = semantics
+        self.unknown_ids: frozenset[int] = frozenset()
         self.byte_fallback = semantics != LOSSY
         self.special = frozenset(special)
         self.vocab_size = len(data)

@@ -20,6 +20,10 @@ MISTRAL_V1_TEMPLATE = (
     "{% elif message['role'] == 'system' %}{{ '[INST] <<SYS>>\\n' + message['content'] + '\\n<</SYS>> [/INST]' }}"
     "{% else %}{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}"
 )
+# Fixtures shipped without a template (gpt4o, gpt35turbo, claude): role-prefixed turns, each ended by EOS as text.
+ROLE_TURNS_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + eos_token + '\\n' }}{% endfor %}"
+)
 
 
 SYSTEM_PROMPTS = [
@@ -67,6 +71,8 @@ def chat_template_for(name: str) -> str:
         return HARMONY_LIKE.read_text(encoding="utf-8")
     if name == "mistral-sp-v1":
         return MISTRAL_V1_TEMPLATE
+    if name in ("gpt4o", "gpt35turbo", "claude"):
+        return ROLE_TURNS_TEMPLATE
     raise LookupError(f"no chat template for fixture {name}")
 
 

@@ -165,5 +165,6 @@ def test_step_returns_none_not_empty_string(name: str) -> None:
         stream = make(name, path, skip=True)
         results = [stream.step(i) for i in sorted(tokenizer.special_token_ids)[:5]]
         assert results == [None] * len(results)
-        assert stream.step_batch(sorted(tokenizer.special_token_ids)[:3]) == ["", "", ""]
+        specials = sorted(tokenizer.special_token_ids)[:3]  # gpt4o has only two
+        assert stream.step_batch(specials) == [""] * len(specials)
         assert stream.flush() is None

@@ -35,7 +35,7 @@ def id_strategy(name: str) -> st.SearchStrategy[int]:
     pools = [
         st.sampled_from(model.partial_ids),
         st.sampled_from(sorted(tokenizer.special_token_ids)),
-        st.integers(0, tokenizer.vocab_size - 1),
+        st.integers(0, tokenizer.vocab_size - 1).filter(lambda i: i not in model.unknown_ids),
         st.sampled_from(text_ids),
     ]
     if model.byte_token_ids:

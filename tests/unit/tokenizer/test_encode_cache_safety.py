@@ -27,6 +27,10 @@ TEMPLATE_TOKENS = {
     "deepseek-v3": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
     "gpt-oss": ["<|start|>", "<|message|>", "<|end|>"],
     "mistral-sp-v1": ["<s>", "</s>"],
+    # no chat template: their special tokens
+    "gpt4o": ["<|endoftext|>", "<|endofprompt|>"],
+    "gpt35turbo": ["<|endoftext|>", "<|endofprompt|>"],
+    "claude": ["<EOT>", "<META>"],
 }
 
 

@@ -1,10 +1,12 @@
 """Streaming through the core is exact for every backend: the differential checks of test_decode_stream.py
 (differential/check.py and its byte-accounting oracle), run on tokenizers loaded by the other backends.
 
-Backends whose ids coincide with a fixture's reuse that fixture's oracle: o200k_base = gpt-oss's BPE, a Qwen-style
-rank file and a GGUF rebuilt from qwen3 = qwen3, SentencePiece v1 (from the .model or from GGUF)
-gets SentencePiece's own byte semantics (differential/families.py: one U+FFFD per invalid byte), Tekken and the
-mock an oracle built from per-token bytes taken from an independent source (mistral-common; the mock's vocabulary).
+Backends whose ids coincide with a fixture's reuse that fixture's oracle: o200k_base and o200k_harmony = gpt-oss,
+cl100k_base = gpt35turbo, a Qwen-style
+rank file and a GGUF rebuilt from qwen3 = qwen3, SentencePiece v1 (from the .model or from GGUF) = mistral-sp-v1
+(SentencePiece's own byte semantics: differential/families.py, one U+FFFD per invalid byte). Tekken and the mock
+get an oracle built from per-token bytes taken from an independent source (mistral-common; the mock's vocabulary);
+Tekken's models mistral-common's IGNORE policy (a skipped special token still ends the text before it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import mistral_common
 import pytest
 from differential.check import check_stream, cut_points_inside_characters, oracle
 from differential.families import sentencepiece_oracle
-from differential.oracle import ByteOracle
+from differential.oracle import ByteOracle, Unit
 from helpers.texts import load_texts, text_lines
 from helpers.tokenizer_files import gguf_from_byte_level_fixture, gguf_from_sentencepiece, o200k_rank_file_bytes
 
@@ -30,6 +32,41 @@ from detok_worker.tokenizer.tiktoken_backend import load_named_encoding, tiktoke
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.byte_verify") is not None
+
+
+class _TextEnd(Unit):
+    """A skipped special token that still ends the text before it (mistral-common's IGNORE policy)."""
+
+
+class IgnorePolicyOracle(ByteOracle):
+    """The byte-level oracle for Tekken: with skip_special_tokens, each run between special tokens is decoded on
+    its own (a skipped special token ends the text before it)."""
+
+    def units(self, prompt: list[int], generated: list[int], skip: bool) -> list[Unit]:
+        if not skip:
+            return super().units(prompt, generated, skip)
+        return [
+            _TextEnd(b"", False, from_generated)
+            if token_id in self.special
+            else Unit(self._data[token_id], False, from_generated)
+            for from_generated, ids in ((False, prompt), (True, generated))
+            for token_id in ids
+        ]
+
+    def chars(self, units: list[Unit]) -> list[tuple[str, bool]]:
+        out: list[tuple[str, bool]] = []
+        segment: list[Unit] = []
+        for unit in units:
+            if isinstance(unit, _TextEnd):
+                out += super().chars(segment)
+                segment = []
+            else:
+                segment.append(unit)
+        return out + super().chars(segment)
+
+    def changeable_chars(self, units: list[Unit]) -> int:
+        last_end = max((k for k, unit in enumerate(units) if isinstance(unit, _TextEnd)), default=-1)
+        return super().changeable_chars(units[last_end + 1 :])
 
 
 def _o200k(tmp: Path):
@@ -56,9 +93,24 @@ def _tekken_oracle(tokenizer) -> ByteOracle:
     from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-    reference = Tekkenizer.from_file(str(MISTRAL_DATA / "tekken_240911.json"))
+    reference = Tekkenizer.from_file(tokenizer.name)
     pieces = [reference.id_to_byte_piece(i, SpecialTokenPolicy.KEEP) for i in range(reference.n_words)]
-    return ByteOracle.from_pieces(pieces, frozenset(range(reference.num_special_tokens)))
+    return IgnorePolicyOracle.from_pieces(pieces, frozenset(range(reference.num_special_tokens)))
+
+
+def _named_tiktoken(encoding: str) -> Callable:
+    def build(tmp: Path):
+        import os
+        import shutil
+
+        from helpers.tokenizer_files import cl100k_rank_file
+
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(tmp)  # only read while loading; restored by loaded()
+        tiktoken_cache_file("o200k_base").write_bytes(o200k_rank_file_bytes())
+        shutil.copy(cl100k_rank_file(), tiktoken_cache_file("cl100k_base"))
+        return load_named_encoding(encoding)
+
+    return build
 
 
 def _mock_oracle(tokenizer) -> ByteOracle:
@@ -104,7 +156,10 @@ CASES: dict[str, tuple[str | None, Callable, Callable | None, bool]] = {
         sentencepiece_oracle,
         False,
     ),
+    "tiktoken-cl100k": ("gpt35turbo", _named_tiktoken("cl100k_base"), None, True),
+    "tiktoken-o200k-harmony": ("gpt-oss", _named_tiktoken("o200k_harmony"), None, True),
     "tekken": (None, lambda tmp: create_tokenizer(MISTRAL_DATA / "tekken_240911.json"), _tekken_oracle, True),
+    "tekken-240718": (None, lambda tmp: create_tokenizer(MISTRAL_DATA / "tekken_240718.json"), _tekken_oracle, True),
     "mock": (None, lambda tmp: MockTokenizer(), _mock_oracle, True),
     "transformers-qwen3": ("qwen3", _transformers_qwen3, None, True),
 }
@@ -180,8 +235,10 @@ def test_random_ids_with_partial_characters(case: str, path: str) -> None:
     """Byte-level backends: seeded random ids (many of them partial UTF-8), after random prompts."""
     _, tokenizer, model = loaded(case)
     rng = random.Random(case)
-    partial = [i for i in (model or _fixture_oracle(case)).partial_ids if tokenizer.id_to_token(i) is not None]
-    known = [i for i in range(tokenizer.vocab_size) if tokenizer.id_to_token(i) is not None]
+    model = model or _fixture_oracle(case)
+    partial = [i for i in model.partial_ids if tokenizer.id_to_token(i) is not None]
+    # o200k_harmony has 1069 reserved ids past the gpt-oss fixture (whose oracle it shares): draw ids both know
+    known = [i for i in range(min(tokenizer.vocab_size, model.vocab_size)) if tokenizer.id_to_token(i) is not None]
     for _ in range(25):
         ids = [rng.choice(partial) if rng.random() < 0.5 else rng.choice(known) for _ in range(rng.randrange(1, 24))]
         cut = rng.randrange(0, len(ids))
