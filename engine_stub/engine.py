@@ -146,10 +146,12 @@ class EngineProcess:
         try:
             while not self.stopping:
                 events = dict(self.poller.poll(self._poll_timeout_ms()))
-                if self.workers in events:
-                    self._drain_workers()
                 if self.from_front in events:
                     self._drain_front()
+                # After the front: a slow source (llama-cpp generates in plan()) must not make the heartbeats that
+                # queued meanwhile look missed.
+                if self.workers in events or self.from_front in events:
+                    self._drain_workers()
                 self._tick()
                 if self._replay_finished():
                     break
