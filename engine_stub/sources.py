@@ -3,7 +3,8 @@
 - corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS;
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
-  0 = as fast as the engine steps).
+  0 = as fast as the engine steps);
+- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py).
 The scheduler truncates a plan to max_tokens; EOS at the end survives only if it fits.
 """
 
@@ -145,4 +146,9 @@ def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource:
         return EchoSource(eos_id)
     if engine.source == "trace":
         return TraceSource(read_trace(engine.trace), engine.replay_speed)
+    if engine.source == "llama-cpp":
+        from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
+
+        generator = LlamaGenerator(engine.model or default_model_path(), engine.model_threads)
+        return LlamaSource(generator, tokenizer)
     return CorpusSource(tokenizer, load_corpus(engine.corpus or None), eos_id, engine.seed)

@@ -60,6 +60,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         group, "--engine-url", "engine.engine_url", "grpc://host:port of the gRPC engine (--source grpc)", metavar="URL"
     )
     add_override_flag(group, "--trace", "engine.trace", "trace file for --source trace", metavar="FILE")
+    add_override_flag(group, "--model", "engine.model", "GGUF model for --source llama-cpp", metavar="FILE")
     add_override_flag(
         group, "--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", type=float
     )

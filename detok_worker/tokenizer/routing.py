@@ -168,6 +168,7 @@ def load_source(
 
 
 def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
+    from detok_worker.tokenizer.base import import_optional
     from detok_worker.tokenizer.gguf_backend import read_metadata, tokenizer_parts
     from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer
 
@@ -176,6 +177,7 @@ def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
     if templates is None and parts.chat_template:
         templates = ChatTemplates({DEFAULT_NAME: parts.chat_template}, f"{path} (tokenizer.chat_template)")
     if parts.sentencepiece_proto is not None:
+        import_optional("sentencepiece", "gguf")  # the message names the extra a GGUF user installs
         return SentencePieceTokenizer(model_proto=parts.sentencepiece_proto, name=str(path), chat_templates=templates)
     named = {"bos": parts.bos_id, "eos": parts.eos_id, "unk": parts.unk_id, "pad": parts.pad_id}
     config = {f"{role}_token": parts.token_texts[i] for role, i in named.items() if i is not None}

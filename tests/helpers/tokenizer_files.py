@@ -129,7 +129,7 @@ def assert_offsets_map_back(tokenizer, text: str) -> None:
 
 # Fixture name -> llama.cpp's tokenizer.ggml.pre for it.
 GGUF_PRE_OF_FIXTURE = {"qwen3": "qwen2", "deepseek-v3": "deepseek-v3", "gpt-oss": "gpt-4o"}
-_GGUF_NORMAL, _GGUF_UNKNOWN, _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_UNUSED, _GGUF_BYTE = 1, 2, 3, 4, 5, 6
+GGUF_NORMAL, _GGUF_UNKNOWN, _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_UNUSED, _GGUF_BYTE = 1, 2, 3, 4, 5, 6
 
 
 def _write_gguf(path: Path, model: str, tokens: list[str], types: list[int], **extra) -> Path:
@@ -163,7 +163,7 @@ def gguf_from_byte_level_fixture(name: str, path: Path) -> Path:
     """Write the fixture's tokenizer as llama.cpp's converter lays it out for byte-level BPE models."""
     document = json.loads(fixture_tokenizer_json(name))
     config = json.loads((FIXTURE_TOKENIZER_DIRS[name] / "tokenizer_config.json").read_text())
-    by_id = {token_id: (token, _GGUF_NORMAL) for token, token_id in document["model"]["vocab"].items()}
+    by_id = {token_id: (token, GGUF_NORMAL) for token, token_id in document["model"]["vocab"].items()}
     for added in document["added_tokens"]:
         by_id[added["id"]] = (added["content"], _GGUF_CONTROL if added["special"] else _GGUF_USER_DEFINED)
     size = max(by_id) + 1
@@ -192,8 +192,9 @@ def gguf_from_byte_level_fixture(name: str, path: Path) -> Path:
     )
 
 
-def gguf_from_sentencepiece(model_file: Path, path: Path) -> Path:
-    """Write a SentencePiece model as llama.cpp's converter lays out `llama` (SPM) vocabularies."""
+def gguf_from_sentencepiece(model_file: Path, path: Path, replace: dict[int, tuple[str, int]] | None = None) -> Path:
+    """Write a SentencePiece model as llama.cpp's converter lays out `llama` (SPM) vocabularies; `replace` sets
+    (text, token type) of some ids (e.g. a byte piece turned into its plain character, as in Gemma's vocabulary)."""
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
@@ -201,7 +202,7 @@ def gguf_from_sentencepiece(model_file: Path, path: Path) -> Path:
     for i in range(processor.vocab_size()):
         tokens.append(processor.id_to_piece(i))
         scores.append(processor.get_score(i))
-        kind = _GGUF_NORMAL
+        kind = GGUF_NORMAL
         if processor.is_unknown(i):
             kind = _GGUF_UNKNOWN
         elif processor.is_control(i):
@@ -211,6 +212,8 @@ def gguf_from_sentencepiece(model_file: Path, path: Path) -> Path:
         elif processor.is_unused(i):
             kind = _GGUF_UNUSED
         types.append(kind)
+    for token_id, (text, kind) in (replace or {}).items():
+        tokens[token_id], types[token_id] = text, kind
     return _write_gguf(
         path,
         "llama",
