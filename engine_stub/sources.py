@@ -13,36 +13,17 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
-from detok_worker.errors import OperatorError
 from detok_worker.trace.format import Trace, read_trace
+from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
+from engine_stub.source_api import Plan, SourceError, TokenSource
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
-
-
-class SourceError(OperatorError, ValueError):
-    """A token source cannot be built (empty corpus, unreadable files, empty trace)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What a request will generate: its output ids (before max_tokens truncation) and, for paced sources, the
-    time after the request's arrival at which each id may be emitted (None: one step per tokens_per_step)."""
-
-    ids: list[int]
-    offsets_ns: list[int] | None = None
-
-
-class TokenSource(Protocol):
-    name: str
-
-    def plan(self, rid: str, prompt_ids: Sequence[int], params: RequestParams) -> Plan: ...
 
 
 def primary_eos_id(tokenizer: Any) -> int | None:
@@ -147,8 +128,6 @@ def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource:
     if engine.source == "trace":
         return TraceSource(read_trace(engine.trace), engine.replay_speed)
     if engine.source == "llama-cpp":
-        from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
-
         generator = LlamaGenerator(engine.model or default_model_path(), engine.model_threads)
         return LlamaSource(generator, tokenizer)
     return CorpusSource(tokenizer, load_corpus(engine.corpus or None), eos_id, engine.seed)

@@ -54,7 +54,7 @@ from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.metrics import EngineMetrics
-from detok_worker.stream.stop_rules import StopLimits
+from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from detok_worker.bus.messages import (
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
-from detok_worker.stream.stop_rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
 PROMPT_TAIL = 8  # prompt ids sent with Open: enough context for the first output characters
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected

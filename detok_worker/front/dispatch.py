@@ -44,7 +44,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError
 from detok_worker.metrics import FrontMetrics
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
-from detok_worker.stream.stop_rules import StopRules
+from detok_worker.stream.stop.rules import StopRules
 
 log = logging.getLogger(__name__)
 

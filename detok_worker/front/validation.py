@@ -1,6 +1,6 @@
 """Request checks shared by both endpoints: everything a client can get wrong becomes a 4xx APIError here,
 before any prompt work or bus traffic. Limits come from the config (front.* and worker.max_stop_*); the stop
-fields are checked by StopRules (detok_worker/stream/stop_rules.py), the one place of the stop rule."""
+fields are checked by StopRules (detok_worker/stream/stop/rules.py), the one place of the stop rule."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from detok_worker.stream.stop_rules import StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)

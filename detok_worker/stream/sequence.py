@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as IdSequence
 
-from detok_worker.stream.decode_stream import DecodeStream
+from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -31,7 +31,7 @@ class Sequence:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._stream = DecodeStream(tokenizer, (), skip_special_tokens, force_generic=force_generic)
+        self._stream = create_decode_stream(tokenizer, (), skip_special_tokens, force_generic=force_generic)
         self._token_ids: list[int] = []
         self._parts: list[str] = []  # text no longer pending, in order
         self._extend(token_ids)

@@ -27,7 +27,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.stream import byte_decoding_for
-from detok_worker.stream.stop_rules import StopLimits
+from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.worker.state import WorkerState
 

@@ -29,7 +29,7 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.stream import StopSequenceDecoder
-from detok_worker.stream.stop_rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
 log = logging.getLogger(__name__)
 

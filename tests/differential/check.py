@@ -7,7 +7,7 @@ from functools import cache
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.stream import DecodeStream
-from detok_worker.stream.byte_tokens import byte_tokens_for
+from detok_worker.stream.decode.byte_tokens import byte_tokens_for
 from differential.oracle import ByteOracle
 
 REPLACEMENT = "\ufffd"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from detok_worker.tokenizer.encode_cache.prefix import (
+from detok_worker.tokenizer.encode_cache.boundaries import (
     Boundary,
     BoundaryFinder,
     Framing,

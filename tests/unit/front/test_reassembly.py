@@ -5,7 +5,7 @@ from __future__ import annotations
 from detok_worker.bus.messages import DetokParams, TextDelta
 from detok_worker.bus.reassembly import GAP_ERROR
 from detok_worker.front.dispatch import RequestStream
-from detok_worker.stream.stop_rules import StopLimits, StopRules
+from detok_worker.stream.stop.rules import StopLimits, StopRules
 
 
 def make_stream() -> RequestStream:

@@ -8,7 +8,7 @@ from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 from helpers.texts import load_texts
 
 from detok_worker.stream import DecodeStream
-from detok_worker.stream.generic import MAX_HELD_TOKENS, PROMPT_CONTEXT_TOKENS
+from detok_worker.stream.decode.generic import MAX_HELD_TOKENS, PROMPT_CONTEXT_TOKENS
 from detok_worker.tokenizer import InvalidTokenIdError
 
 NAMES = sorted(FIXTURE_TOKENIZER_DIRS)

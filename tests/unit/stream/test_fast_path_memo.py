@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from helpers.fixtures import REPO, load_fixture_tokenizer
 
-from detok_worker.stream import DecodeStream, byte_decoding_for, fast_byte_level
+from detok_worker.stream import DecodeStream, byte_decoding_for
+from detok_worker.stream.decode import byte_level as fast_byte_level
 from detok_worker.tokenizer.protocol import InvalidTokenIdError
 
 BYTE_LEVEL = ["qwen3", "deepseek-v3", "gpt-oss"]

@@ -7,7 +7,7 @@ from helpers.stop_checks import reference_hold
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detok_worker.stream.stop_matcher import StopStringAutomaton, StopStringFilter, compile_stop_strings
+from detok_worker.stream.stop.matcher import StopStringAutomaton, StopStringFilter, compile_stop_strings
 
 
 def reference_stop(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from detok_worker.bus.messages import DetokParams
-from detok_worker.stream.stop_rules import StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 
 LIMITS = StopLimits(max_strings=2, max_string_chars=5)
 

@@ -15,7 +15,7 @@ from detok_worker.config import load_config
 from detok_worker.front.errors import APIError
 from detok_worker.front.validation import Limits, check_generation, decode_completion
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
-from detok_worker.stream.stop import StopConfigError
+from detok_worker.stream.stop.decoder import StopConfigError
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, validate_token_ids
 

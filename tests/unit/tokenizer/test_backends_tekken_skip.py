@@ -15,8 +15,7 @@ import pytest
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-from detok_worker.stream import DecodeStream
-from detok_worker.stream.byte_decoding import fast_path_status
+from detok_worker.stream import DecodeStream, fast_path_status
 from detok_worker.tokenizer.mistral_backend import TekkenTokenizer
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"

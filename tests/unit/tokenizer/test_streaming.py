@@ -31,7 +31,7 @@ from detok_worker.tokenizer.mock import DEFAULT_SPECIALS, DEFAULT_WORDS, MockTok
 from detok_worker.tokenizer.tiktoken_backend import load_named_encoding, tiktoken_cache_file
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
-FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.byte_verify") is not None
+FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.decode.verify") is not None
 
 
 class _TextEnd(Unit):

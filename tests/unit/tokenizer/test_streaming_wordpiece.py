@@ -9,8 +9,7 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.texts import load_texts, text_lines
 
-from detok_worker.stream import DecodeStream
-from detok_worker.stream.byte_decoding import fast_path_status
+from detok_worker.stream import DecodeStream, fast_path_status
 
 
 @pytest.fixture(scope="module")

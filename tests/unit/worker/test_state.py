@@ -6,7 +6,7 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
-from detok_worker.stream.stop_rules import StopLimits
+from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.worker.state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
 
 TEXTS = [

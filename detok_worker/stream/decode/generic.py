@@ -34,11 +34,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from detok_worker.stream.batch_decode import batch_decoder
-from detok_worker.stream.byte_tokens import byte_tokens_for
-from detok_worker.stream.decode_stream import DecodeStream
-from detok_worker.stream.registry import cached
-from detok_worker.stream.utf8 import completion, is_well_formed, unfinished_length
+from detok_worker.stream.decode.base import DecodeStream
+from detok_worker.stream.decode.batch import batch_decoder
+from detok_worker.stream.decode.byte_tokens import byte_tokens_for
+from detok_worker.stream.decode.registry import cached
+from detok_worker.stream.decode.utf8 import completion, is_well_formed, unfinished_length
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, check_token_ids
 
 PROMPT_CONTEXT_TOKENS = 5
@@ -102,14 +102,13 @@ class GenericDecodeStream(DecodeStream):
     )
     fast_path = False
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        prompt_ids: Sequence[int] = (),
-        skip_special_tokens: bool = False,
-        *,
-        force_generic: bool = False,
-    ) -> None:
+    @classmethod
+    def open(cls, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> GenericDecodeStream:
+        stream = object.__new__(cls)
+        stream._setup(tokenizer, prompt_ids, skip_special_tokens)
+        return stream
+
+    def _setup(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         # Skipped ids are left out of the window, unless the tokenizer's skipped special tokens still end the text

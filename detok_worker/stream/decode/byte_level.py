@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from detok_worker.stream.byte_decoding import ByteDecoding, check_ids
-from detok_worker.stream.table_stream import TableDecodeStream
-from detok_worker.stream.utf8 import decode_finished, unfinished_length
+from detok_worker.stream.decode.table_stream import TableDecodeStream
+from detok_worker.stream.decode.tables import ByteDecoding, check_ids
+from detok_worker.stream.decode.utf8 import decode_finished, unfinished_length
 from detok_worker.tokenizer.protocol import Tokenizer
 
 # Enough trailing prompt bytes to find an unfinished character (at most 3 bytes long) at the end of the prompt.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from detok_worker.stream.byte_decoding import ByteDecoding, byte_decoding_for
-from detok_worker.stream.decode_stream import DecodeStream
+from detok_worker.stream.decode.base import DecodeStream
+from detok_worker.stream.decode.tables import ByteDecoding
 from detok_worker.tokenizer.protocol import Tokenizer
 
 S = TypeVar("S", bound="TableDecodeStream")
@@ -19,25 +19,11 @@ class TableDecodeStream(DecodeStream):
     fast_path = True
     byte_fallback: bool = False
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        prompt_ids: Sequence[int] = (),
-        skip_special_tokens: bool = False,
-        *,
-        force_generic: bool = False,
-    ) -> None:
-        decoding = byte_decoding_for(tokenizer)
-        if decoding is None or decoding.byte_fallback != self.byte_fallback:
-            kind = "byte-fallback" if self.byte_fallback else "byte-level"
-            raise ValueError(f"tokenizer {tokenizer!r} has no verified {kind} table")
-        self._setup(tokenizer, decoding, prompt_ids, skip_special_tokens)
-
     @classmethod
-    def for_decoding(
+    def open(
         cls: type[S], tokenizer: Tokenizer, decoding: ByteDecoding, prompt_ids: Sequence[int], skip_special_tokens: bool
     ) -> S:
-        """A stream on given tables (used while verifying them, before they are registered)."""
+        """A stream on these verified tables (the factory's way in; verify.py uses it on tables under test)."""
         stream = object.__new__(cls)
         stream._setup(tokenizer, decoding, prompt_ids, skip_special_tokens)
         return stream

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from detok_worker.stream.decode_stream import DecodeStream
-from detok_worker.stream.stop_matcher import StopStringFilter, compile_stop_strings
+from detok_worker.stream.decode.select import create_decode_stream
+from detok_worker.stream.stop.matcher import StopStringFilter, compile_stop_strings
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 StopReason = str | int
@@ -169,7 +169,7 @@ class StopSequenceDecoder:
             if strings
             else None
         )
-        self._stream = DecodeStream(tokenizer, self._prompt_ids, skip_special_tokens)
+        self._stream = create_decode_stream(tokenizer, self._prompt_ids, skip_special_tokens)
         self._num_generated = 0
         self._stop_reason: StopReason | None = None
         self._last_error: InvalidTokenIdError | None = None
@@ -199,7 +199,7 @@ class StopSequenceDecoder:
 
     def reset(self) -> None:
         """Start over as if freshly built (same tokenizer, config, prompt and options)."""
-        self._stream = DecodeStream(self._tokenizer, self._prompt_ids, self._skip_special_tokens)
+        self._stream = create_decode_stream(self._tokenizer, self._prompt_ids, self._skip_special_tokens)
         if self._filter is not None:
             self._filter.reset()
         self._num_generated = 0

@@ -16,7 +16,7 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams
 from detok_worker.config import DetokConfig
-from detok_worker.stream.stop import StopReason, StopSequenceConfig
+from detok_worker.stream.stop.decoder import StopReason, StopSequenceConfig
 
 
 class StopRuleError(ValueError):

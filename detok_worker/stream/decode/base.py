@@ -1,9 +1,10 @@
 """DecodeStream: one request's incremental detokenization, token id in, text delta out.
 
-`DecodeStream(tokenizer, prompt_ids, skip_special_tokens)` returns the fastest exact implementation for the
-tokenizer: the byte-level fast path (fast_byte_level.py, fast_byte_fallback.py) when the tokenizer's decode is
-verified to be a byte concatenation, else the generic window-diff algorithm (generic.py). `stream.fast_path`
-says which; `force_generic=True` picks the generic one (tests and benchmarks compare the two).
+The implementations: the byte-level fast paths (byte_level.py, byte_fallback.py) when the tokenizer's decode is
+verified to be a byte concatenation (fast_path.py), else the generic window-diff algorithm (generic.py).
+select.py's `create_decode_stream(tokenizer, prompt_ids, skip_special_tokens)` is the factory that picks one;
+`DecodeStream(tokenizer, ...)` (the public constructor) returns what it picks. `stream.fast_path` says which;
+`force_generic=True` picks the generic one (tests and benchmarks compare the two).
 
 Contract, for every implementation:
 - The text of all step() results plus flush() is `decode(prompt + generated)[len(decode(prompt)):]`, i.e. exactly
@@ -21,12 +22,20 @@ Contract, for every implementation:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 
 from detok_worker.tokenizer.protocol import Tokenizer
 
+Factory = Callable[..., "DecodeStream"]
+_factory: list[Factory] = []  # select.py registers create_decode_stream here when the package is imported
 
-class DecodeStream:
+
+def register_factory(factory: Factory) -> None:
+    _factory[:] = [factory]
+
+
+class DecodeStream(ABC):
     """Incremental detokenizer for one request; see the module docstring for the exact contract."""
 
     __slots__ = ("tokenizer", "skip_special_tokens")
@@ -40,61 +49,37 @@ class DecodeStream:
         *,
         force_generic: bool = False,
     ) -> DecodeStream:
-        if cls is DecodeStream:
-            cls = select_implementation(tokenizer, force_generic=force_generic)
-        return super().__new__(cls)
+        if cls is not DecodeStream:
+            return super().__new__(cls)
+        if not _factory:
+            raise RuntimeError("import detok_worker.stream (or .stream.decode) to construct a DecodeStream")
+        return _factory[0](tokenizer, prompt_ids, skip_special_tokens, force_generic=force_generic)
 
+    def __init__(self, *args: object, **kwargs: object) -> None:  # noqa: B027 - deliberately empty
+        """Implementations are set up by their `open` classmethod, which the factory calls: Python calls this
+        again on what `DecodeStream(...)` returns, so it must do nothing."""
+
+    @abstractmethod
     def step(self, token_id: int) -> str | None:
         """Add one generated id; return the text it completes, or None if it completes none."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step_batch(self, ids: Sequence[int]) -> list[str]:
         """step() for each id in order: one entry per id, '' where that id emitted nothing."""
-        raise NotImplementedError
 
+    @abstractmethod
     def flush(self) -> str | None:
         """Release everything still withheld (an incomplete character becomes U+FFFD); None if nothing was."""
-        raise NotImplementedError
 
+    @abstractmethod
     def pending_text(self) -> str:
         """What flush() would release now, without releasing it."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def tokens(self) -> tuple[int, ...]:
         """The ids the stream still holds: its decoding context and the ids whose text is still withheld.
 
         Bounded; not the whole history. The generic path holds its window; the byte-level fast path holds only
         bytes of an unfinished character (so this is empty there); the byte-fallback one holds an open byte run.
         """
-        raise NotImplementedError
-
-
-def select_implementation(tokenizer: Tokenizer, *, force_generic: bool = False) -> type[DecodeStream]:
-    """The DecodeStream subclass used for this tokenizer (the fast path when its byte table is verified)."""
-    from detok_worker.stream.byte_decoding import byte_decoding_for
-    from detok_worker.stream.generic import GenericDecodeStream
-
-    decoding = None if force_generic else byte_decoding_for(tokenizer)
-    if decoding is None:
-        return GenericDecodeStream
-    if decoding.byte_fallback:
-        from detok_worker.stream.fast_byte_fallback import ByteFallbackDecodeStream
-
-        return ByteFallbackDecodeStream
-    from detok_worker.stream.fast_byte_level import ByteLevelDecodeStream
-
-    return ByteLevelDecodeStream
-
-
-def prepare_tokenizer(tokenizer: Tokenizer) -> bool:
-    """Build now what streams of this tokenizer need once (the fast path's verified tables, or else the generic
-    path's probe id), so the first request does not pay for it; workers call this at start. Returns whether
-    streams of this tokenizer use the fast path."""
-    from detok_worker.stream.byte_decoding import byte_decoding_for
-    from detok_worker.stream.generic import probe_token_for
-
-    if byte_decoding_for(tokenizer) is not None:
-        return True
-    probe_token_for(tokenizer)
-    return False

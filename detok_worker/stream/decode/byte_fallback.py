@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from detok_worker.stream.byte_decoding import NOT_A_BYTE, ByteDecoding, check_ids
-from detok_worker.stream.table_stream import TableDecodeStream
-from detok_worker.stream.utf8 import is_well_formed, unfinished_length
+from detok_worker.stream.decode.table_stream import TableDecodeStream
+from detok_worker.stream.decode.tables import NOT_A_BYTE, ByteDecoding, check_ids
+from detok_worker.stream.decode.utf8 import is_well_formed, unfinished_length
 from detok_worker.tokenizer.protocol import Tokenizer
 
 _PROMPT_TAIL_IDS = 64

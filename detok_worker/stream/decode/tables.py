@@ -1,8 +1,7 @@
-"""The immutable per-tokenizer tables the byte-level fast path runs on, and the check that selects it.
+"""The immutable per-tokenizer tables the byte-level fast paths run on (built from a backend's TokenBytesTable).
 
-`fast_path_status(tokenizer)` builds them once per tokenizer (from the backend's optional `token_bytes_table()`
-hook), verifies them against the tokenizer's own decode (byte_verify.py) and caches the outcome: a ByteDecoding,
-or None plus the reason the fast path was refused. Per-request state lives in the stream objects, never here.
+fast_path.py builds them once per tokenizer and verifies them (verify.py). Per-request state lives in the stream
+objects, never here.
 """
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from detok_worker.stream.registry import cached
 from detok_worker.tokenizer.protocol import check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
@@ -66,12 +63,6 @@ def check_ids(decoding: ByteDecoding, ids: Sequence[int]) -> None:
     check_token_ids(ids, decoding.vocab_size, decoding.unknown_ids)
 
 
-@dataclass(frozen=True, slots=True)
-class FastPathStatus:
-    decoding: ByteDecoding | None
-    reason: str  # why the fast path is used or refused, for logs and tests
-
-
 def _complete_text(piece: bytes | None) -> str | None:
     if piece is None:
         return None
@@ -119,33 +110,3 @@ def _skipped_text_enders(table: TokenBytesTable, special_ids: frozenset[int]) ->
     if not table.skipped_special_ends_text or table.byte_fallback:
         return frozenset()
     return frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)
-
-
-def _build_status(tokenizer: Any) -> FastPathStatus:
-    from detok_worker.stream.byte_verify import verify_byte_decoding
-
-    hook = getattr(tokenizer, "token_bytes_table", None)
-    table = hook() if callable(hook) else None
-    if table is None:
-        return FastPathStatus(None, "the tokenizer offers no byte table (its decoder is not a byte concatenation)")
-    decoding = build_byte_decoding(table, tokenizer.vocab_size, frozenset(tokenizer.special_token_ids))
-    mismatch = verify_byte_decoding(tokenizer, decoding)
-    if mismatch is not None:
-        log.info("byte-level fast path refused for tokenizer %r: %s", getattr(tokenizer, "name", "?"), mismatch)
-        return FastPathStatus(None, f"the byte table does not reproduce decode: {mismatch}")
-    scheme = "byte-fallback" if decoding.byte_fallback else "byte-level"
-    return FastPathStatus(decoding, f"{scheme} table verified against decode")
-
-
-def fast_path_status(tokenizer: Any) -> FastPathStatus:
-    """Whether (and with which tables) streams of this tokenizer use the fast path; built once per tokenizer."""
-    return cached(tokenizer, "fast_path_status", lambda: _build_status(tokenizer))
-
-
-def byte_decoding_for(tokenizer: Any) -> ByteDecoding | None:
-    """The verified ByteDecoding of this tokenizer, or None when streams must use the generic algorithm.
-
-    Workers may call this at start-up so the one-time build and verification (well under 2 s for a 200k
-    vocabulary) does not land on the first request.
-    """
-    return fast_path_status(tokenizer).decoding

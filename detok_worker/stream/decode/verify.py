@@ -13,8 +13,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from detok_worker.stream.batch_decode import batch_decoder
-from detok_worker.stream.byte_decoding import ByteDecoding
+from detok_worker.stream.decode.batch import batch_decoder
+from detok_worker.stream.decode.byte_fallback import ByteFallbackDecodeStream
+from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
+from detok_worker.stream.decode.tables import ByteDecoding
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
 SEED = 20240601
@@ -49,13 +51,10 @@ def _lone_byte_text(piece: bytes) -> str:
 def _stream_texts(
     tokenizer: Tokenizer, decoding: ByteDecoding, sequences: list[list[int]], skip_special_tokens: bool
 ) -> list[str]:
-    if decoding.byte_fallback:
-        from detok_worker.stream.fast_byte_fallback import ByteFallbackDecodeStream as stream_class
-    else:
-        from detok_worker.stream.fast_byte_level import ByteLevelDecodeStream as stream_class
+    stream_class = ByteFallbackDecodeStream if decoding.byte_fallback else ByteLevelDecodeStream
     out = []
     for ids in sequences:
-        stream = stream_class.for_decoding(tokenizer, decoding, (), skip_special_tokens)
+        stream = stream_class.open(tokenizer, decoding, (), skip_special_tokens)
         out.append("".join(stream.step_batch(ids)) + (stream.flush() or ""))
     return out
 

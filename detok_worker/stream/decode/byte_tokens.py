@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from detok_worker.stream.registry import cached
-from detok_worker.stream.utf8 import unfinished_length
+from detok_worker.stream.decode.registry import cached
+from detok_worker.stream.decode.utf8 import unfinished_length
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
 # Characters of every UTF-8 length above 1, and the edges of the restricted second-byte ranges.

@@ -1,0 +1,167 @@
+"""Every metric family of detok (Metrics), built once per process (metrics()), and the label helpers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+RESTART_ENV = "DETOK_RESTART_COUNT"  # set by the supervisor on a restarted worker
+ABORT_CAUSES = ("client_disconnected", "client_too_slow", "timeout", "shutdown")
+
+_FAST_SECONDS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_LATENCY_SECONDS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_LOAD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_SIZES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+
+
+class Metrics:
+    """Every metric family, built once per process (see metrics())."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        kw: dict[str, Any] = {"registry": registry if registry is not None else REGISTRY}
+        tok_op = ["tokenizer", "operation"]
+        tok_worker = ["tokenizer", "worker"]
+        self.encode_seconds = Histogram(
+            "detok_tokenizer_encode_duration_seconds",
+            "Prompt-side tokenizer calls",
+            tok_op,
+            buckets=_FAST_SECONDS,
+            **kw,
+        )
+        self.decode_seconds = Histogram(
+            "detok_tokenizer_decode_duration_seconds",
+            "Detokenization time: operation=stream_batch is one worker's decoding of one TokenBatch",
+            tok_op,
+            buckets=_FAST_SECONDS,
+            **kw,
+        )
+        self.tokens_per_encode = Histogram(
+            "detok_tokenizer_tokens_per_encode", "Tokens produced per encode call", ["tokenizer"], buckets=_SIZES, **kw
+        )
+        self.chars_per_encode = Histogram(
+            "detok_tokenizer_chars_per_encode",
+            "Characters of input per encode call",
+            ["tokenizer"],
+            buckets=_SIZES,
+            **kw,
+        )
+        self.load_seconds = Histogram(
+            "detok_tokenizer_load_duration_seconds",
+            "Tokenizer load time per process (including the streaming fast-path tables in workers)",
+            ["tokenizer", "role"],
+            buckets=_LOAD_SECONDS,
+            **kw,
+        )
+        self.stream_tokens = Counter(
+            "detok_stream_tokens", "Output tokens consumed by request streams", tok_worker, **kw
+        )
+        self.stream_holds = Counter(
+            "detok_stream_holds",
+            "Request steps that consumed tokens but released no text yet (an incomplete UTF-8 character, or text "
+            "held back as a possible stop-string start)",
+            tok_worker,
+            **kw,
+        )
+        self.stops_detected = Counter(
+            "detok_stop_sequences_detected",
+            "Requests ended by a stop rule found in the worker (kind: string or token; EOS counts as a token)",
+            [*tok_worker, "kind"],
+            **kw,
+        )
+        self.tokens_in = Counter("detok_worker_tokens_in", "Token ids received by a worker", ["worker"], **kw)
+        self.chars_out = Counter("detok_worker_chars_out", "Characters of text sent by a worker", ["worker"], **kw)
+        self.batch_rids = Histogram(
+            "detok_worker_batch_rids",
+            "Requests per TokenBatch (opens + token items)",
+            ["worker"],
+            buckets=_COUNTS,
+            **kw,
+        )
+        self.batch_tokens = Histogram(
+            "detok_worker_batch_tokens", "Token ids per TokenBatch", ["worker"], buckets=_COUNTS, **kw
+        )
+        self.step_seconds = Histogram(
+            "detok_worker_step_duration_seconds",
+            "Worker time per TokenBatch: decode frame, detokenize, encode and send the TextBatch",
+            ["worker"],
+            buckets=_FAST_SECONDS,
+            **kw,
+        )
+        self.worker_restarts = Counter(
+            "detok_worker_restarts", "Worker processes restarted by the supervisor", ["worker"], **kw
+        )
+        self.live_rids = Gauge(
+            "detok_live_rids", "Live requests held by a process", ["role", "worker"], multiprocess_mode="livesum", **kw
+        )
+        self.bad_frames = Counter(
+            "detok_bad_frames", "Bus frames and items counted as bad and skipped", ["role", "worker", "kind"], **kw
+        )
+        self.reopened = Counter(
+            "detok_reopened_rids", "Requests re-opened on another worker after theirs was lost", **kw
+        )
+        self.requests = Counter(
+            "detok_requests", "Generation requests accepted by the front (endpoint: the route)", ["endpoint"], **kw
+        )
+        self.aborted = Counter(
+            "detok_aborted_requests",
+            "Requests the front ended early (cause: client_disconnected, client_too_slow, timeout, shutdown)",
+            ["cause"],
+            **kw,
+        )
+        self.sse_clients = Gauge("detok_sse_clients", "Open SSE streams", multiprocess_mode="livesum", **kw)
+        self.front_tokens = Counter("detok_front_tokens", "Output tokens of requests that ended at the front", **kw)
+        self.front_chars = Counter("detok_front_chars", "Characters of text the front accepted from workers", **kw)
+        self.bus_latency = Histogram(
+            "detok_bus_latency_seconds",
+            "Engine-to-front latency of a TextBatch (TokenBatch sent by the engine -> TextBatch at the front)",
+            buckets=_LATENCY_SECONDS,
+            **kw,
+        )
+
+    def family_names(self) -> frozenset[str]:
+        """Names of the families defined here (as collected: counters without the _total suffix)."""
+        return frozenset(family.name for collector in vars(self).values() for family in collector.describe())
+
+
+_metrics: Metrics | None = None
+_metrics_lock = threading.Lock()
+
+
+def metrics() -> Metrics:
+    """This process's metric families (built on first use, after the supervisor may have set the directory)."""
+    global _metrics
+    if _metrics is None:
+        with _metrics_lock:
+            if _metrics is None:
+                _metrics = Metrics()
+    return _metrics
+
+
+def tokenizer_type(tokenizer: object) -> str:
+    """The backend type label of a tokenizer: HFTokenizer -> hf, TiktokenTokenizer -> tiktoken; wrappers (the
+    encode cache) report what they wrap."""
+    inner = getattr(tokenizer, "inner", None)
+    if inner is not None and inner is not tokenizer:
+        return tokenizer_type(inner)
+    name = type(tokenizer).__name__
+    for suffix in ("TokenizerAdapter", "Adapter", "Tokenizer"):
+        if name.endswith(suffix) and name != suffix:
+            name = name[: -len(suffix)]
+            break
+    return name.lower()
+
+
+def observe_tokenizer_load(tokenizer: object, seconds: float, role: str) -> None:
+    metrics().load_seconds.labels(tokenizer_type(tokenizer), role).observe(seconds)
+
+
+def record_worker_start(worker_id: str) -> None:
+    """Count this worker process as a restart if the supervisor started it as one (one increment per process, so
+    the merged counter is the number of restarts of that worker slot)."""
+    restarts = metrics().worker_restarts.labels(worker_id)  # exported as 0 until the first restart
+    if os.environ.get(RESTART_ENV, "0") not in ("", "0"):
+        restarts.inc()

@@ -1,0 +1,132 @@
+"""The package layout holds its rules: no import loops (function-local imports included), every module imports
+on its own in a fresh interpreter, no module over 400 lines, engine_stub never imports the CLI."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.fixtures import REPO
+
+PACKAGES = ("detok_worker", "engine_stub")
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "bench_scripts" in path.parts or "configs" in path.parts:
+                continue  # links to bench/ and configs/: scripts and data, not modules of the package
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def import_graph(found: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules it imports (at module level or inside a function), and the packages whose
+    __init__ that import runs."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in found:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                own_package = name.startswith(node.module + ".")
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets += [] if own_package else [node.module]
+            else:
+                continue
+            for target in targets:
+                module = resolve(target)
+                if module is None or module == name:
+                    continue
+                graph[name].add(module)
+                parts = module.split(".")
+                for depth in range(1, len(parts)):
+                    package = ".".join(parts[:depth])
+                    if package in found and not name.startswith(package + "."):
+                        graph[name].add(package)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_loop() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loops() -> None:
+    assert cycles(import_graph(modules())) == []
+
+
+def test_engine_stub_never_imports_the_cli() -> None:
+    graph = import_graph(modules())
+    for name in graph:
+        if name.startswith("engine_stub"):
+            assert not any(target.startswith("detok_worker.cli") for target in graph[name]), name
+
+
+def test_no_module_over_the_line_limit() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_every_module_imports_alone_in_a_fresh_interpreter(chunk: int) -> None:
+    names = sorted(modules())[chunk::4]
+    names = [n for n in names if not n.endswith("__main__")]
+    script = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    for name in names:  # one interpreter per module: an import that only works after another would show
+        result = subprocess.run([sys.executable, "-c", script, name], cwd=REPO, capture_output=True, text=True)
+        assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
