@@ -39,7 +39,7 @@ from smg_grpc_proto.generated import common_pb2
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
-from detok_worker.tokenizer.factory import DEFAULT_TOKENIZER_DIR
+from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from engine_stub.sources import TokenSource, create_source
 
 log = logging.getLogger(__name__)

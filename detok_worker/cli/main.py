@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from detok_worker.cli.bench import add_bench_command
+from detok_worker.cli.tokenizer import add_tokenizer_commands
 from detok_worker.cli.trace import add_trace_commands
 from detok_worker.config import ConfigError, DetokConfig, config_to_toml
 from detok_worker.config.flags import (
@@ -31,7 +32,6 @@ from detok_worker.config.flags import (
 from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
-from detok_worker.tokenizer.cli_tools import add_tokenizer_commands
 from engine_stub.command import add_engine_command_flags, run_engine_command
 from engine_stub.grpc_server import add_engine_server_flags
 

@@ -38,7 +38,7 @@ class TokenizerCacheConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
 class TokenizerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     path: str = ""  # "" = the embedded default (Qwen3); also a Hub id, an OpenAI model name, module:Class
     chat_template: str = ""  # "" = the tokenizer's own
-    backend: str = ""  # "" = detect from the content; else one of detok_worker.tokenizer.routing.BACKENDS
+    backend: str = ""  # "" = detect from the content; else one of detok_worker.tokenizer.loading.routing.BACKENDS
     revision: str = ""  # Hub revision (branch, tag or commit) for a Hub model id; "" = the default branch
     model_encodings: dict[str, str] = {}  # extra OpenAI model name -> tiktoken encoding routes
     cache: TokenizerCacheConfig = TokenizerCacheConfig()

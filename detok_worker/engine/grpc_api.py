@@ -23,6 +23,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams
 from detok_worker.errors import OperatorError
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def engine_failure(url: str, exc: grpc.aio.AioRpcError) -> str:
     return f"the gRPC engine at {url} failed: {exc.code().name}: {exc.details() or 'no details'}"
 
 
-async def connect_engine(url: str, service: str, tokenizer: Any, timeout_s: float) -> EngineApi:
+async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s: float) -> EngineApi:
     """Open a channel, find the service, check health and that the engine's ids mean what detok's tokenizer
     says (vocab size; the tokenizer fingerprint where the engine serves GetTokenizer)."""
     channel = grpc.aio.insecure_channel(grpc_target(url), options=CHANNEL_OPTIONS)
@@ -149,7 +150,7 @@ async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, ti
     raise AssertionError("unreachable")
 
 
-def _check_vocab(url: str, engine_vocab: int, tokenizer: Any) -> None:
+def _check_vocab(url: str, engine_vocab: int, tokenizer: Tokenizer) -> None:
     ours = tokenizer.vocab_size
     if engine_vocab and not ours <= engine_vocab < ours + VOCAB_PADDING_LIMIT:
         raise EngineConnectError(
@@ -159,7 +160,7 @@ def _check_vocab(url: str, engine_vocab: int, tokenizer: Any) -> None:
         )
 
 
-async def _check_tokenizer_files(url: str, stub: Any, tokenizer: Any, timeout_s: float) -> None:
+async def _check_tokenizer_files(url: str, stub: Any, tokenizer: Tokenizer, timeout_s: float) -> None:
     """Load the tokenizer the engine ships (GetTokenizer: a zip of its files) and compare fingerprints."""
     from detok_worker.tokenizer import create_tokenizer
 

@@ -33,6 +33,7 @@ from detok_worker.engine.grpc_api import (
 from detok_worker.engine.link import EngineLink, recorder_for
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
+from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ ABORT_TIMEOUT_S = 5.0
 
 
 class GrpcGateway:
-    def __init__(self, config: DetokConfig, tokenizer: Any, api: EngineApi) -> None:
+    def __init__(self, config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> None:
         self.config = config
         self.api = api
         self.link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, recorder=recorder_for(config, tokenizer))

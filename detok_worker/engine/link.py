@@ -31,7 +31,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 
@@ -55,6 +54,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class BusNews:
     stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
 
 
-def recorder_for(config: DetokConfig, tokenizer: Any) -> TraceWriter | None:
+def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:
     """The trace recorder of engine.record ("" = none)."""
     engine = config.engine
     return TraceWriter(engine.record, make_header(tokenizer, f"engine:{engine.source}")) if engine.record else None

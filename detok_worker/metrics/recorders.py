@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from detok_worker.metrics.families import ABORT_CAUSES, metrics, tokenizer_type
+from detok_worker.tokenizer.protocol import Tokenizer
 
 
 class CounterSync:
@@ -30,7 +31,7 @@ class WorkerMetrics:
     """What a worker records: batch() once per TokenBatch (four histogram observations), and sync() once per stats
     interval, which copies the worker's own cumulative counts (WorkerState keeps them as plain ints)."""
 
-    def __init__(self, worker_id: str, tokenizer: object) -> None:
+    def __init__(self, worker_id: str, tokenizer: Tokenizer) -> None:
         m = metrics()
         kind = tokenizer_type(tokenizer)
         self._decode = m.decode_seconds.labels(kind, "stream_batch")
@@ -119,7 +120,7 @@ class InstrumentedTokenizer:
     """Times a tokenizer's prompt-side calls (encode, encode_batch, apply_chat_template, decode); everything else
     is the wrapped tokenizer's own (attribute access is forwarded)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.inner = tokenizer
         self.name = tokenizer.name
         m = metrics()

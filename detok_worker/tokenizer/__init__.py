@@ -1,7 +1,7 @@
 """Tokenizers: the protocol the rest of detok depends on, and the factory that loads a backend for a path."""
 
 from detok_worker.tokenizer.encode_cache import CachedTokenizer
-from detok_worker.tokenizer.factory import (
+from detok_worker.tokenizer.loading.factory import (
     DEFAULT_TOKENIZER_DIR,
     create_tokenizer,
     load_configured_tokenizer,

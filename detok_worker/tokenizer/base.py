@@ -14,8 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.chat_template import special_tokens_template_vars
-from detok_worker.tokenizer.chat_template_source import ChatTemplates, load_chat_template, missing_template_error
+from detok_worker.tokenizer.chat.source import ChatTemplates, load_chat_template, missing_template_error
+from detok_worker.tokenizer.chat.template import special_tokens_template_vars
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, TokenizerLoadError, check_token_ids
 
 

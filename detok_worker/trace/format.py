@@ -24,6 +24,7 @@ import msgspec
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.errors import OperatorError
+from detok_worker.tokenizer.protocol import Tokenizer
 
 TRACE_VERSION = 1
 _LENGTH = struct.Struct("<I")
@@ -86,7 +87,7 @@ class Trace:
         return sum(len(request.output_ids) for request in self.requests)
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """A stable hash of what makes ids mean text: the vocabulary (id -> token) and the eos ids."""
     digest = hashlib.sha256()
     digest.update(f"{tokenizer.vocab_size}|{sorted(tokenizer.eos_token_ids)}|".encode())
@@ -96,7 +97,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()[:32]
 
 
-def make_header(tokenizer: Any, source: str, meta: dict[str, str] | None = None) -> TraceHeader:
+def make_header(tokenizer: Tokenizer, source: str, meta: dict[str, str] | None = None) -> TraceHeader:
     return TraceHeader(
         version=TRACE_VERSION,
         tokenizer=str(getattr(tokenizer, "name", "")),
@@ -252,7 +253,7 @@ def _group_by_time(ids: list[int], times: list[int]) -> Iterator[tuple[int, list
             start = index
 
 
-def export_jsonl(trace: Trace, path: str | Path, tokenizer: Any | None = None) -> None:
+def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = None) -> None:
     """One JSON object per line: the header, then one per request (with its decoded text if a tokenizer is given)."""
     with open(path, "w", encoding="utf-8") as out:
         header = msgspec.structs.asdict(trace.header)

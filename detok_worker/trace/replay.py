@@ -27,6 +27,7 @@ from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.process.supervisor import Supervisor
 from detok_worker.tokenizer import load_configured_tokenizer
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace, read_trace, tokenizer_fingerprint
 from detok_worker.trace.summary import percentile
 from detok_worker.trace.synth import TraceInputError
@@ -131,7 +132,7 @@ class ReplayCollector:
         return 1
 
 
-def check_trace_tokenizer(trace: Trace, tokenizer: object) -> None:
+def check_trace_tokenizer(trace: Trace, tokenizer: Tokenizer) -> None:
     """Refuse to replay ids that belong to another tokenizer (they would decode to the wrong text)."""
     fingerprint = tokenizer_fingerprint(tokenizer)
     if trace.header.tokenizer_hash != fingerprint:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.errors import OperatorError
-from detok_worker.tokenizer.chat_template import ChatTemplateNotFoundError
+from detok_worker.tokenizer.chat.template import ChatTemplateNotFoundError
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, make_header
 

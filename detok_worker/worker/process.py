@@ -16,7 +16,6 @@ import os
 import socket
 import time
 from collections import Counter
-from typing import Any
 
 import zmq
 
@@ -29,6 +28,7 @@ from detok_worker.process.signals import stop_on_signals
 from detok_worker.stream import byte_decoding_for
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.state import WorkerState
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def default_worker_id() -> str:
 class WorkerProcess:
     """Owns the sockets and timers; all per-rid logic is in WorkerState."""
 
-    def __init__(self, config: DetokConfig, worker_id: str, tokenizer: Any) -> None:
+    def __init__(self, config: DetokConfig, worker_id: str, tokenizer: Tokenizer) -> None:
         self.config = config
         self.worker_id = worker_id
         self.pid = os.getpid()

@@ -30,6 +30,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class WorkerState:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         worker_id: str,
         stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
     ) -> None:

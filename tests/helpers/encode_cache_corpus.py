@@ -6,8 +6,8 @@ import random
 from functools import cache
 from typing import Any
 
-from detok_worker.tokenizer.chat_template import render_chat_template, special_tokens_template_vars
-from detok_worker.tokenizer.chat_template_source import load_chat_template
+from detok_worker.tokenizer.chat.source import load_chat_template
+from detok_worker.tokenizer.chat.template import render_chat_template, special_tokens_template_vars
 from detok_worker.tokenizer.protocol import Tokenizer
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, REPO
 

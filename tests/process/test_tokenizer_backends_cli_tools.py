@@ -11,8 +11,8 @@ import mistral_common
 import pytest
 from helpers.fixtures import REPO
 
+from detok_worker.cli.tokenizer import ToolInputError, parse_ids
 from detok_worker.tokenizer import load_default_tokenizer
-from detok_worker.tokenizer.cli_tools import ToolInputError, parse_ids
 
 SP_MODEL = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
 

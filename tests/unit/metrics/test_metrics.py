@@ -98,7 +98,7 @@ def test_counter_sync_turns_cumulative_counts_into_increments() -> None:
 
 
 def test_tokenizer_type_label() -> None:
-    from detok_worker.tokenizer.mock import MockTokenizer
+    from detok_worker.tokenizer.backends.mock import MockTokenizer
 
     hf = load_fixture_tokenizer("qwen3")
     assert m.tokenizer_type(hf) == "hf"

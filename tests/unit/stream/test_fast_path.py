@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from detok_worker.stream import DecodeStream, byte_decoding_for, fast_path_status
-from detok_worker.tokenizer.hf import HFTokenizer
+from detok_worker.tokenizer.backends.hf import HFTokenizer
 
 NAMES = sorted(FIXTURE_TOKENIZER_DIRS)
 

@@ -21,9 +21,9 @@ from helpers.tokenizer_files import (
 )
 from tokenizers import Tokenizer
 
-from detok_worker.tokenizer.gguf_backend import read_metadata, tokenizer_parts
+from detok_worker.tokenizer.backends.gguf import read_metadata, tokenizer_parts
+from detok_worker.tokenizer.backends.sentencepiece import SentencePieceTokenizer, load_sentencepiece
 from detok_worker.tokenizer.protocol import TokenizerLoadError
-from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer, load_sentencepiece
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 RENDERED = {

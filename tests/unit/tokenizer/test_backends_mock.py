@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.tokenizer_files import MULTILINGUAL_TEXTS, assert_offsets_map_back
 
-from detok_worker.tokenizer.mock import MockTokenizer
+from detok_worker.tokenizer.backends.mock import MockTokenizer
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer
 
 

@@ -21,15 +21,15 @@ from helpers.tokenizer_files import (
 from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-from detok_worker.tokenizer.base import token_string_to_bytes
-from detok_worker.tokenizer.mistral_backend import TekkenTokenizer
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, TokenizerLoadError
-from detok_worker.tokenizer.python_backend import (
+from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
+from detok_worker.tokenizer.backends.python import (
     ENGINE_GET_TOKENIZER,
     load_engine_tokenizer,
     load_python_class,
     wrap_python_tokenizer,
 )
+from detok_worker.tokenizer.base import token_string_to_bytes
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, TokenizerLoadError
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 TEKKEN_FILES = ["tekken_240718.json", "tekken_240911.json"]
@@ -83,7 +83,7 @@ def test_tekken_bad_file_is_a_load_error(tmp_path: Path) -> None:
 
 CUSTOM_MODULE = '''
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens
-from detok_worker.tokenizer.python_backend import PythonTokenizer
+from detok_worker.tokenizer.backends.python import PythonTokenizer
 
 
 class CodepointTokenizer(PythonTokenizer):

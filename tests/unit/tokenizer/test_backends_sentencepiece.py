@@ -15,8 +15,8 @@ import sentencepiece
 from helpers.tokenizer_files import MULTILINGUAL_TEXTS, assert_offsets_map_back, reference_hf_tokenizer
 from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer as MistralSentencePiece
 
+from detok_worker.tokenizer.backends.sentencepiece import SentencePieceTokenizer, load_sentencepiece
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer
-from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer, load_sentencepiece
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 MODELS = {

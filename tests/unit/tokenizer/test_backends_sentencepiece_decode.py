@@ -14,7 +14,7 @@ import pytest
 import sentencepiece
 from helpers.tokenizer_files import reference_hf_tokenizer
 
-from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer, load_sentencepiece
+from detok_worker.tokenizer.backends.sentencepiece import SentencePieceTokenizer, load_sentencepiece
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 MODELS = {

@@ -16,7 +16,7 @@ from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
 from detok_worker.stream import DecodeStream, fast_path_status
-from detok_worker.tokenizer.mistral_backend import TekkenTokenizer
+from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 SPLIT_HIRAGANA_A = [1227, 1129, 3, 1130]

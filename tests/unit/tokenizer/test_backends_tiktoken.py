@@ -19,14 +19,14 @@ from helpers.tokenizer_files import (
     reference_hf_tokenizer,
 )
 
-from detok_worker.tokenizer.base import token_string_to_bytes
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, TokenizerLoadError
-from detok_worker.tokenizer.tiktoken_backend import (
+from detok_worker.tokenizer.backends.tiktoken import (
     TiktokenTokenizer,
     load_named_encoding,
     load_rank_file,
     tiktoken_cache_file,
 )
+from detok_worker.tokenizer.base import token_string_to_bytes
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, TokenizerLoadError
 
 QWEN3_BASE_VOCAB = 151643  # ids below are BPE ranks, the rest added tokens
 

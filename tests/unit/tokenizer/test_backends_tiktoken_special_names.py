@@ -14,7 +14,7 @@ import tiktoken
 from helpers.tokenizer_files import cl100k_rank_file, o200k_rank_file_bytes, reference_hf_tokenizer
 
 from detok_worker.stream import DecodeStream
-from detok_worker.tokenizer.tiktoken_backend import (
+from detok_worker.tokenizer.backends.tiktoken import (
     KNOWN_RANK_FILES,
     TIKTOKEN_PATTERNS,
     TiktokenTokenizer,

@@ -12,8 +12,8 @@ import pytest
 from helpers.chat_conversations import CASES, SEARCH_TOOL, USER, WEATHER_TOOL, unpack_tokenizer_dir
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, REPO
 
-from detok_worker.tokenizer.chat_template import ChatTemplateError, render_chat_template
-from detok_worker.tokenizer.chat_template_source import load_chat_template
+from detok_worker.tokenizer.chat.source import load_chat_template
+from detok_worker.tokenizer.chat.template import ChatTemplateError, render_chat_template
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 
-from detok_worker.tokenizer.chat_template import (
+from detok_worker.tokenizer.chat.source import (
+    ChatTemplateLoadError,
+    ChatTemplateNotFoundError,
+    ChatTemplates,
+    load_chat_template,
+    missing_template_error,
+)
+from detok_worker.tokenizer.chat.template import (
     ChatTemplateError,
     ChatTemplateInputError,
     ChatTemplateRenderError,
@@ -16,13 +23,6 @@ from detok_worker.tokenizer.chat_template import (
     ChatTemplateSyntaxError,
     render_chat_template,
     special_tokens_template_vars,
-)
-from detok_worker.tokenizer.chat_template_source import (
-    ChatTemplateLoadError,
-    ChatTemplateNotFoundError,
-    ChatTemplates,
-    load_chat_template,
-    missing_template_error,
 )
 from detok_worker.tokenizer.protocol import SpecialTokens, TokenizerError, TokenizerLoadError
 

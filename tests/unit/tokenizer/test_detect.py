@@ -12,7 +12,13 @@ import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 from helpers.tokenizer_files import fixture_tokenizer_json, rank_file_bytes
 
-from detok_worker.tokenizer.detect import SourceKind, detect_directory, detect_file, detect_source, openai_encoding_for
+from detok_worker.tokenizer.loading.detect import (
+    SourceKind,
+    detect_directory,
+    detect_file,
+    detect_source,
+    openai_encoding_for,
+)
 from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"

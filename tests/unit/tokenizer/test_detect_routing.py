@@ -19,11 +19,11 @@ from helpers.tokenizer_files import (
 )
 
 from detok_worker.tokenizer import TokenizerLoadError, create_tokenizer
-from detok_worker.tokenizer.hf import HFTokenizer
-from detok_worker.tokenizer.mistral_backend import TekkenTokenizer
-from detok_worker.tokenizer.mock import MockTokenizer
-from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer
-from detok_worker.tokenizer.tiktoken_backend import TiktokenTokenizer, tiktoken_cache_file
+from detok_worker.tokenizer.backends.hf import HFTokenizer
+from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
+from detok_worker.tokenizer.backends.mock import MockTokenizer
+from detok_worker.tokenizer.backends.sentencepiece import SentencePieceTokenizer
+from detok_worker.tokenizer.backends.tiktoken import TiktokenTokenizer, tiktoken_cache_file
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 TEXT = "Hello wörld 你好 🫨"

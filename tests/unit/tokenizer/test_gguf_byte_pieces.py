@@ -12,8 +12,8 @@ from helpers.tokenizer_files import GGUF_NORMAL, MULTILINGUAL_TEXTS, gguf_from_s
 
 from detok_worker.stream import DecodeStream
 from detok_worker.tokenizer import create_tokenizer
+from detok_worker.tokenizer.backends.sentencepiece import load_sentencepiece
 from detok_worker.tokenizer.protocol import TokenizerLoadError
-from detok_worker.tokenizer.sentencepiece_backend import load_sentencepiece
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 MODELS = ["tokenizer.model.v1", "mistral_instruct_tokenizer_240323.model.v3"]

@@ -16,7 +16,7 @@ from helpers.tokenizer_files import MULTILINGUAL_TEXTS
 from detok_worker.front.prompts import chat_prompt_ids
 from detok_worker.front.validation import decode_chat
 from detok_worker.tokenizer import create_tokenizer
-from detok_worker.tokenizer.gguf_backend import read_metadata
+from detok_worker.tokenizer.backends.gguf import read_metadata
 from engine_stub.llama_source import default_model_path
 
 EXTRA_TEXTS = [

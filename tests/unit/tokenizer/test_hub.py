@@ -16,7 +16,7 @@ import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 from helpers.tokenizer_files import fixture_tokenizer_json
 
-from detok_worker.tokenizer.hub import download_tokenizer_files
+from detok_worker.tokenizer.loading.hub import download_tokenizer_files
 from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -167,7 +167,7 @@ def test_unknown_and_gated_repos(fake_hub: FakeHub, tmp_path: Path, monkeypatch:
 
 def test_create_tokenizer_from_a_hub_id(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     from detok_worker.tokenizer import create_tokenizer
-    from detok_worker.tokenizer.hf import HFTokenizer
+    from detok_worker.tokenizer.backends.hf import HFTokenizer
 
     tokenizer = create_tokenizer("org/name", revision="v1.0")
     assert isinstance(tokenizer, HFTokenizer)

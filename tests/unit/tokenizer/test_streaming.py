@@ -27,8 +27,8 @@ from helpers.tokenizer_files import gguf_from_byte_level_fixture, gguf_from_sent
 
 from detok_worker.stream import DecodeStream
 from detok_worker.tokenizer import create_tokenizer
-from detok_worker.tokenizer.mock import DEFAULT_SPECIALS, DEFAULT_WORDS, MockTokenizer
-from detok_worker.tokenizer.tiktoken_backend import load_named_encoding, tiktoken_cache_file
+from detok_worker.tokenizer.backends.mock import DEFAULT_SPECIALS, DEFAULT_WORDS, MockTokenizer
+from detok_worker.tokenizer.backends.tiktoken import load_named_encoding, tiktoken_cache_file
 
 MISTRAL_DATA = Path(mistral_common.__file__).parent / "data"
 FAST_PATH_AVAILABLE = importlib.util.find_spec("detok_worker.stream.decode.verify") is not None
@@ -127,7 +127,7 @@ def _transformers_qwen3(tmp: Path):
     from helpers.tokenizer_files import fixture_tokenizer_json
     from transformers import AutoTokenizer
 
-    from detok_worker.tokenizer.python_backend import wrap_python_tokenizer
+    from detok_worker.tokenizer.backends.python import wrap_python_tokenizer
 
     (tmp / "tokenizer.json").write_text(fixture_tokenizer_json("qwen3"))
     shutil.copy(FIXTURE_TOKENIZER_DIRS["qwen3"] / "tokenizer_config.json", tmp / "tokenizer_config.json")

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from detok_worker.tokenizer.base import SpecialTextSplitter, TokenizerBase, import_optional
-from detok_worker.tokenizer.chat_template_source import ChatTemplates
-from detok_worker.tokenizer.config_files import SideConfig, build_special_tokens, read_side_config
+from detok_worker.tokenizer.chat.source import ChatTemplates
+from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
 from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, TokenizerLoadError
 
 SPACE = "▁"

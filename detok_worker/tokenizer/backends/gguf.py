@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from detok_worker.tokenizer.backends.sentencepiece import protobuf_varint as _varint
+from detok_worker.tokenizer.backends.tiktoken import TIKTOKEN_PATTERNS
 from detok_worker.tokenizer.protocol import TokenizerLoadError
-from detok_worker.tokenizer.sentencepiece_backend import protobuf_varint as _varint
-from detok_worker.tokenizer.tiktoken_backend import TIKTOKEN_PATTERNS
 
 _DEEPSEEK_V3_SPLITS = [
     r"\p{N}{1,3}",
@@ -183,7 +183,7 @@ def _byte_level_document(meta: dict[str, Any], tokens: list[str]) -> dict[str, A
     if spec is None:
         raise TokenizerLoadError(
             f"GGUF pre-tokenizer {pre_name!r} is not supported (supported: {', '.join(PRE_TOKENIZERS)}); "
-            "add it to detok_worker.tokenizer.gguf_backend.PRE_TOKENIZERS"
+            "add it to detok_worker.tokenizer.backends.gguf.PRE_TOKENIZERS"
         )
     merges = meta.get("tokenizer.ggml.merges")
     if not merges:

@@ -16,8 +16,8 @@ from detok_worker.tokenizer.base import (
     char_spans_from_byte_lengths,
     token_string_to_bytes,
 )
-from detok_worker.tokenizer.chat_template_source import load_chat_template
-from detok_worker.tokenizer.config_files import build_special_tokens
+from detok_worker.tokenizer.chat.source import load_chat_template
+from detok_worker.tokenizer.loading.side_files import build_special_tokens
 from detok_worker.tokenizer.protocol import Encoding
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 

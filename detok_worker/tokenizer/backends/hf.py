@@ -14,9 +14,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
 from detok_worker.tokenizer.base import ChatTemplateSupport
-from detok_worker.tokenizer.chat_template_source import templates_from_config
-from detok_worker.tokenizer.hf_token_bytes import hf_token_bytes_table
+from detok_worker.tokenizer.chat.source import templates_from_config
 from detok_worker.tokenizer.protocol import (
     Encoding,
     SpecialTokens,

@@ -16,7 +16,7 @@ from detok_worker.tokenizer.protocol import Tokenizer
 if TYPE_CHECKING:
     from detok_worker.config import DetokConfig
 
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "data" / "qwen3"
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "data" / "qwen3"
 
 
 def create_tokenizer(
@@ -32,7 +32,7 @@ def create_tokenizer(
     name (`model_encodings` extends the model-name table), or module:Class. `backend` skips detection;
     `chat_template` (a .jinja/.json path or a template) replaces the tokenizer's own; `options` go to the backend.
     Raises TokenizerLoadError saying what was tried and what is supported."""
-    from detok_worker.tokenizer.routing import load_tokenizer
+    from detok_worker.tokenizer.loading.routing import load_tokenizer
 
     return load_tokenizer(
         name_or_path,

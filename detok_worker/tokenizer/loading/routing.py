@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.chat_template_source import DEFAULT_NAME, ChatTemplates, load_chat_template
-from detok_worker.tokenizer.config_files import read_side_config
-from detok_worker.tokenizer.detect import SourceKind, TokenizerSource, detect_directory, detect_source
-from detok_worker.tokenizer.hf import HFTokenizer, find_hf_tokenizer_file, load_hf_tokenizer
+from detok_worker.tokenizer.backends.hf import HFTokenizer, find_hf_tokenizer_file, load_hf_tokenizer
+from detok_worker.tokenizer.chat.source import DEFAULT_NAME, ChatTemplates, load_chat_template
+from detok_worker.tokenizer.loading.detect import SourceKind, TokenizerSource, detect_directory, detect_source
+from detok_worker.tokenizer.loading.side_files import read_side_config
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerLoadError
 
 BACKENDS = ("hf", "tiktoken", "sentencepiece", "gguf", "tekken", "mistral", "python", "mock", "sglang", "vllm")
@@ -105,16 +105,16 @@ def load_tokenizer(
     if backend is not None and backend not in BACKENDS:
         raise TokenizerLoadError(f"unknown tokenizer backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend in ("sglang", "vllm"):
-        from detok_worker.tokenizer.python_backend import load_engine_tokenizer
+        from detok_worker.tokenizer.backends.python import load_engine_tokenizer
 
         return load_engine_tokenizer(backend, spec, **options)
     if backend == "mock":
-        from detok_worker.tokenizer.mock import MockTokenizer
+        from detok_worker.tokenizer.backends.mock import MockTokenizer
 
         return MockTokenizer(**options)
     source = _forced_source(spec, backend) if backend else detect_source(spec, model_encodings)
     if source.kind is SourceKind.HUB:
-        from detok_worker.tokenizer.hub import download_tokenizer_files
+        from detok_worker.tokenizer.loading.hub import download_tokenizer_files
 
         directory = download_tokenizer_files(spec, revision)
         source = detect_directory(directory)
@@ -135,21 +135,21 @@ def load_source(
         assert path is not None
         return load_hf(path, chat_template)
     if kind is SourceKind.TIKTOKEN_NAME:
-        from detok_worker.tokenizer.tiktoken_backend import load_named_encoding
+        from detok_worker.tokenizer.backends.tiktoken import load_named_encoding
 
         return load_named_encoding(str(source.name), chat_templates=_templates(None, chat_template))
     if kind is SourceKind.TIKTOKEN_FILE:
-        from detok_worker.tokenizer.tiktoken_backend import load_rank_file
+        from detok_worker.tokenizer.backends.tiktoken import load_rank_file
 
         assert path is not None
         return load_rank_file(path, chat_templates=_templates(directory, chat_template), **options)
     if kind is SourceKind.SENTENCEPIECE:
-        from detok_worker.tokenizer.sentencepiece_backend import load_sentencepiece
+        from detok_worker.tokenizer.backends.sentencepiece import load_sentencepiece
 
         assert path is not None
         return load_sentencepiece(path, chat_templates=_templates(directory, chat_template))
     if kind is SourceKind.TEKKEN:
-        from detok_worker.tokenizer.mistral_backend import TekkenTokenizer
+        from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
 
         assert path is not None
         return TekkenTokenizer(path, chat_templates=_templates(directory, chat_template))
@@ -161,16 +161,16 @@ def load_source(
         tokenizer = _hf_from_document(vocab_merges_document(path), name=path.name, config_dir=path)
         return _with_templates(tokenizer, _templates(path, chat_template))
     if kind is SourceKind.PYTHON:
-        from detok_worker.tokenizer.python_backend import load_python_class
+        from detok_worker.tokenizer.backends.python import load_python_class
 
         return load_python_class(str(source.name), options)
     raise TokenizerLoadError(f"no loader for tokenizer kind {kind.value}")
 
 
 def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
+    from detok_worker.tokenizer.backends.gguf import read_metadata, tokenizer_parts
+    from detok_worker.tokenizer.backends.sentencepiece import SentencePieceTokenizer
     from detok_worker.tokenizer.base import import_optional
-    from detok_worker.tokenizer.gguf_backend import read_metadata, tokenizer_parts
-    from detok_worker.tokenizer.sentencepiece_backend import SentencePieceTokenizer
 
     parts = tokenizer_parts(read_metadata(path), str(path))
     templates = _templates(None, chat_template)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.chat_template import (
+from detok_worker.tokenizer.chat.template import (
     ChatTemplateError,
     ChatTemplateNotFoundError,
     compile_chat_template,

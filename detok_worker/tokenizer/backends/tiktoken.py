@@ -38,8 +38,8 @@ from detok_worker.tokenizer.base import (
     char_spans_from_byte_lengths,
     token_string_to_bytes,
 )
-from detok_worker.tokenizer.chat_template_source import ChatTemplates
-from detok_worker.tokenizer.config_files import SideConfig, build_special_tokens, read_side_config
+from detok_worker.tokenizer.chat.source import ChatTemplates
+from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
 from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError, check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from detok_worker.tokenizer.base import byte_to_unicode
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -27,14 +28,12 @@ _UNMAPPED = "\U0010ffff"
 
 def _byte_level_translation() -> dict[int, str]:
     """str.translate table: ByteLevel character -> chr(byte); other characters below 256 -> _UNMAPPED."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table: dict[int, str] = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[256 + shifted] = chr(b)
+    alphabet = byte_to_unicode()
+    table = {b: ch for b, ch in alphabet.items() if ord(ch) == b}
+    for b, ch in alphabet.items():
+        if ord(ch) != b:  # a byte the alphabet moves to U+0100 onwards: its own code point is not a ByteLevel char
             table[b] = _UNMAPPED
-            shifted += 1
+            table[ord(ch)] = chr(b)
     return table
 
 

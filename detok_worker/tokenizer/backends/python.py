@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from detok_worker.tokenizer.base import TokenizerBase, char_spans_from_byte_lengths
-from detok_worker.tokenizer.chat_template_source import load_chat_template
-from detok_worker.tokenizer.config_files import build_special_tokens
+from detok_worker.tokenizer.chat.source import load_chat_template
+from detok_worker.tokenizer.loading.side_files import build_special_tokens
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, Tokenizer, TokenizerLoadError
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
@@ -183,7 +183,7 @@ class TransformersTokenizerAdapter(TokenizerBase):
         backend = getattr(self._inner, "backend_tokenizer", None)
         if backend is None:
             return None
-        from detok_worker.tokenizer.hf_token_bytes import hf_token_bytes_table
+        from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
 
         return hf_token_bytes_table(backend, self.vocab_size)
 
