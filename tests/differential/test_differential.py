@@ -7,6 +7,7 @@ import pytest
 from differential.cases import byte_prefixes, canonical, long_invalid_runs, prompt_cuts, random_ids, special_runs
 from differential.check import check_stream
 from differential.families import FAMILIES, loaded
+from differential.tally import CASES
 
 NAMES = sorted(FAMILIES)
 SHORT_RUNS = [0, 1, 2, 5, 62, 63, 64, 65, 127, 128, 129, 130, 300]
@@ -20,6 +21,7 @@ def _run(name: str, cases, path: str = "auto") -> int:
         if not model.byte_fallback or not prompt:
             assert total == model.expected(prompt, generated, skip)
         count += 1
+    CASES[name] += count
     return count
 
 
