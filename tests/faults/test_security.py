@@ -7,9 +7,9 @@
   the API key is enforced (401, /health stays open) and a body over front.max_request_bytes is a 413;
 - a runtime dir other users can enter is refused (exit 1, clear message).
 
-Also covered elsewhere: CURVE at socket level (test_bus_sockets.py), the 0700 rules of the runtime dir
-(test_bus_endpoints.py, test_supervisor_lifecycle.py), API key and 413 on the in-process front
-(test_front_faults.py), sandboxed chat templates (test_chat_template_source.py)."""
+Also covered elsewhere: CURVE at socket level (unit/bus/test_sockets.py), the 0700 rules of the runtime dir
+(unit/bus/test_endpoints.py, process/test_supervisor_lifecycle.py), API key and 413 on the in-process front
+(faults/test_front_faults.py), sandboxed chat templates (unit/tokenizer/test_chat_template_source.py)."""
 
 from __future__ import annotations
 

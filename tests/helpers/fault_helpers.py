@@ -1,4 +1,4 @@
-"""Helpers of the fault tests (tests/test_faults_*.py): an SSE/JSON load client over HTTP with a deadline on
+"""Helpers of the fault tests (tests/faults/): an SSE/JSON load client over HTTP with a deadline on
 every request, reference texts of the echo source computed without detok's own stream code, live rid counts and
 RSS of the processes of a `detok serve` run."""
 

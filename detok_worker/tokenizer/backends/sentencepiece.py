@@ -10,7 +10,7 @@ character becomes one U+FFFD (Hugging Face turns a whole run of byte pieces that
 U+FFFD per byte), and only the dummy-prefix space of the first piece is removed, so a leading `<0x20>` byte piece
 stays a space (Hugging Face's Strip decoder removes it too). Special tokens appear as their text unless skipped
 (SentencePiece alone would drop control tokens), and a stretch after one keeps its leading space (SentencePiece
-alone would strip it). tests/test_tokenizer_backends_sentencepiece_decode.py pins this against the library.
+alone would strip it). tests/unit/tokenizer/test_backends_sentencepiece_decode.py pins this against the library.
 
 Named special tokens and BOS/EOS policy come from tokenizer_config.json / special_tokens_map.json when they sit
 beside the model, else from the model (bos/eos/unk/pad pieces; BOS is added by add_special_tokens=True unless
