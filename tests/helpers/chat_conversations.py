@@ -1,4 +1,4 @@
-"""A battery of chat inputs for the chat-template differential tests (shared by tests/unit/tokenizer/test_chat_template*.py)."""
+"""A battery of chat inputs for the chat-template differential tests (unit/tokenizer/test_chat_template*.py)."""
 
 from __future__ import annotations
 
