@@ -75,7 +75,12 @@ class EngineProcess:
         engine = config.engine
         self.config = config
         self.source = source
-        self.link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, recorder=recorder_for(config, tokenizer))
+        self.link = EngineLink(
+            config,
+            eos_ids=tokenizer.eos_token_ids,
+            special_ids=tokenizer.special_token_ids,
+            recorder=recorder_for(config, tokenizer),
+        )
         self.scheduler = self.link.scheduler
         self.replay = ReplayFeed(replay, engine.replay_speed) if replay is not None else None
         self.exit_after_replay = exit_after_replay

@@ -46,7 +46,12 @@ class GrpcGateway:
     def __init__(self, config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> None:
         self.config = config
         self.api = api
-        self.link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, recorder=recorder_for(config, tokenizer))
+        self.link = EngineLink(
+            config,
+            eos_ids=tokenizer.eos_token_ids,
+            special_ids=tokenizer.special_token_ids,
+            recorder=recorder_for(config, tokenizer),
+        )
         self.tick_s = config.engine.step_interval_ms / 1000.0
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()

@@ -5,7 +5,7 @@ Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registr
 re-open on worker loss, Delivered bookkeeping), and on `step()` sends one TokenBatch per worker. The engine loop
 only generates:
 
-    link = EngineLink(config, eos_ids=tokenizer.eos_token_ids)
+    link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, special_ids=tokenizer.special_token_ids)
     while running:
         news = link.poll(0.005)
         for submit in news.submitted:               # new requests: accept, then generate them
@@ -83,7 +83,12 @@ def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | Non
 
 class EngineLink:
     def __init__(
-        self, config: DetokConfig, *, eos_ids: Iterable[int] = (), recorder: TraceWriter | None = None
+        self,
+        config: DetokConfig,
+        *,
+        eos_ids: Iterable[int] = (),
+        special_ids: Iterable[int] = (),
+        recorder: TraceWriter | None = None,
     ) -> None:
         engine = config.engine
         self.config = config
@@ -92,6 +97,7 @@ class EngineLink:
             tokens_per_step=engine.tokens_per_step,
             heartbeat_timeout_s=engine.heartbeat_timeout_s,
             eos_ids=eos_ids,
+            special_ids=special_ids,
             stop_limits=StopLimits.from_config(config),
         )
         self.recorder = recorder

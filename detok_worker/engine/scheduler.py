@@ -41,12 +41,30 @@ from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, pl
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
-PROMPT_TAIL = 8  # prompt ids sent with Open: enough context for the first output characters
+PROMPT_TAIL = 64  # prompt ids sent with Open: context for the first output characters (a byte-fallback run too)
+PROMPT_CONTEXT = 8  # ids other than special tokens the tail holds at least, however many specials end the prompt
+MAX_PROMPT_TAIL = 4096  # ... up to this many ids in all
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
 
 BAD_DUPLICATE_RID = "duplicate_rid"
 BAD_STRAY_FINISH = "stray_finish"  # Finish for a rid the sender does not own (late, after a re-open)
+
+
+def prompt_tail(prompt_ids: list[int], special_ids: frozenset[int]) -> list[int]:
+    """The end of the prompt a worker decodes the output after: the last PROMPT_TAIL ids, reaching further back past
+    special tokens (skip_special_tokens drops them) until PROMPT_CONTEXT other ids are in, at most MAX_PROMPT_TAIL:
+    a character the prompt leaves unfinished before a run of specials still belongs to the prompt."""
+    start = max(0, len(prompt_ids) - PROMPT_TAIL)
+    if special_ids:
+        others = 0
+        floor = max(0, len(prompt_ids) - MAX_PROMPT_TAIL)
+        position = len(prompt_ids)
+        while position > floor and others < PROMPT_CONTEXT:
+            position -= 1
+            others += prompt_ids[position] not in special_ids
+        start = min(start, position)
+    return list(prompt_ids[start:])
 
 
 class Scheduler:
@@ -57,12 +75,14 @@ class Scheduler:
         tokens_per_step: int,
         heartbeat_timeout_s: float,
         eos_ids: Iterable[int] = (),
+        special_ids: Iterable[int] = (),
         stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
     ) -> None:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
+        self.special_ids = frozenset(special_ids)
         self.stop_limits = stop_limits
         self.registry = WorkerRegistry(heartbeat_timeout_s)
         self.running: dict[str, Request] = {}
@@ -116,7 +136,7 @@ class Scheduler:
             end = finish
         request = Request(
             rid=rid,
-            prompt_tail=list(prompt_ids[-PROMPT_TAIL:]),
+            prompt_tail=prompt_tail(prompt_ids, self.special_ids),
             detok=rules.worker_params(),
             planned=ids,
             finish=end,

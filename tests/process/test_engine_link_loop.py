@@ -64,7 +64,7 @@ def test_documented_engine_loop_serves_exact_texts(qwen3):
         stop_loop = threading.Event()
         loop = threading.Thread(
             target=serve_engine,
-            args=(config, GeneratorEngine(echo), qwen3.eos_token_ids, lambda: not stop_loop.is_set()),
+            args=(config, GeneratorEngine(echo), qwen3, lambda: not stop_loop.is_set()),
             daemon=True,
         )
         loop.start()

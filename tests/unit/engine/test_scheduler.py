@@ -286,3 +286,16 @@ def test_unknown_worker_with_requests_is_refused_without_requests_joins():
     assert scheduler.live_workers() == []
     assert scheduler.heartbeat("fresh", 0, 0.0) is True
     assert scheduler.live_workers() == ["fresh"]
+
+
+def test_prompt_tail_reaches_past_a_run_of_special_tokens() -> None:
+    from detok_worker.engine.scheduler import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
+
+    special = frozenset({9})
+    plain = list(range(100, 200))
+    assert prompt_tail(plain, special) == plain[-PROMPT_TAIL:]
+    ended_by_specials = [*plain, *[9] * 300]
+    tail = prompt_tail(ended_by_specials, special)
+    assert tail[-300:] == [9] * 300 and tail[:-300][-PROMPT_CONTEXT:] == plain[-PROMPT_CONTEXT:]
+    assert prompt_tail([*plain, *[9] * (MAX_PROMPT_TAIL + 5)], special) == [9] * MAX_PROMPT_TAIL
+    assert prompt_tail(ended_by_specials, frozenset()) == [9] * PROMPT_TAIL

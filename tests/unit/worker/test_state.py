@@ -296,3 +296,23 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
     # the oldest ended rids were forgotten (bounded memory): a late Tokens item for one counts as unknown
     harness.feed([], [Tokens("r0-0", ids)])
     assert harness.state.bad[BAD_UNKNOWN_RID] == 1
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt-oss"])
+@pytest.mark.parametrize("specials", [1, 8, 63, 300])
+def test_a_character_split_before_many_skipped_specials_stays_the_prompts(name: str, specials: int) -> None:
+    """The engine's prompt tail reaches past the specials (prompt_tail), so the worker knows that the first byte of
+    'é' was the prompt's: with skip_special_tokens only 'x' is new text, however many specials lie between."""
+    from detok_worker.engine.scheduler import prompt_tail
+    from detok_worker.tokenizer.base import byte_to_unicode
+
+    tokenizer = load_fixture_tokenizer(name)
+    byte_id = {b: tokenizer.token_to_id(ch) for b, ch in byte_to_unicode().items()}
+    special = min(tokenizer.special_token_ids - tokenizer.eos_token_ids)
+    prompt = [*tokenizer.encode("Say:").ids, byte_id[0xC3], *[special] * specials]
+    generated = [byte_id[0xA9], *tokenizer.encode("x").ids]
+    assert tokenizer.decode(prompt + generated, skip_special_tokens=True) == "Say:éx"
+    harness = Harness(tokenizer)
+    tail = prompt_tail(prompt, frozenset(tokenizer.special_token_ids))
+    harness.feed([Open("r", tail, DetokParams(skip_special_tokens=True))], [Tokens("r", generated, "length")])
+    assert harness.text("r") == "x"
