@@ -55,6 +55,7 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     allow_insecure_tcp: bool = False
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 ENGINE_SOURCES = ("corpus", "echo", "trace", "llama-cpp", "grpc")
 
 
@@ -145,6 +146,10 @@ def validate(config: DetokConfig) -> None:
     """Checks msgspec's types cannot express."""
     checks = [
         (config.worker.count >= 1, "worker.count must be >= 1"),
+        (
+            config.logging.level.upper() in LOG_LEVELS,
+            f"logging.level must be one of {', '.join(LOG_LEVELS)} (got {config.logging.level!r})",
+        ),
         (config.engine.source in ENGINE_SOURCES, f"engine.source must be one of {', '.join(ENGINE_SOURCES)}"),
         (config.engine.source != "trace" or bool(config.engine.trace), "engine.source = trace needs engine.trace"),
         (

@@ -93,6 +93,8 @@ def test_set_without_equals_is_a_config_error() -> None:
         (["config", "--set", "engine.nonsense=1"], "nonsense"),
         (["config", "--set", "engine.max_batch=lots"], "max_batch"),
         (["config", "--config", "/nonexistent/detok.toml"], "/nonexistent/detok.toml"),
+        (["config", "--log-level", "LOUD"], "logging.level"),
+        (["serve", "--log-level", "loud", "--port", "0"], "logging.level"),
     ],
 )
 def test_bad_config_exits_2_naming_the_problem(args: list[str], names: str) -> None:
