@@ -168,7 +168,10 @@ def measure(
     stats, captures = asyncio.run(run_clients(url, endpoint, clients, requests, args.max_tokens))
     wall = time.perf_counter() - wall_before
     client_cpu = time.process_time() - client_before
-    cpu = {role: cpu_seconds(pid) - cpu_before[role] for role, pid in processes.items()}
+    # a process restarted meanwhile (a worker declared dead) has no after-value: left out, and named in the row
+    cpu = {
+        role: cpu_seconds(pid) - cpu_before[role] for role, pid in processes.items() if Path(f"/proc/{pid}").exists()
+    }
     tokens, mismatches, failures = check_exact(system, endpoint, captures, records)
     for failure in failures[:5]:
         print(f"FAILED {failure}", file=sys.stderr)
@@ -196,6 +199,7 @@ def measure(
         "cpu_engine_server": cpu["engine-server"] * per_1k,
         "cpu_client": client_cpu * per_1k,
         "cpu_s": {role: round(seconds, 3) for role, seconds in cpu.items()},
+        "restarted": sorted(processes.keys() - cpu.keys()),
         "mismatches": mismatches,
         "failed": len(failures) + stats.errors,
         "load_avg": os.getloadavg()[0],

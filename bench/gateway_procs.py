@@ -191,10 +191,10 @@ def profile_summary(collapsed: Path, top: int = 15) -> list[str]:
         total += samples
         own[frames[-1]] += samples
         for frame in set(frames):
-            if "detok_worker/" in frame or "starlette/" in frame or "uvicorn/" in frame:
+            if "detok_worker/front/" in frame and "server.py" not in frame:
                 inclusive[frame] += samples
     lines = [f"{total} samples; self (leaf frame):"]
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
-    lines.append("inclusive (detok_worker, starlette, uvicorn frames):")
+    lines.append("inclusive (detok_worker/front frames):")
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
     return lines
