@@ -3,7 +3,8 @@
 A full client (httpx, openai) parses every SSE chunk as JSON and costs more CPU per chunk than the server spends
 producing it; with a thousand streams on a 2-core machine the load generator would be what is measured. This one
 sends a fixed request, decodes the chunked body, splits SSE events, and looks at an event's bytes only to tell
-whether it carries text; it parses JSON once per stream, for the usage chunk at the end.
+whether it carries text; it parses JSON once per stream, for the usage chunk at the end. A caller that checks the
+text passes `capture`: the stream's raw SSE events are kept there, to be parsed after the measurement.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class ChunkedDecoder:
         return b"".join(out)
 
 
-async def stream_completion(url: str, path: str, body: bytes, stats: StreamStats) -> None:
+async def stream_completion(
+    url: str, path: str, body: bytes, stats: StreamStats, capture: list[bytes] | None = None
+) -> None:
     """POST `body` to url+path and read the SSE stream to its end, recording TTFT, chunk gaps and usage."""
     parts = urlsplit(url)
     start = time.perf_counter()
@@ -82,9 +85,12 @@ async def stream_completion(url: str, path: str, body: bytes, stats: StreamStats
         header = await reader.readuntil(b"\r\n\r\n")
         if header.split(b" ", 2)[1] != b"200":
             raise StreamFailedError(header.split(b"\r\n", 1)[0].decode(errors="replace"))
-        usage = await _read_events(reader, b"transfer-encoding: chunked" in header.lower(), start, stats)
-    except (StreamFailedError, OSError, asyncio.IncompleteReadError, ValueError):
+        chunked = b"transfer-encoding: chunked" in header.lower()
+        usage = await _read_events(reader, chunked, start, stats, capture)
+    except (StreamFailedError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
         stats.errors += 1
+        if capture is not None:
+            capture.append(f"failed: {exc!r}".encode())
         return
     finally:
         writer.close()
@@ -92,7 +98,9 @@ async def stream_completion(url: str, path: str, body: bytes, stats: StreamStats
     stats.tokens += usage
 
 
-async def _read_events(reader: asyncio.StreamReader, chunked: bool, start: float, stats: StreamStats) -> int:
+async def _read_events(
+    reader: asyncio.StreamReader, chunked: bool, start: float, stats: StreamStats, capture: list[bytes] | None
+) -> int:
     decoder = ChunkedDecoder() if chunked else None
     pending = b""
     last: float | None = None
@@ -104,6 +112,8 @@ async def _read_events(reader: asyncio.StreamReader, chunked: bool, start: float
         pending += decoder.feed(data) if decoder is not None else data
         *events, pending = pending.split(b"\n\n")
         now = time.perf_counter()
+        if capture is not None:
+            capture.extend(events)
         for event in events:
             if b'"usage":{' in event:
                 usage = json.loads(event[len(b"data: ") :])["usage"]["completion_tokens"]

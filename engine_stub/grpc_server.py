@@ -8,7 +8,9 @@ GenerateComplete with every output id. Like an engine it stops at its stop ids (
 request's stop_token_ids, none before min_tokens) and at max_tokens. Abort (and a cancelled stream) stops a
 request. Counts go to the log at exit and, with --stats-file, to a JSON file rewritten every 0.1 s while they
 change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming a request that was
-running, or whose stream the client had just cancelled), abort_calls.
+running, or whose stream the client had just cancelled), abort_calls. With --requests-log, one JSON line per
+ended request: {"rid", "prompt_ids", "ids" (every id streamed), "finish"}: a bench checks a gateway's text
+against the decode of exactly what the engine sent.
 GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
 serves that directory's files as a zip.
 """
@@ -29,7 +31,7 @@ import zipfile
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 from smg_grpc_proto import vllm_engine_pb2 as pb2
@@ -67,7 +69,9 @@ def tokenizer_dir(config: DetokConfig) -> Path:
 
 
 class StubEngineServicer(pb2_grpc.VllmEngineServicer):
-    def __init__(self, config: DetokConfig, tokenizer: Any, source: TokenSource) -> None:
+    def __init__(
+        self, config: DetokConfig, tokenizer: Any, source: TokenSource, requests_log: TextIO | None = None
+    ) -> None:
         engine = config.engine
         self.tokenizer = tokenizer
         self.source = source
@@ -80,6 +84,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         self.aborting: set[str] = set()
         self.dropped: dict[str, None] = {}  # rids whose stream the client cancelled (recent ones), oldest first
         self.counts: Counter[str] = Counter()
+        self.requests_log = requests_log
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802 - the gRPC method
         rid = request.request_id
@@ -96,6 +101,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         self.running.add(rid)
         started = time.monotonic()
         done = False
+        sent = 0
         try:
             for start in range(0, len(ids), self.tokens_per_step):
                 if rid in self.aborting:
@@ -111,6 +117,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
                     token_ids=ids[start:end], prompt_tokens=len(prompt_ids), completion_tokens=min(end, len(ids))
                 )
                 yield pb2.GenerateResponse(chunk=chunk)
+                sent = min(end, len(ids))
             complete = pb2.GenerateComplete(
                 output_ids=ids if finish != "abort" else [],
                 finish_reason=finish,
@@ -130,6 +137,9 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
                     del self.dropped[next(iter(self.dropped))]
             self.running.discard(rid)
             self.aborting.discard(rid)
+            if self.requests_log is not None:
+                record = {"rid": rid, "prompt_ids": prompt_ids, "ids": ids[:sent], "finish": finish if done else None}
+                self.requests_log.write(json.dumps(record) + "\n")
 
     async def Abort(self, request: Any, context: Any) -> Any:  # noqa: N802
         for rid in request.request_ids:
@@ -171,9 +181,17 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         return {**self.counts, "running": len(self.running)}
 
 
-async def serve_engine(config: DetokConfig, listen: str, stats_file: str | None = None) -> None:
+async def serve_engine(
+    config: DetokConfig, listen: str, stats_file: str | None = None, requests_log: str | None = None
+) -> None:
     tokenizer = load_configured_tokenizer(config)
-    servicer = StubEngineServicer(config, tokenizer, create_source(config, tokenizer))
+    with contextlib.ExitStack() as files:
+        log_file = files.enter_context(open(requests_log, "a", buffering=1)) if requests_log else None
+        servicer = StubEngineServicer(config, tokenizer, create_source(config, tokenizer), log_file)
+        await _serve(servicer, listen, stats_file)
+
+
+async def _serve(servicer: StubEngineServicer, listen: str, stats_file: str | None) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
     port = server.add_insecure_port(listen)
@@ -208,10 +226,11 @@ def write_stats(path: str, stats: dict[str, int]) -> None:
 def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
     parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
+    parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
 
 
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
-    asyncio.run(serve_engine(config, args.listen, args.stats_file))
+    asyncio.run(serve_engine(config, args.listen, args.stats_file, args.requests_log))
     return 0
 
 

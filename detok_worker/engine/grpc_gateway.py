@@ -139,7 +139,9 @@ class GrpcGateway:
                     return
             link.fail(rid, f"the gRPC engine at {api.url} ended the stream without GenerateComplete")
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
+            # CANCELLED is ours when _stop took the stream; otherwise the engine side cancelled it (grpcio's aio
+            # server does for a few of ~1500 streams on one connection), and the client must hear of it
+            if exc.code() != grpc.StatusCode.CANCELLED or self.streams.get(rid) is asyncio.current_task():
                 link.fail(rid, engine_failure(api.url, exc))
         finally:
             call.cancel()
