@@ -4,7 +4,9 @@
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
   0 = as fast as the engine steps);
-- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py).
+- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py), generated
+  step by step: a GeneratingSource, which the engine runs through detok_worker.engine.generators.GeneratorEngine
+  instead of planning.
 The scheduler truncates a plan to max_tokens; EOS at the end survives only if it fits.
 """
 
@@ -12,11 +14,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
@@ -43,6 +45,21 @@ class TokenSource(Protocol):
     name: str
 
     def plan(self, rid: str, prompt_ids: Sequence[int], params: RequestParams) -> Plan: ...
+
+
+@runtime_checkable
+class GeneratingSource(Protocol):
+    """A source that makes ids step by step (a real model): `generate` as GeneratorEngine takes it (a ValueError
+    from it refuses the request); eos_ids: its own end-of-generation ids (stops unless ignore_eos);
+    max_running: how many requests it generates at once."""
+
+    name: str
+    eos_ids: frozenset[int]
+    max_running: int
+
+    def generate(
+        self, prompt_ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int], min_tokens: int
+    ) -> Iterator[int | None]: ...
 
 
 def primary_eos_id(tokenizer: Any) -> int | None:
@@ -139,7 +156,7 @@ class TraceSource:
         return Plan(list(recorded.output_ids), offsets)
 
 
-def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource:
+def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource | GeneratingSource:
     engine = config.engine
     eos_id = primary_eos_id(tokenizer)
     if engine.source == "echo":

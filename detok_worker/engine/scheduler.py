@@ -76,6 +76,7 @@ class Scheduler:
         self.bad: Counter[str] = Counter()
         self.aborted = 0
         self.reopened = 0
+        self.generated = 0  # ids pushed, whether or not their request still generates
         self.rejected = 0
 
     # ---- requests -------------------------------------------------------------------------------------
@@ -133,6 +134,7 @@ class Scheduler:
         """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it."""
+        self.generated += len(ids)
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
         if request is None or not request.open_ended:
             return False
