@@ -1,6 +1,8 @@
-"""The engine stub process: a token source (engine_stub/sources.py: every request's ids planned at Submit) on
-top of the engine side of the bus (detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus
-the replay of a trace's own requests at their recorded times.
+"""The engine stub process: a token source (engine_stub/sources.py) on top of the engine side of the bus
+(detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a trace's own requests
+at their recorded times. A planning source gives every request's ids at Submit; a generating source (a real
+model) runs through a GeneratorEngine, each step making the next ids of every running request and pushing them
+to the link (the loop of docs/protocol.md, section 5).
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from detok_worker.bus.messages import FINISH_STOP, Submit
+from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
+from detok_worker.engine.generators import GeneratorEngine
 from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
-from engine_stub.sources import TokenSource, create_source
+from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +70,25 @@ class EngineProcess:
         self,
         config: DetokConfig,
         tokenizer: Any,
-        source: TokenSource,
+        source: TokenSource | GeneratingSource,
         *,
         replay: Trace | None = None,
         exit_after_replay: bool = False,
     ) -> None:
         engine = config.engine
         self.config = config
-        self.source = source
+        eos_ids = set(tokenizer.eos_token_ids)
+        self.planner: TokenSource | None = None
+        self.generator: GeneratorEngine | None = None
+        if isinstance(source, GeneratingSource):
+            eos_ids |= source.eos_ids
+            running = min(source.max_running, engine.max_batch)
+            self.generator = GeneratorEngine(source.generate, engine.tokens_per_step, running)
+        else:
+            self.planner = source
         self.link = EngineLink(
             config,
-            eos_ids=tokenizer.eos_token_ids,
+            eos_ids=eos_ids,
             special_ids=tokenizer.special_token_ids,
             recorder=recorder_for(config, tokenizer),
         )
@@ -100,10 +111,14 @@ class EngineProcess:
                 news = self.link.poll(self._poll_timeout_ms() / 1000)
                 for submit in news.submitted:
                     self._submit(submit)
+                if self.generator is not None:
+                    for rid in news.stopped:
+                        self.generator.cancel(rid)
                 self._feed_replay()
                 now = time.monotonic()
-                if now >= self._next_step and self.scheduler.has_work():
-                    self._idle_step = self.link.step() == 0
+                if now >= self._next_step and self._has_work():
+                    generating = self._generate()
+                    self._idle_step = self.link.step() == 0 and not generating
                     self._next_step = now + self.step_interval_s
                 if self._replay_finished():
                     break
@@ -114,9 +129,28 @@ class EngineProcess:
         replay = self.replay
         return self.exit_after_replay and replay is not None and replay.done and not self.scheduler.has_work()
 
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work() or (self.generator is not None and self.generator.has_work())
+
+    def _generate(self) -> bool:
+        """One decode step of a generating source, its ids pushed to the link; False when it had nothing to do."""
+        generator = self.generator
+        if generator is None or not generator.has_work():
+            return False
+        for rid, ids, finish in generator.step():
+            if finish == FINISH_ERROR:
+                self.link.fail(rid, generator.errors.pop(rid, "generation failed"))
+            elif not self.link.push(rid, ids, finish):
+                generator.cancel(rid)  # no longer generating: stopped or ended meanwhile
+        return True
+
     def _submit(self, message: Submit) -> None:
+        if self.planner is None:
+            assert self.generator is not None
+            self._submit_generated(message, self.generator)
+            return
         try:
-            plan = self.source.plan(message.rid, message.prompt_ids, message.params)
+            plan = self.planner.plan(message.rid, message.prompt_ids, message.params)
         except Exception as exc:  # noqa: BLE001 - a source failure rejects this request only
             self.link.decoder.count_bad(BAD_SOURCE, exc)
             self.link.reject(message.rid, f"the engine's token source failed: {exc}")
@@ -126,6 +160,17 @@ class EngineProcess:
             now_ns = time.monotonic_ns()
             release = [now_ns + offset for offset in plan.offsets_ns]
         self.link.accept(message, plan.ids, release_ns=release)
+
+    def _submit_generated(self, message: Submit, generator: GeneratorEngine) -> None:
+        detok = self.link.accept(message)
+        if detok is None:
+            return
+        try:
+            params = message.params
+            generator.add(message.rid, message.prompt_ids, params.max_tokens, detok.stop_token_ids, detok.min_tokens)
+        except ValueError as exc:  # the model cannot generate this request (too long, bad ids): refuse it only
+            self.link.decoder.count_bad(BAD_SOURCE, exc)
+            self.link.fail(message.rid, f"the engine's token source failed: {exc}")
 
     def _feed_replay(self) -> None:
         if self.replay is None or self.replay.done or not self.scheduler.live_workers():

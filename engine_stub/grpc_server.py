@@ -1,18 +1,22 @@
-"""`detok engine-server` / `python -m engine_stub.grpc_server`: engine_stub's token sources (corpus, echo, trace)
-served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests and
-benches of detok's gateway (`--source grpc`) and of other gateways (SMG).
+"""`detok engine-server` / `python -m engine_stub.grpc_server`: engine_stub's token sources (corpus, echo, trace,
+llama-cpp) served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests
+and benches of detok's gateway (`--source grpc`) and of other gateways (SMG).
 
 Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
 engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
 GenerateComplete with every output id. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the
-request's stop_token_ids, none before min_tokens) and at max_tokens. Abort (and a cancelled stream) stops a
-request. Counts go to the log at exit and, with --stats-file, to a JSON file rewritten every 0.1 s while they
-change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming a request that was
-running, or whose stream the client had just cancelled), abort_calls. With --requests-log, one JSON line per
+request's stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
+ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
+responsive; each step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a
+generation is cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten
+every 0.1 s while they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming
+a request that was running, or whose stream the client had just cancelled), abort_calls, generated (ids a
+generating source made). With --requests-log, one JSON line per
 ended request: {"rid", "prompt_ids", "ids" (every id streamed), "finish"}: a bench checks a gateway's text
 against the decode of exactly what the engine sent.
 GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
-serves that directory's files as a zip.
+serves that directory's files as a zip (a tokenizer given as a file, a GGUF, alone and uncompressed: its
+quantized weights would take seconds to deflate for nothing).
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from detok_worker.bus.messages import DetokParams, RequestParams
+from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
-from engine_stub.sources import TokenSource, create_source
+from engine_stub.grpc_generation import Generation, GenerationRuns
+from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +75,26 @@ def tokenizer_dir(config: DetokConfig) -> Path:
 
 class StubEngineServicer(pb2_grpc.VllmEngineServicer):
     def __init__(
-        self, config: DetokConfig, tokenizer: Any, source: TokenSource, requests_log: TextIO | None = None
+        self,
+        config: DetokConfig,
+        tokenizer: Any,
+        source: TokenSource | GeneratingSource,
+        requests_log: TextIO | None = None,
     ) -> None:
         engine = config.engine
         self.tokenizer = tokenizer
-        self.source = source
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.planner: TokenSource | None = None
+        self.runs: GenerationRuns | None = None
+        if isinstance(source, GeneratingSource):
+            self.eos_ids |= source.eos_ids
+            self.runs = GenerationRuns(source, engine.tokens_per_step, engine.step_interval_ms / 1000.0)
+        else:
+            self.planner = source
         self.model_dir = tokenizer_dir(config).resolve()
+        path = Path(config.tokenizer.path) if config.tokenizer.path else None
+        # a tokenizer file (a GGUF) is served alone, not with whatever else lies in its directory
+        self.tokenizer_files = [path] if path is not None and path.is_file() else sorted(self.model_dir.iterdir())
         self.model_name = config.front.model_name or self.model_dir.name
         self.step_s = engine.step_interval_ms / 1000.0
         self.tokens_per_step = engine.tokens_per_step
@@ -95,7 +113,12 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             ignore_eos=sampling.ignore_eos,
         )
         prompt_ids = list(request.tokenized.input_ids)
-        plan = self.source.plan(rid, prompt_ids, params)
+        if self.runs is not None:
+            async for response in self._generate(rid, prompt_ids, params, self.runs, context):
+                yield response
+            return
+        assert self.planner is not None
+        plan = self.planner.plan(rid, prompt_ids, params)
         ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
         self.counts["requests"] += 1
         self.running.add(rid)
@@ -130,16 +153,61 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             done = True
             self.counts["completed" if finish != "abort" else "aborted_streams"] += 1
         finally:
-            if not done:
-                self.counts["cancelled"] += 1  # the client dropped the stream
-                self.dropped[rid] = None
-                if len(self.dropped) > DROPPED_KEPT:
-                    del self.dropped[next(iter(self.dropped))]
-            self.running.discard(rid)
-            self.aborting.discard(rid)
-            if self.requests_log is not None:
-                record = {"rid": rid, "prompt_ids": prompt_ids, "ids": ids[:sent], "finish": finish if done else None}
-                self.requests_log.write(json.dumps(record) + "\n")
+            self._ended(rid, prompt_ids, ids[:sent], finish if done else None)
+
+    async def _generate(
+        self, rid: str, prompt_ids: list[int], params: RequestParams, runs: GenerationRuns, context: Any
+    ) -> AsyncIterator[Any]:
+        """Generate with a generating source: each step's new ids are one chunk."""
+        stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        generation = Generation(rid, prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens)
+        self.counts["requests"] += 1
+        self.running.add(rid)
+        runs.submit(generation)
+        output: list[int] = []
+        done = False
+        try:
+            while True:
+                ids, finish, error = await generation.steps.get()
+                if error is not None:  # refused before any work, or failed while generating
+                    code = grpc.StatusCode.INTERNAL if finish == FINISH_ERROR else grpc.StatusCode.INVALID_ARGUMENT
+                    await context.abort(code, error)
+                output += ids
+                self.counts["generated"] += len(ids)
+                if ids and finish != FINISH_ABORT:
+                    chunk = pb2.GenerateStreamChunk(
+                        token_ids=ids, prompt_tokens=len(prompt_ids), completion_tokens=len(output)
+                    )
+                    yield pb2.GenerateResponse(chunk=chunk)
+                if finish is not None:
+                    break
+            complete = pb2.GenerateComplete(
+                output_ids=output if finish != FINISH_ABORT else [],
+                finish_reason=finish,
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(output),
+            )
+            if finish == "stop" and output and output[-1] in stop_ids:
+                complete.matched_token_id = output[-1]
+            yield pb2.GenerateResponse(complete=complete)
+            done = True
+            self.counts["completed" if finish != FINISH_ABORT else "aborted_streams"] += 1
+        finally:
+            runs.cancel(rid)
+            self._ended(rid, prompt_ids, output, finish if done else None)
+
+    def _ended(self, rid: str, prompt_ids: list[int], ids: list[int], finish: str | None) -> None:
+        """A Generate stream is over: finish None when the client dropped it."""
+        if self.requests_log is not None:
+            record = {"rid": rid, "prompt_ids": prompt_ids, "ids": ids, "finish": finish}
+            self.requests_log.write(json.dumps(record) + "\n")
+        if finish is None:
+            self.counts["cancelled"] += 1  # the client dropped the stream
+            self.dropped[rid] = None
+            if len(self.dropped) > DROPPED_KEPT:
+                del self.dropped[next(iter(self.dropped))]
+        self.running.discard(rid)
+        self.aborting.discard(rid)
 
     async def Abort(self, request: Any, context: Any) -> Any:  # noqa: N802
         for rid in request.request_ids:
@@ -147,6 +215,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             if rid in self.running:
                 self.counts["aborted"] += 1
                 self.aborting.add(rid)
+                if self.runs is not None:
+                    self.runs.cancel(rid, notify=True)
             elif self.dropped.pop(rid, 0) is None:  # the client cancelled the stream just before: still an abort
                 self.counts["aborted"] += 1
         return pb2.AbortResponse()
@@ -168,9 +238,9 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
     async def GetTokenizer(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-            for file in sorted(self.model_dir.iterdir()):
+            for file in self.tokenizer_files:
                 if file.is_file():
-                    archive.write(file, file.name)
+                    archive.write(file, file.name, zipfile.ZIP_STORED if file.suffix == ".gguf" else None)
         data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest()
         for start in range(0, len(data), ZIP_CHUNK):

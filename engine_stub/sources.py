@@ -4,7 +4,9 @@
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
   0 = as fast as the engine steps);
-- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py).
+- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py), generated
+  step by step: a GeneratingSource, which the engine runs through detok_worker.engine.generators.GeneratorEngine
+  instead of planning.
 The scheduler truncates a plan to max_tokens; EOS at the end survives only if it fits.
 """
 
@@ -21,7 +23,7 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.trace.format import Trace, read_trace
 from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
-from engine_stub.source_api import Plan, SourceError, TokenSource
+from engine_stub.source_api import GeneratingSource, Plan, SourceError, TokenSource
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
@@ -120,7 +122,7 @@ class TraceSource:
         return Plan(list(recorded.output_ids), offsets)
 
 
-def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource:
+def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource | GeneratingSource:
     engine = config.engine
     eos_id = primary_eos_id(tokenizer)
     if engine.source == "echo":

@@ -179,6 +179,7 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     bad_frames: dict[str, int]
     aborted: int
     reopened: int
+    generated: int = 0  # ids the engine pushed as it generated them (EngineLink.push), since it started
 
 
 ToEngine = Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

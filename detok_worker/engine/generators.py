@@ -1,52 +1,82 @@
 """A step-wise engine made of per-request token generators, for the EngineLink loop (docs/protocol.md, section 5).
 
-Any `generate(prompt_ids, max_tokens, stop_ids) -> Iterator[int]` plugs in: a model run greedily on CPU, a test's
-echo. Each step takes the next tokens_per_step ids of every request; a request ends "stop" at a stop id (or when
-its generator ends on its own) and "length" at max_tokens.
+Any `generate(prompt_ids, max_tokens, stop_ids, min_tokens) -> Iterator[int | None]` plugs in: a model run greedily
+on CPU, a test's echo. Each step takes the next tokens_per_step ids of every running request; a request ends
+"stop" at a stop id (or when its generator ends on its own) and "length" at max_tokens. A stop id among the first
+min_tokens ids does not end it (a model's generator should not produce one there at all: it takes the next-best
+id). A generator may yield None for a step that made no id yet (a chunk of the prompt's prefill), so one long
+prompt does not hold the engine loop. At most max_running requests generate at once; the others wait in arrival
+order. A generator that raises ends its request with "error" (`errors[rid]` says why).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP
+from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
-Generate = Callable[[list[int], int, list[int]], Iterator[int]]
+log = logging.getLogger(__name__)
+
+Generate = Callable[[list[int], int, list[int], int], Iterator[int | None]]
+_END = object()
 
 
 @dataclass(slots=True)
 class _Running:
-    ids: Iterator[int]
+    rid: str
+    ids: Iterator[int | None]
     max_tokens: int
     stop_ids: frozenset[int]
+    min_tokens: int
     produced: int = 0
 
 
 class GeneratorEngine:
-    def __init__(self, generate: Generate, tokens_per_step: int = 1) -> None:
+    def __init__(self, generate: Generate, tokens_per_step: int = 1, max_running: int | None = None) -> None:
         self.generate = generate
         self.tokens_per_step = tokens_per_step
+        self.max_running = max_running
         self.running: dict[str, _Running] = {}
+        self.waiting: deque[_Running] = deque()
+        self.errors: dict[str, str] = {}  # rid -> why its generator failed (the loop takes it)
 
-    def add(self, rid: str, prompt_ids: list[int], max_tokens: int, stop_ids: list[int]) -> None:
-        ids = iter(self.generate(list(prompt_ids), max_tokens, list(stop_ids)))
-        self.running[rid] = _Running(ids, max_tokens, frozenset(stop_ids))
+    def add(self, rid: str, prompt_ids: list[int], max_tokens: int, stop_ids: list[int], min_tokens: int = 0) -> None:
+        """Queue a request. `generate` is called now, so a request it cannot serve raises here."""
+        ids = iter(self.generate(list(prompt_ids), max_tokens, list(stop_ids), min_tokens))
+        self.waiting.append(_Running(rid, ids, max_tokens, frozenset(stop_ids), min_tokens))
 
     def cancel(self, rid: str) -> None:
         running = self.running.pop(rid, None)
-        close = getattr(running.ids, "close", None) if running is not None else None
-        if close is not None:
-            close()
+        if running is None:
+            running = next((r for r in self.waiting if r.rid == rid), None)
+            if running is None:
+                return
+            self.waiting.remove(running)
+        _close(running)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
 
     def step(self) -> list[tuple[str, list[int], str | None]]:
         """(rid, new ids, finish or None) of every running request."""
+        while self.waiting and (self.max_running is None or len(self.running) < self.max_running):
+            request = self.waiting.popleft()
+            self.running[request.rid] = request
         out: list[tuple[str, list[int], str | None]] = []
         for rid, running in list(self.running.items()):
-            ids, finish = self._next_ids(running)
+            try:
+                ids, finish = self._next_ids(running)
+            except Exception as exc:  # noqa: BLE001 - a failing generation ends its own request only
+                log.warning("engine: generation of %s failed: %s", rid, exc)
+                self.errors[rid] = f"generation failed: {exc}"
+                ids, finish = [], FINISH_ERROR
             out.append((rid, ids, finish))
             if finish is not None:
                 del self.running[rid]
+                _close(running)
         return out
 
     def _next_ids(self, running: _Running) -> tuple[list[int], str | None]:
@@ -54,11 +84,20 @@ class GeneratorEngine:
         while len(ids) < self.tokens_per_step:
             if running.produced >= running.max_tokens:
                 return ids, FINISH_LENGTH
-            token = next(running.ids, None)
+            token = next(running.ids, _END)
             if token is None:
+                break  # the generator worked without making an id this step
+            if token is _END:
                 return ids, FINISH_STOP
+            assert isinstance(token, int)
             ids.append(token)
             running.produced += 1
-            if token in running.stop_ids:
+            if token in running.stop_ids and running.produced > running.min_tokens:
                 return ids, FINISH_STOP
         return ids, FINISH_LENGTH if running.produced >= running.max_tokens else None
+
+
+def _close(running: _Running) -> None:
+    close = getattr(running.ids, "close", None)
+    if close is not None:
+        close()

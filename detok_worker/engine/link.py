@@ -10,7 +10,8 @@ only generates:
         news = link.poll(0.005)
         for submit in news.submitted:               # new requests: accept, then generate them
             if (detok := link.accept(submit)) is not None:
-                engine.add(submit.rid, submit.prompt_ids, submit.params.max_tokens, detok.stop_token_ids)
+                engine.add(submit.rid, submit.prompt_ids, submit.params.max_tokens, detok.stop_token_ids,
+                           detok.min_tokens)
         for rid in news.stopped:                    # aborted by the client, stopped by a worker (stop string)
             engine.cancel(rid)
         for rid, new_ids, finish in engine.step():  # one decode step: the new ids of every running request
@@ -313,6 +314,7 @@ class EngineLink:
             bad_frames=dict(bad),
             aborted=scheduler.aborted,
             reopened=scheduler.reopened,
+            generated=scheduler.generated,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         with contextlib.suppress(zmq.Again):  # periodic; the next one will do

@@ -54,3 +54,24 @@ def plan_output(planned: list[int], params: RequestParams) -> tuple[list[int], s
     if len(planned) > params.max_tokens:
         return planned[: params.max_tokens], FINISH_LENGTH
     return planned, FINISH_STOP
+
+
+PROMPT_TAIL = 64  # prompt ids sent with Open: context for the first output characters (a byte-fallback run too)
+PROMPT_CONTEXT = 8  # ids other than special tokens the tail holds at least, however many specials end the prompt
+MAX_PROMPT_TAIL = 4096  # ... up to this many ids in all
+
+
+def prompt_tail(prompt_ids: list[int], special_ids: frozenset[int]) -> list[int]:
+    """The end of the prompt a worker decodes the output after: the last PROMPT_TAIL ids, reaching further back past
+    special tokens (skip_special_tokens drops them) until PROMPT_CONTEXT other ids are in, at most MAX_PROMPT_TAIL:
+    a character the prompt leaves unfinished before a run of specials still belongs to the prompt."""
+    start = max(0, len(prompt_ids) - PROMPT_TAIL)
+    if special_ids:
+        others = 0
+        floor = max(0, len(prompt_ids) - MAX_PROMPT_TAIL)
+        position = len(prompt_ids)
+        while position > floor and others < PROMPT_CONTEXT:
+            position -= 1
+            others += prompt_ids[position] not in special_ids
+        start = min(start, position)
+    return list(prompt_ids[start:])

@@ -37,34 +37,15 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
-from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output
+from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output, prompt_tail
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
-PROMPT_TAIL = 64  # prompt ids sent with Open: context for the first output characters (a byte-fallback run too)
-PROMPT_CONTEXT = 8  # ids other than special tokens the tail holds at least, however many specials end the prompt
-MAX_PROMPT_TAIL = 4096  # ... up to this many ids in all
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
 
 BAD_DUPLICATE_RID = "duplicate_rid"
 BAD_STRAY_FINISH = "stray_finish"  # Finish for a rid the sender does not own (late, after a re-open)
-
-
-def prompt_tail(prompt_ids: list[int], special_ids: frozenset[int]) -> list[int]:
-    """The end of the prompt a worker decodes the output after: the last PROMPT_TAIL ids, reaching further back past
-    special tokens (skip_special_tokens drops them) until PROMPT_CONTEXT other ids are in, at most MAX_PROMPT_TAIL:
-    a character the prompt leaves unfinished before a run of specials still belongs to the prompt."""
-    start = max(0, len(prompt_ids) - PROMPT_TAIL)
-    if special_ids:
-        others = 0
-        floor = max(0, len(prompt_ids) - MAX_PROMPT_TAIL)
-        position = len(prompt_ids)
-        while position > floor and others < PROMPT_CONTEXT:
-            position -= 1
-            others += prompt_ids[position] not in special_ids
-        start = min(start, position)
-    return list(prompt_ids[start:])
 
 
 class Scheduler:
@@ -96,6 +77,7 @@ class Scheduler:
         self.bad: Counter[str] = Counter()
         self.aborted = 0
         self.reopened = 0
+        self.generated = 0  # ids pushed, whether or not their request still generates
         self.rejected = 0
 
     # ---- requests -------------------------------------------------------------------------------------
@@ -153,6 +135,7 @@ class Scheduler:
         """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it."""
+        self.generated += len(ids)
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
         if request is None or not request.open_ended:
             return False

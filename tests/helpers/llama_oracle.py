@@ -30,9 +30,25 @@ def llama_detokenize(ids: Sequence[int], special: bool) -> str:
 
 def greedy_ids(prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
     """What the llama-cpp source generates for a request (no stop token ids, EOS not ignored): greedy ids up to
-    max_tokens, ending at the first end-of-generation id."""
+    max_tokens, ending at the first end-of-generation id. Plain llama.cpp, independent of the source's own loop:
+    one context, the whole prompt in one batch, one sampling chain."""
     generator = smollm2()
-    return list(generator.generate(prompt_ids, max_tokens, generator.end_of_generation_ids))
+    binding = importlib.import_module("cyllama.llama.llama_cpp")
+    params = binding.LlamaContextParams()
+    params.n_ctx = params.n_batch = params.n_ubatch = generator.context_size
+    params.n_threads = params.n_threads_batch = 1
+    context = binding.LlamaContext(generator.model, params)
+    sampler = binding.LlamaSampler(binding.LlamaSamplerChainParams())
+    sampler.add_greedy()
+    context.decode(binding.llama_batch_get_one(list(prompt_ids), 0))
+    ids: list[int] = []
+    while len(ids) < max_tokens:
+        ids.append(sampler.sample(context, -1))
+        if ids[-1] in generator.end_of_generation_ids:
+            break
+        context.decode(binding.llama_batch_get_one([ids[-1]], len(prompt_ids) + len(ids) - 1))
+    context.close()
+    return ids
 
 
 def llama_chat_prompt(messages: list[dict[str, Any]]) -> str:

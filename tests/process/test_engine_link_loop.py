@@ -39,7 +39,7 @@ def test_documented_engine_loop_serves_exact_texts(qwen3):
     eos = primary_eos_id(qwen3)
     closed_early: list[int] = []
 
-    def echo(prompt_ids: list[int], max_tokens: int, stop_ids: list[int]) -> Iterator[int]:
+    def echo(prompt_ids: list[int], max_tokens: int, stop_ids: list[int], min_tokens: int) -> Iterator[int]:
         """Echoes the prompt, then EOS; notes a generation the engine cancelled before its end."""
         produced = 0
         try:

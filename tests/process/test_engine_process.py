@@ -25,6 +25,7 @@ from detok_worker.bus.messages import (
     Shutdown,
     TokenBatch,
 )
+from detok_worker.engine.plans import PROMPT_TAIL
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
 from detok_worker.worker.process import run_worker
 from engine_stub.engine import run_engine
@@ -96,7 +97,7 @@ def test_engine_with_played_worker_and_front(qwen3):
                     assert log.ids["echo"] == [*prompt, eos]
                     assert log.finish["echo"] == "stop"
                     (open_,) = log.opens["echo"]
-                    assert open_.prompt_tail == prompt[-8:]
+                    assert open_.prompt_tail == prompt[-PROMPT_TAIL:]
                     assert open_.params.stop == ["zz"]
                     assert set(open_.params.stop_token_ids) == {5, *qwen3.eos_token_ids}
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, Tokens
+from detok_worker.engine.plans import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
 from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
     BAD_STRAY_FINISH,
     ORPHAN_GRACE_S,
-    PROMPT_TAIL,
     Scheduler,
     StepPlan,
 )
@@ -289,8 +289,6 @@ def test_unknown_worker_with_requests_is_refused_without_requests_joins():
 
 
 def test_prompt_tail_reaches_past_a_run_of_special_tokens() -> None:
-    from detok_worker.engine.scheduler import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
-
     special = frozenset({9})
     plain = list(range(100, 200))
     assert prompt_tail(plain, special) == plain[-PROMPT_TAIL:]

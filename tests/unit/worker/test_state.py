@@ -303,7 +303,7 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
 def test_a_character_split_before_many_skipped_specials_stays_the_prompts(name: str, specials: int) -> None:
     """The engine's prompt tail reaches past the specials (prompt_tail), so the worker knows that the first byte of
     'é' was the prompt's: with skip_special_tokens only 'x' is new text, however many specials lie between."""
-    from detok_worker.engine.scheduler import prompt_tail
+    from detok_worker.engine.plans import prompt_tail
     from detok_worker.tokenizer.base import byte_to_unicode
 
     tokenizer = load_fixture_tokenizer(name)
