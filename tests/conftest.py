@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 
@@ -14,3 +16,15 @@ def fixture_tokenizer_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def fixture_tokenizer(fixture_tokenizer_name: str):
     return load_fixture_tokenizer(fixture_tokenizer_name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_fast_path_cache(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The fast path's disk cache of this test run (inherited by the processes tests start), not the user's."""
+    previous = os.environ.get("DETOK_CACHE_DIR")
+    os.environ["DETOK_CACHE_DIR"] = str(tmp_path_factory.mktemp("detok-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("DETOK_CACHE_DIR", None)
+    else:
+        os.environ["DETOK_CACHE_DIR"] = previous

@@ -1,7 +1,8 @@
 """Whether streams of a tokenizer take the byte-level fast path: `fast_path_status(tokenizer)` builds the tables
 once per tokenizer (from the backend's optional `token_bytes_table()` hook), verifies them against the
 tokenizer's own decode (verify.py) and caches the outcome: a ByteDecoding, or None plus the reason the fast path
-was refused.
+was refused. The outcome is also kept on disk by tokenizer content (table_cache.py), so later processes skip the
+table build and the verification: they rebuild the lookup tables from the stored bytes and spot-check them.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from detok_worker.stream.decode import table_cache
 from detok_worker.stream.decode.registry import cached
 from detok_worker.stream.decode.tables import ByteDecoding, build_byte_decoding
-from detok_worker.stream.decode.verify import verify_byte_decoding
+from detok_worker.stream.decode.verify import spot_check_byte_decoding, verify_byte_decoding
 from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
+_NO_TABLE = "the tokenizer offers no byte table (its decoder is not a byte concatenation)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,18 +27,52 @@ class FastPathStatus:
     reason: str  # why the fast path is used or refused, for logs and tests
 
 
-def _build_status(tokenizer: Tokenizer) -> FastPathStatus:
+def _build_and_verify(tokenizer: Tokenizer) -> tuple[FastPathStatus, TokenBytesTable | None]:
     hook = getattr(tokenizer, "token_bytes_table", None)
     table = hook() if callable(hook) else None
     if table is None:
-        return FastPathStatus(None, "the tokenizer offers no byte table (its decoder is not a byte concatenation)")
-    decoding = build_byte_decoding(table, tokenizer.vocab_size, frozenset(tokenizer.special_token_ids))
+        return FastPathStatus(None, _NO_TABLE), None
+    decoding = _decoding_of(tokenizer, table)
     mismatch = verify_byte_decoding(tokenizer, decoding)
     if mismatch is not None:
         log.info("byte-level fast path refused for tokenizer %r: %s", getattr(tokenizer, "name", "?"), mismatch)
-        return FastPathStatus(None, f"the byte table does not reproduce decode: {mismatch}")
+        return FastPathStatus(None, f"the byte table does not reproduce decode: {mismatch}"), table
     scheme = "byte-fallback" if decoding.byte_fallback else "byte-level"
-    return FastPathStatus(decoding, f"{scheme} table verified against decode")
+    return FastPathStatus(decoding, f"{scheme} table verified against decode"), table
+
+
+def _decoding_of(tokenizer: Tokenizer, table: TokenBytesTable) -> ByteDecoding:
+    return build_byte_decoding(table, tokenizer.vocab_size, frozenset(tokenizer.special_token_ids))
+
+
+def _from_cache(tokenizer: Tokenizer, key: str) -> FastPathStatus | None:
+    entry = table_cache.read_cached(key)
+    if entry is None:
+        return None
+    if not entry.verified:
+        return FastPathStatus(None, entry.reason)
+    decoding = _decoding_of(tokenizer, entry.table())
+    mismatch = spot_check_byte_decoding(tokenizer, decoding)
+    if mismatch is not None:
+        log.warning("ignoring the fast-path cache entry %s: %s", key, mismatch)
+        return None
+    return FastPathStatus(decoding, entry.reason)
+
+
+def _build_status(tokenizer: Tokenizer) -> FastPathStatus:
+    key = table_cache.cache_key(tokenizer)
+    if key is None:
+        return _build_and_verify(tokenizer)[0]
+    status = _from_cache(tokenizer, key)
+    if status is not None:
+        return status
+    with table_cache.build_lock(key):  # another process may have built it while this one waited
+        status = _from_cache(tokenizer, key)
+        if status is None:
+            status, table = _build_and_verify(tokenizer)
+            if status.reason != _NO_TABLE:
+                table_cache.write_cached(key, table, status.decoding is not None, status.reason)
+    return status
 
 
 def fast_path_status(tokenizer: Tokenizer) -> FastPathStatus:

@@ -6,13 +6,16 @@ prefix-stable and so cannot be streamed); ids are validated first, because `toke
 
 from __future__ import annotations
 
+import hashlib
 import json
 import lzma
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import __version__ as tokenizers_version
 
 from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
 from detok_worker.tokenizer.base import ChatTemplateSupport
@@ -58,9 +61,11 @@ class HFTokenizer(ChatTemplateSupport):
         name: str,
         config: Mapping[str, Any] | None = None,
         generation_config: Mapping[str, Any] | None = None,
+        source_digest: str | None = None,
     ) -> None:
         self.name = name
         self._tokenizer = tokenizer
+        self._source_digest = source_digest  # sha256 of the tokenizer.json it was loaded from, if known
         config = config or {}
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         known_ids = set(vocab.values())
@@ -140,9 +145,8 @@ class HFTokenizer(ChatTemplateSupport):
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        """decode of each sequence, in one call into the Rust library."""
-        for ids in sequences:
-            self.check_ids(ids)
+        """decode of each sequence, in one call into the Rust library (ids validated in one pass over them all)."""
+        self.check_ids(list(chain.from_iterable(sequences)))
         return self._tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
@@ -156,6 +160,12 @@ class HFTokenizer(ChatTemplateSupport):
     def token_bytes_table(self) -> TokenBytesTable | None:
         """Per-token bytes for the streaming fast path (None if the decoder is not a byte concatenation)."""
         return hf_token_bytes_table(self._tokenizer, self._vocab_size)
+
+    def content_fingerprint(self) -> str | None:
+        """What decode is a function of, for the fast path's disk cache: the tokenizer.json and the library."""
+        if self._source_digest is None:
+            return None
+        return f"tokenizers {tokenizers_version} tokenizer.json sha256 {self._source_digest}"
 
     def __repr__(self) -> str:
         return f"HFTokenizer(name={self.name!r}, vocab_size={self._vocab_size})"
@@ -202,4 +212,5 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
         name=name,
         config=_read_json_file(directory / CONFIG_FILE),
         generation_config=_read_json_file(directory / GENERATION_CONFIG_FILE),
+        source_digest=hashlib.sha256(raw).hexdigest(),
     )
