@@ -38,6 +38,7 @@ def test_family_streams_exactly(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # thousands of per-step checked cases per family; minutes on a busy machine
 @pytest.mark.parametrize("name", NAMES)
 def test_family_streams_exactly_many_cases(name: str) -> None:
     tokenizer, model = loaded(name)
