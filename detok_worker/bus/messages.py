@@ -29,6 +29,9 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     stop_token_ids: stop token ids (the engine adds the tokenizer's EOS ids unless ignore_eos); their text is
         hidden unless include_stop_str_in_output.
     min_tokens: stop rules are not applied before this many generated tokens.
+    reasoning_parser / tool_call_parser: names of the parsers (detok_worker/parse/registry.py) that split the
+        output into reasoning, content and tool calls ("" = none). With a parser, stop strings apply to the
+        content only.
     """
 
     stop: list[str] = []
@@ -36,6 +39,8 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     min_tokens: int = 0
+    reasoning_parser: str = ""
+    tool_call_parser: str = ""
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
@@ -133,10 +138,32 @@ class Goodbye(msgspec.Struct, tag="goodbye", array_like=True, gc=False):
 # ---- worker -> front -------------------------------------------------------------------------------
 
 
+class ToolCallDelta(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """A piece of tool call `index` (0, 1, ... in the order the model wrote them): `name` on the call's first
+    piece only ("" after), `arguments` a fragment of its arguments JSON starting at `arguments_offset`."""
+
+    index: int
+    name: str
+    arguments: str
+    arguments_offset: int
+
+
+class ParsedDelta(msgspec.Struct, array_like=True, gc=False):
+    """A TextDelta's text split by the request's parsers. Each channel has its own offset (characters of that
+    channel emitted before this delta), so a receiver drops re-sent parts per channel, as with `offset`."""
+
+    content: str
+    content_offset: int
+    reasoning: str = ""
+    reasoning_offset: int = 0
+    tool_calls: list[ToolCallDelta] = []
+
+
 class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     """New text of one rid. offset: character offset in the rid's output text at which `text` starts.
     n_tokens: output tokens consumed so far for this rid (cumulative, so re-sent deltas do not double count).
-    finish / stop_reason / error are set on the rid's last delta."""
+    finish / stop_reason / error are set on the rid's last delta. parsed: the split of the text into channels
+    when the request names a parser (None otherwise)."""
 
     rid: str
     offset: int
@@ -145,6 +172,7 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     finish: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    parsed: ParsedDelta | None = None
 
 
 class TextBatch(msgspec.Struct, tag="text_batch", array_like=True, gc=False):

@@ -11,7 +11,7 @@ ends the request with GAP_ERROR: a client gets an error, never a text with a hol
 
 from __future__ import annotations
 
-from detok_worker.bus.messages import TextDelta
+from detok_worker.bus.messages import ParsedDelta, TextDelta, ToolCallDelta
 
 GAP_ERROR = "text of this request was lost between the detokenizer and the front (a gap in its deltas)"
 
@@ -34,3 +34,49 @@ class DeltaReassembly:
         self.duplicate_chars += len(delta.text) - len(text)
         self.delivered += len(text)
         return text
+
+
+class ParsedReassembly:
+    """The same rule per channel of a parsed request (TextDelta.parsed): content, reasoning and each tool call's
+    arguments have their own offset; a tool call's name is delivered once. `take` returns the new part, None on
+    a gap in any channel."""
+
+    __slots__ = ("content", "reasoning", "arguments", "gap")
+
+    def __init__(self) -> None:
+        self.content = 0
+        self.reasoning = 0
+        self.arguments: dict[int, int] = {}  # tool call index (named) -> arguments characters delivered
+        self.gap = False
+
+    def take(self, parsed: ParsedDelta) -> ParsedDelta | None:
+        content = _fresh(parsed.content, parsed.content_offset, self.content)
+        reasoning = _fresh(parsed.reasoning, parsed.reasoning_offset, self.reasoning)
+        if content is None or reasoning is None:
+            self.gap = True
+            return None
+        calls: list[ToolCallDelta] = []
+        for call in parsed.tool_calls:
+            delivered = self.arguments.get(call.index)
+            name = call.name if delivered is None else ""
+            if delivered is None and not call.name:
+                self.gap = True  # arguments of a call whose name never came
+                return None
+            arguments = _fresh(call.arguments, call.arguments_offset, delivered or 0)
+            if arguments is None:
+                self.gap = True
+                return None
+            self.arguments[call.index] = (delivered or 0) + len(arguments)
+            if name or arguments:
+                calls.append(ToolCallDelta(call.index, name, arguments, call.arguments_offset))
+        self.content += len(content)
+        self.reasoning += len(reasoning)
+        return ParsedDelta(content, parsed.content_offset, reasoning, parsed.reasoning_offset, calls)
+
+
+def _fresh(text: str, offset: int, delivered: int) -> str | None:
+    """The part of `text` (starting at `offset` of its channel) past `delivered`; None if it starts past it."""
+    skip = delivered - offset
+    if skip < 0:
+        return None
+    return text[skip:] if skip else text

@@ -96,6 +96,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_tokens_limit: int = 32_768
     max_pending_chars: int = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
     request_timeout_s: float = 600.0
+    # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -28,11 +28,13 @@ from detok_worker.front.dispatch import Dispatcher, RequestStream
 from detok_worker.front.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, APIError, encode_error
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
+from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids
 from detok_worker.front.responses import ChatFormatter, CompletionFormatter, Formatter
 from detok_worker.front.validation import Limits, check_generation, check_model, decode_chat, decode_completion
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from detok_worker.metrics import InstrumentedTokenizer, render_latest
+from detok_worker.parse.base import ParsedOutput
 from detok_worker.tokenizer.encode_cache import wrap_with_encode_cache
 from detok_worker.tokenizer.protocol import Tokenizer
 
@@ -64,6 +66,7 @@ class Front:
         self.model_name = config.front.model_name or tokenizer.name
         self.limits = Limits.from_config(config, self.model_name, tokenizer)
         self.dispatcher = Dispatcher(config)
+        self.parsers = ParserChoice.from_config(config, tokenizer)
         self._api_key = config.front.api_key.encode("utf-8")
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")
 
@@ -130,8 +133,11 @@ class Front:
         body = decode(await self._read_body(request))
         model = check_model(body.model, self.limits)
         checked = check_generation(body, self.limits)
+        params = (
+            self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
+        )
         ids = await self._off_loop(prompt_ids, body)  # chat template + tokenizing: off the event loop
-        stream = self.dispatcher.submit(ids, checked.params, checked.stop_rules)
+        stream = self.dispatcher.submit(ids, params, checked.stop_rules)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
         formatter = formatter_type(stream.rid, model, checked.include_usage)
         if body.stream:
@@ -201,7 +207,7 @@ class Front:
 
     async def _collect(self, request: Request, stream: RequestStream, formatter: Formatter) -> Response:
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
-        pieces: list[str] = []
+        pieces: list[str | ParsedOutput] = []
         try:
             while True:
                 pieces.append(await stream.wait())
@@ -212,7 +218,7 @@ class Front:
             self._release(stream)
         if stream.failure is not None:
             return error_response(stream.failure)
-        return Response(formatter.whole("".join(pieces), stream), media_type=JSON)
+        return Response(formatter.whole(pieces, stream), media_type=JSON)
 
     async def _abort_on_disconnect(self, request: Request, stream: RequestStream) -> None:
         while True:

@@ -31,6 +31,7 @@ from detok_worker.bus.messages import (
     Abort,
     Delivered,
     EngineStats,
+    ParsedDelta,
     Reject,
     RequestParams,
     Submit,
@@ -38,11 +39,12 @@ from detok_worker.bus.messages import (
     TextDelta,
     WorkerStats,
 )
-from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
+from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError
 from detok_worker.metrics import FrontMetrics
+from detok_worker.parse.base import ParsedOutput
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
 from detok_worker.stream.stop.rules import StopRules
 
@@ -68,11 +70,16 @@ class RequestStream:
         "failure",
         "done",
         "_pieces",
+        "_parsed",
+        "parsed_reassembly",
+        "tool_calls_seen",
         "_stop_rules",
         "_wakeup",
     )
 
-    def __init__(self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules) -> None:
+    def __init__(
+        self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules, parsed: bool = False
+    ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.deadline = deadline
@@ -84,6 +91,10 @@ class RequestStream:
         self.failure: APIError | None = None
         self.done = False
         self._pieces: list[str] = []
+        # a request with parsers: its news are channels (reasoning, content, tool calls), not plain text
+        self._parsed: ParsedOutput | None = ParsedOutput() if parsed else None
+        self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
+        self.tool_calls_seen = False
         self._stop_rules = stop_rules
         self._wakeup = asyncio.Event()
 
@@ -93,7 +104,10 @@ class RequestStream:
         if text is None:
             self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
             return None
-        if text:
+        if self._parsed is not None:
+            if not self._accept_parsed(delta):
+                return None
+        elif text:
             self._pieces.append(text)
             self.pending_chars += len(text)
         self.n_tokens = max(self.n_tokens, delta.n_tokens)
@@ -108,6 +122,25 @@ class RequestStream:
         self._wakeup.set()
         return text
 
+    def _accept_parsed(self, delta: TextDelta) -> bool:
+        assert self.parsed_reassembly is not None and self._parsed is not None
+        # a worker that does not parse (an older one) sends plain text: all of it is content
+        parsed = delta.parsed if delta.parsed is not None else ParsedDelta(delta.text, delta.offset)
+        fresh = self.parsed_reassembly.take(parsed)
+        if fresh is None:
+            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            return False
+        news = self._parsed
+        news.content += fresh.content
+        news.reasoning += fresh.reasoning
+        for call in fresh.tool_calls:
+            news.add_tool(call.index, call.name, call.arguments)
+            self.tool_calls_seen = True
+        self.pending_chars += (
+            len(fresh.content) + len(fresh.reasoning) + sum(len(c.arguments) for c in fresh.tool_calls)
+        )
+        return True
+
     def fail(self, error: APIError, *, drop_text: bool) -> None:
         if self.done:
             return
@@ -115,15 +148,21 @@ class RequestStream:
         self.done = True
         if drop_text:
             self._pieces.clear()
+            if self._parsed is not None:
+                self._parsed = ParsedOutput()
             self.pending_chars = 0
         self._wakeup.set()
 
-    async def wait(self) -> str:
-        """Wait until there is text or the stream is done; returns (and releases) all text not taken yet.
-        When it returns with `done` set, no more text will come."""
-        while not self._pieces and not self.done:
+    async def wait(self) -> str | ParsedOutput:
+        """Wait until there is text or the stream is done; returns (and releases) all text not taken yet (for a
+        request with parsers: the channels' news). When it returns with `done` set, no more text will come."""
+        while not (self._pieces or self._parsed) and not self.done:
             self._wakeup.clear()
             await self._wakeup.wait()
+        if self._parsed is not None:
+            news, self._parsed = self._parsed, ParsedOutput()
+            self.pending_chars = 0
+            return news
         text = "".join(self._pieces)
         self._pieces.clear()
         self.pending_chars = 0
@@ -188,7 +227,8 @@ class Dispatcher:
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
         rid = f"cmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + self.config.front.request_timeout_s
-        stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules)
+        parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
+        stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed)
         self._streams[rid] = stream
         self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns())))
         self.counters["requests"] += 1

@@ -102,9 +102,26 @@ class CompletionResponse(msgspec.Struct):
     object: str = "text_completion"
 
 
+class FunctionCallOut(msgspec.Struct):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallOut(msgspec.Struct):
+    """A tool call: whole in a message; in a stream, the first piece has index, id, type and the name, later
+    pieces only index and an arguments fragment (as OpenAI and vLLM stream them)."""
+
+    function: FunctionCallOut
+    index: int | UnsetType = UNSET
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+
+
 class ChatMessageOut(msgspec.Struct):
-    content: str
+    content: str | None
     role: str = "assistant"
+    reasoning_content: str | None | UnsetType = UNSET  # set when the request has a reasoning parser
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET  # set when the request has a tool-call parser
 
 
 class ChatChoice(msgspec.Struct):
@@ -127,6 +144,8 @@ class ChatCompletionResponse(msgspec.Struct):
 class ChatDelta(msgspec.Struct):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct):

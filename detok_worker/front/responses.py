@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import msgspec
 
@@ -16,8 +17,13 @@ from detok_worker.front.openai_api import (
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
+    FunctionCallOut,
+    ToolCallOut,
     Usage,
 )
+from detok_worker.parse.base import ParsedOutput
+
+FINISH_TOOL_CALLS = "tool_calls"
 
 _encode = msgspec.json.encode
 
@@ -42,7 +48,8 @@ class CompletionFormatter:
     def first_chunk(self) -> bytes | None:
         return None
 
-    def text_chunk(self, text: str) -> bytes:
+    def text_chunk(self, text: str | ParsedOutput) -> bytes:
+        assert isinstance(text, str)  # completions have no parsers
         return self._chunk(CompletionChoice(0, text))
 
     def final_chunk(self, stream: RequestStream) -> bytes:
@@ -51,7 +58,8 @@ class CompletionFormatter:
     def usage_chunk(self, stream: RequestStream) -> bytes:
         return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=usage_of(stream)))
 
-    def whole(self, text: str, stream: RequestStream) -> bytes:
+    def whole(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> bytes:
+        text = "".join(piece for piece in pieces if isinstance(piece, str))
         choice = CompletionChoice(0, text, stream.finish, stream.stop_reason)
         return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage_of(stream)))
 
@@ -64,6 +72,12 @@ class ChatFormatter:
         self.model = model
         self.created = int(time.time())
         self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._tool_call_ids: dict[int, str] = {}  # tool call index -> its id (made here: the worker has none)
+
+    def _tool_call_id(self, index: int) -> str:
+        if index not in self._tool_call_ids:
+            self._tool_call_ids[index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
+        return self._tool_call_ids[index]
 
     def _chunk(self, choice: ChatChunkChoice) -> bytes:
         return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=self._usage))
@@ -71,18 +85,54 @@ class ChatFormatter:
     def first_chunk(self) -> bytes | None:
         return self._chunk(ChatChunkChoice(0, ChatDelta(role="assistant", content="")))
 
-    def text_chunk(self, text: str) -> bytes:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(content=text)))
+    def text_chunk(self, text: str | ParsedOutput) -> bytes:
+        if isinstance(text, str):
+            return self._chunk(ChatChunkChoice(0, ChatDelta(content=text)))
+        delta = ChatDelta()
+        if text.reasoning:
+            delta.reasoning_content = text.reasoning
+        if text.content:
+            delta.content = text.content
+        if text.tool_calls:
+            delta.tool_calls = [
+                self._tool_call_piece(piece.index, piece.name, piece.arguments) for piece in text.tool_calls
+            ]
+        return self._chunk(ChatChunkChoice(0, delta))
+
+    def _tool_call_piece(self, index: int, name: str, arguments: str) -> ToolCallOut:
+        if not name:
+            return ToolCallOut(FunctionCallOut(arguments=arguments), index=index)
+        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(index), "function")
 
     def final_chunk(self, stream: RequestStream) -> bytes:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(), stream.finish, stream.stop_reason))
+        return self._chunk(ChatChunkChoice(0, ChatDelta(), _finish_reason(stream), stream.stop_reason))
 
     def usage_chunk(self, stream: RequestStream) -> bytes:
         return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage_of(stream)))
 
-    def whole(self, text: str, stream: RequestStream) -> bytes:
-        choice = ChatChoice(0, ChatMessageOut(text), stream.finish, stream.stop_reason)
+    def whole(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> bytes:
+        choice = ChatChoice(0, self._message(pieces, stream), _finish_reason(stream), stream.stop_reason)
         return _encode(ChatCompletionResponse(self.rid, self.created, self.model, [choice], usage_of(stream)))
+
+    def _message(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
+        if stream.parsed_reassembly is None:
+            return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)))
+        total = ParsedOutput()
+        for piece in pieces:
+            if isinstance(piece, ParsedOutput):
+                total.extend(piece)
+        calls = [
+            ToolCallOut(FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(call.index), type="function")
+            for call in total.tool_calls
+        ]
+        return ChatMessageOut(total.content or None, reasoning_content=total.reasoning or None, tool_calls=calls)
+
+
+def _finish_reason(stream: RequestStream) -> str | None:
+    """OpenAI's "tool_calls" when the model ended (EOS, a stop) after calling tools."""
+    if stream.tool_calls_seen and stream.finish == "stop":
+        return FINISH_TOOL_CALLS
+    return stream.finish
 
 
 Formatter = CompletionFormatter | ChatFormatter

@@ -12,6 +12,7 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from detok_worker.bus.messages import (
     FINISH_STOP,
     Finish,
     Open,
+    ParsedDelta,
     TextBatch,
     TextDelta,
     TokenBatch,
@@ -31,6 +33,7 @@ from detok_worker.bus.messages import (
 from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.worker.parsing import RidParsing, parsing_for
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,7 @@ class RidState:
     decoder: Any  # StopSequenceDecoder
     offset: int = 0  # characters already emitted for this rid
     n_tokens: int = 0  # output tokens consumed (cumulative)
+    parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
 
 
 @dataclass(slots=True)
@@ -130,7 +134,9 @@ class WorkerState:
             state.n_tokens += consumed
             consumed_total += consumed
             text = out.text
-            if out.stopped or out.error is not None:
+            if state.parsing is not None:
+                chars_out += self._parsed_step(item.rid, state, out, deltas, finishes)
+            elif out.stopped or out.error is not None:
                 self._end_decoded(item.rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
             elif text:
                 deltas.append(TextDelta(item.rid, state.offset, text, state.n_tokens))
@@ -151,6 +157,26 @@ class WorkerState:
         self.live.clear()
         return rids
 
+    def _parsed_step(self, rid: str, state: RidState, out: Any, deltas: list[TextDelta], finishes: list[Finish]) -> int:
+        """The item step of a request with parsers: the text's split goes with it; a stop string in the content
+        ends the request. Returns the characters emitted."""
+        text = out.text
+        if out.stopped or out.error is not None:
+            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+            return 0
+        if not text:
+            return 0
+        assert state.parsing is not None
+        parsed, match = state.parsing.take(text, final=False)
+        if match is not None:
+            self.stops["string"] += 1
+            self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
+            finishes.append(Finish(rid, FINISH_STOP, match.stop))
+            return 0
+        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
+        state.offset += len(text)
+        return len(text)
+
     # ---- per message ----------------------------------------------------------------------------------
 
     def _open(self, open_: Open, deltas: list[TextDelta], finishes: list[Finish]) -> None:
@@ -164,9 +190,13 @@ class WorkerState:
             self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
             return
         try:
+            parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
+            decoder_config = rules.decoder_config()
+            if parsing is not None:  # stop strings apply to the parsed content (worker/parsing.py)
+                decoder_config = dataclasses.replace(decoder_config, stop_sequences=(), visible_stop_sequences=())
             decoder = StopSequenceDecoder(
                 self.tokenizer,
-                rules.decoder_config(),
+                decoder_config,
                 prompt_ids=open_.prompt_tail,
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,
@@ -175,7 +205,7 @@ class WorkerState:
             message = f"cannot open request: {exc}"
             self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_PARAMS)
             return
-        self.live[rid] = RidState(decoder=decoder)
+        self.live[rid] = RidState(decoder=decoder, parsing=parsing)
 
     def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
@@ -238,8 +268,13 @@ class WorkerState:
         stop_reason: str | int | None,
         deltas: list[TextDelta],
         error: str | None = None,
+        parsed: ParsedDelta | None = None,
     ) -> None:
-        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error))
+        if state.parsing is not None and parsed is None:
+            parsed, match = state.parsing.take(text, final=True)
+            if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
+                finish, stop_reason = FINISH_STOP, match.stop
+        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error, parsed))
         self.chars_out += len(text)
         self.live.pop(rid, None)
         self._ended.add(rid)

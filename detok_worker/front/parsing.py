@@ -1,0 +1,45 @@
+"""Which parsers a chat request gets (the worker runs them: worker/parsing.py).
+
+`front.reasoning_parser` / `front.tool_call_parser` name them ("auto": by the tokenizer's family, "" or "none":
+off). Like vLLM: parsers apply to chat completions only; the tool-call parser only when the request has `tools`
+and `tool_choice` is not "none"; parsers whose markers are special tokens turn `skip_special_tokens` off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from detok_worker.bus.messages import RequestParams
+from detok_worker.config import DetokConfig
+from detok_worker.config.schema import ConfigError
+from detok_worker.front.openai_api import ChatCompletionRequest
+from detok_worker.parse.registry import NEEDS_SPECIAL_TOKENS, ParserError, check_names, resolve
+from detok_worker.tokenizer.protocol import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ParserChoice:
+    reasoning: str  # "" = none
+    tool_calls: str
+
+    @classmethod
+    def from_config(cls, config: DetokConfig, tokenizer: Tokenizer) -> ParserChoice:
+        reasoning = resolve(config.front.reasoning_parser, tokenizer.token_to_id, tools=False)
+        tool_calls = resolve(config.front.tool_call_parser, tokenizer.token_to_id, tools=True)
+        try:
+            check_names(reasoning, tool_calls)
+        except ParserError as exc:
+            raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
+        return cls(reasoning, tool_calls)
+
+    def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
+        """The request's params with its parsers named."""
+        tool_calls = self.tool_calls if body.tools and body.tool_choice != "none" else ""
+        if not (self.reasoning or tool_calls):
+            return params
+        detok = msgspec.structs.replace(params.detok, reasoning_parser=self.reasoning, tool_call_parser=tool_calls)
+        if {self.reasoning, tool_calls} & NEEDS_SPECIAL_TOKENS:
+            detok = msgspec.structs.replace(detok, skip_special_tokens=False)
+        return msgspec.structs.replace(params, detok=detok)

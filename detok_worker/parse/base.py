@@ -1,0 +1,73 @@
+"""What every output parser is: text in (as it is decoded), pieces per channel out.
+
+The rule that keeps streaming exact: a parser's output after some input text depends only on that text, never on
+how it was cut into pieces (each parser holds back a suffix that may still become a marker, and nothing else).
+So streaming the pieces and parsing the whole text give the same channels, and a worker that re-opens a request
+and decodes its history in one piece reproduces what the first worker emitted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ToolCallPiece:
+    """A piece of tool call `index`: its name (on the call's first piece only, else "") and/or arguments text."""
+
+    index: int
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class ParsedOutput:
+    """What one feed (or the final flush) adds to each channel."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallPiece] = field(default_factory=list)
+
+    def add_tool(self, index: int, name: str = "", arguments: str = "") -> None:
+        last = self.tool_calls[-1] if self.tool_calls else None
+        if last is not None and last.index == index and not name:
+            last.arguments += arguments
+        else:
+            self.tool_calls.append(ToolCallPiece(index, name, arguments))
+
+    def extend(self, other: ParsedOutput) -> None:
+        self.content += other.content
+        self.reasoning += other.reasoning
+        for piece in other.tool_calls:
+            self.add_tool(piece.index, piece.name, piece.arguments)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+
+class OutputParser(ABC):
+    """An incremental parser of one request's output text."""
+
+    @abstractmethod
+    def feed(self, text: str) -> ParsedOutput:
+        """Take the next piece of output text; return what it makes certain."""
+
+    @abstractmethod
+    def finish(self) -> ParsedOutput:
+        """The output ended: release what was held back (a partial marker is plain text after all)."""
+
+
+class TextStage(ABC):
+    """A stage that turns incoming text into content + its own channel (reasoning or tool calls).
+
+    A parser for one request chains a reasoning stage and a tool stage: the reasoning stage's content is the tool
+    stage's input."""
+
+    @abstractmethod
+    def feed(self, text: str, out: ParsedOutput) -> None:
+        """Add what `text` makes certain to `out`."""
+
+    @abstractmethod
+    def finish(self, out: ParsedOutput) -> None:
+        """Add what was held back to `out`."""

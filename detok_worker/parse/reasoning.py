@@ -1,0 +1,82 @@
+"""`<think>...</think>` reasoning (Qwen3, DeepSeek-R1 and the many models that copy them).
+
+States: OPENING (the output may start with the start marker: hold while it could), REASONING (until the end
+marker), CONTENT (everything after; never scanned again). Where a request starts is decided once, from the end of
+its prompt (`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block
+(Qwen3's `enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's
+default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
+template pre-fills the marker, and the model may or may not repeat it).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from detok_worker.parse.base import ParsedOutput, TextStage
+from detok_worker.parse.markers import split_before_marker
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+class ThinkState(Enum):
+    OPENING_TO_CONTENT = 1  # no marker yet; output that does not open with <think> is content (qwen3)
+    OPENING_TO_REASONING = 2  # no marker yet; output reasons either way, an opening <think> is dropped (deepseek_r1)
+    REASONING = 3
+    CONTENT = 4
+
+
+def initial_state(
+    prompt_tail_text: str, default: ThinkState, start: str = THINK_START, end: str = THINK_END
+) -> ThinkState:
+    """Where the output starts, from the last marker in the end of the prompt (if any)."""
+    opened, closed = prompt_tail_text.rfind(start), prompt_tail_text.rfind(end)
+    if opened > closed:
+        return ThinkState.REASONING
+    if closed > opened:
+        return ThinkState.CONTENT
+    return default
+
+
+class ThinkStage(TextStage):
+    def __init__(self, state: ThinkState, start: str = THINK_START, end: str = THINK_END) -> None:
+        self.state = state
+        self.start = start
+        self.end = end
+        self._held = ""
+
+    def feed(self, text: str, out: ParsedOutput) -> None:
+        state = self.state
+        if state is ThinkState.CONTENT:
+            out.content += text
+            return
+        buffer = self._held + text
+        self._held = ""
+        if state is not ThinkState.REASONING:
+            if len(buffer) < len(self.start) and self.start.startswith(buffer):
+                self._held = buffer
+                return
+            if buffer.startswith(self.start):
+                buffer = buffer[len(self.start) :]
+                state = ThinkState.REASONING
+            elif state is ThinkState.OPENING_TO_CONTENT:
+                self.state = ThinkState.CONTENT
+                out.content += buffer
+                return
+            else:
+                state = ThinkState.REASONING
+        self.state = state
+        before, marker, rest = split_before_marker(buffer, (self.end,))
+        out.reasoning += before
+        if marker:
+            self.state = ThinkState.CONTENT
+            out.content += rest
+        else:
+            self._held = rest
+
+    def finish(self, out: ParsedOutput) -> None:
+        held, self._held = self._held, ""
+        if self.state in (ThinkState.REASONING, ThinkState.OPENING_TO_REASONING):
+            out.reasoning += held
+        else:
+            out.content += held

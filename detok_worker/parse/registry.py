@@ -1,0 +1,109 @@
+"""Parsers by name, the parser of one request, and the choice by model family (`auto`).
+
+A request names at most one reasoning parser and one tool-call parser (DetokParams.reasoning_parser /
+tool_call_parser). Its OutputParser chains them: the reasoning stage's content is the tool stage's input.
+Harmony (gpt-oss) does both in one stage, since its channels carry both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
+from detok_worker.parse.harmony import HarmonyStage
+from detok_worker.parse.reasoning import ThinkStage, ThinkState, initial_state
+from detok_worker.parse.tool_calls import Llama3JsonCalls, MistralCalls, TaggedJsonCalls
+
+AUTO = "auto"
+HARMONY = "gpt_oss"
+
+# name -> stage factory taking the decoded end of the prompt
+REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
+    "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
+    "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
+    HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
+}
+TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
+    "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
+    "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
+    "llama3_json": Llama3JsonCalls,
+    "mistral": MistralCalls,
+    HARMONY: lambda: HarmonyStage(reasoning=False),
+}
+# Parsers whose markers are special tokens: the worker must decode them (skip_special_tokens false), as vLLM does.
+NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json"})
+
+# family markers (tokens of the vocabulary) -> parser, in order; the first family found wins
+_REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>", "<|message|>"), HARMONY),
+    (("<think>", "</think>", "<|im_start|>"), "qwen3"),
+    (("<think>", "</think>", "<｜Assistant｜>"), "deepseek_r1"),
+)
+_TOOL_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>", "<|message|>"), HARMONY),
+    (("<tool_call>", "</tool_call>"), "hermes"),
+    (("[TOOL_CALLS]",), "mistral"),
+    (("<|python_tag|>",), "llama3_json"),
+)
+
+
+class ParserError(ValueError):
+    pass
+
+
+def check_names(reasoning: str, tool_calls: str) -> None:
+    """Raise ParserError for a name no parser has ("" means none)."""
+    if reasoning and reasoning not in REASONING_PARSERS:
+        raise ParserError(f"unknown reasoning parser {reasoning!r}; known: {', '.join(sorted(REASONING_PARSERS))}")
+    if tool_calls and tool_calls not in TOOL_CALL_PARSERS:
+        raise ParserError(f"unknown tool-call parser {tool_calls!r}; known: {', '.join(sorted(TOOL_CALL_PARSERS))}")
+
+
+def family_parser(token_to_id: Callable[[str], int | None], families: Sequence[tuple[tuple[str, ...], str]]) -> str:
+    """The parser of the first family whose marker tokens are all in the vocabulary, or "" (none)."""
+    for tokens, name in families:
+        if all(token_to_id(token) is not None for token in tokens):
+            return name
+    return ""
+
+
+def resolve(configured: str, token_to_id: Callable[[str], int | None], *, tools: bool) -> str:
+    """A configured name as is ("" or "none" = no parser); "auto" = by the tokenizer's family."""
+    if configured == AUTO:
+        return family_parser(token_to_id, _TOOL_FAMILIES if tools else _REASONING_FAMILIES)
+    return "" if configured == "none" else configured
+
+
+class StagedParser(OutputParser):
+    def __init__(self, stages: list[TextStage]) -> None:
+        self._stages = stages
+
+    def feed(self, text: str) -> ParsedOutput:
+        return self._run(text, final=False)
+
+    def finish(self) -> ParsedOutput:
+        return self._run("", final=True)
+
+    def _run(self, text: str, *, final: bool) -> ParsedOutput:
+        out = ParsedOutput()
+        for stage in self._stages:
+            if stage is not self._stages[0]:  # the previous stage's content is this stage's input
+                text, out.content = out.content, ""
+            if text:
+                stage.feed(text, out)
+            if final:
+                stage.finish(out)
+        return out
+
+
+def create_parser(reasoning: str, tool_calls: str, prompt_tail_text: str = "") -> OutputParser | None:
+    """The parser of one request (None when it names none). Raises ParserError for an unknown name."""
+    check_names(reasoning, tool_calls)
+    if reasoning == HARMONY or tool_calls == HARMONY:
+        return StagedParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
+    stages: list[TextStage] = []
+    if reasoning:
+        stages.append(REASONING_PARSERS[reasoning](prompt_tail_text))
+    if tool_calls:
+        stages.append(TOOL_CALL_PARSERS[tool_calls]())
+    return StagedParser(stages) if stages else None

@@ -1,0 +1,90 @@
+"""The official `openai` client against a real `detok serve` (embedded Qwen3 tokenizer, parsers on auto) whose
+engine stub replays a recorded Qwen3 output with thinking and a tool call: reasoning_content, content and
+tool_calls come out split, streamed and whole alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from helpers.fixtures import load_fixture_tokenizer
+from helpers.parse_cases import CASES, case_ids
+from helpers.serve_helpers import ServeProcess
+
+from detok_worker.bus.messages import RequestParams
+from detok_worker.trace.format import TraceWriter, make_header
+
+CASE = CASES[0]  # qwen3-think-tool
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    tokenizer = load_fixture_tokenizer("qwen3")
+    tail, ids = case_ids(tokenizer, CASE)
+    path: Path = tmp_path_factory.mktemp("trace") / "qwen3_tool.trace"
+    with TraceWriter(path, make_header(tokenizer, "test")) as writer:
+        writer.request("rec-1", tail, RequestParams(max_tokens=200), t_ns=0)
+        writer.tokens("rec-1", ids, "stop", t_ns=1)
+    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(path), "--replay-speed", "0")
+    try:
+        yield openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
+    finally:
+        serve.stop()
+        serve.cleanup()
+
+
+def test_whole_response_is_split(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    response = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS)
+    choice = response.choices[0]
+    message = choice.message
+    assert message.reasoning_content == CASE.reasoning  # type: ignore[attr-defined]
+    assert message.content == CASE.content
+    assert message.tool_calls is not None and len(message.tool_calls) == 1
+    call = message.tool_calls[0]
+    assert (call.type, call.function.name, call.function.arguments) == ("function", *CASE.tool_calls[0])
+    assert call.id.startswith("chatcmpl-tool-")
+    assert choice.finish_reason == "tool_calls"
+
+
+def test_streamed_pieces_concatenate_to_the_whole(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    reasoning, content, names, arguments, finishes = [], [], [], [], []
+    for chunk in client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, stream=True):
+        delta = chunk.choices[0].delta
+        reasoning.append(getattr(delta, "reasoning_content", None) or "")
+        content.append(delta.content or "")
+        for call in delta.tool_calls or []:
+            assert call.index == 0
+            if call.function.name:
+                names.append((call.id, call.function.name))
+            arguments.append(call.function.arguments or "")
+        finishes.append(chunk.choices[0].finish_reason)
+    assert "".join(reasoning) == CASE.reasoning
+    assert "".join(content) == CASE.content
+    assert [name for _, name in names] == ["get_weather"] and names[0][0].startswith("chatcmpl-tool-")
+    assert "".join(arguments) == CASE.tool_calls[0][1]
+    assert len([piece for piece in arguments if piece]) > 1  # the arguments arrive in fragments
+    assert finishes[-1] == "tool_calls"
+
+
+def test_tool_choice_none_leaves_the_markup_in_content(client: openai.OpenAI) -> None:
+    model = client.models.list().data[0].id
+    response = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, tool_choice="none")
+    message = response.choices[0].message
+    assert message.reasoning_content == CASE.reasoning  # type: ignore[attr-defined]
+    assert message.content == CASE.content + CASE.output.split("</think>\n\n", 1)[1]
+    assert not message.tool_calls
+    assert response.choices[0].finish_reason == "stop"

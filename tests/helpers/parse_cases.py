@@ -1,0 +1,181 @@
+"""Recorded-style model outputs of each family (as their chat templates render them), and a driver that streams
+their ids through a real WorkerState and reassembles the channels the way the front does."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from detok_worker.bus.messages import DetokParams, Open, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
+from detok_worker.parse.base import ParsedOutput
+from detok_worker.worker.state import WorkerState
+
+
+@dataclass(frozen=True)
+class OutputCase:
+    name: str
+    tokenizer: str
+    prompt_tail: str  # the end of the rendered prompt
+    output: str  # what the model wrote, special tokens included, up to its stop token
+    stop_token: str  # the token the model ends with (EOS / <|call|>)
+    reasoning_parser: str
+    tool_call_parser: str
+    reasoning: str
+    content: str
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments)
+    stop: tuple[str, ...] = ()
+    finish: str = "stop"
+    stop_reason: str | None = None
+    skip_special_tokens: bool = True
+
+
+QWEN_TOOL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+CASES = [
+    OutputCase(
+        "qwen3-think-tool", "qwen3", "<|im_start|>assistant\n",
+        "<think>\nThe user wants the weather in Paris. I should call get_weather.\n</think>\n\n"
+        f"<tool_call>\n{QWEN_TOOL}\n</tool_call>",
+        "<|im_end|>", "qwen3", "hermes",
+        reasoning="\nThe user wants the weather in Paris. I should call get_weather.\n", content="\n\n",
+        tool_calls=[("get_weather", '{"city": "Paris", "unit": "celsius"}')],
+    ),
+    OutputCase(
+        "qwen3-two-tools-and-text", "qwen3", "<|im_start|>assistant\n",
+        '<think>\n\n</think>\n\nChecking both.<tool_call>\n{"name": "a", "arguments": {"x": [1, {"y": "}"}]}}\n'
+        '</tool_call>\n<tool_call>\n{"arguments": {"q": "caf\\u00e9 \\"x\\""}, "name": "search"}\n</tool_call>',
+        "<|im_end|>", "qwen3", "hermes", reasoning="\n\n", content="\n\nChecking both.\n",
+        tool_calls=[("a", '{"x": [1, {"y": "}"}]}'), ("search", '{"q": "caf\\u00e9 \\"x\\""}')],
+    ),
+    OutputCase(
+        "qwen3-enable-thinking-false", "qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        "Paris is the capital of France; <think> here is just text.", "<|im_end|>", "qwen3", "",
+        reasoning="", content="Paris is the capital of France; <think> here is just text.",
+    ),
+    OutputCase(
+        "qwen3-prefilled-think", "qwen3", "<|im_start|>assistant\n<think>\n",
+        "2 + 2: add them, 4.\n</think>\n\nThe answer is 4.", "<|im_end|>", "qwen3", "",
+        reasoning="2 + 2: add them, 4.\n", content="\n\nThe answer is 4.",
+    ),
+    OutputCase(
+        "qwen3-stop-in-content-only", "qwen3", "<|im_start|>assistant\n",
+        "<think>\nParis? Yes, Paris.\n</think>\n\nThe capital is Paris. Anything else?", "<|im_end|>", "qwen3", "",
+        reasoning="\nParis? Yes, Paris.\n", content="\n\nThe capital is ", stop=("Paris",), stop_reason="Paris",
+    ),
+    OutputCase(
+        "deepseek-r1", "deepseek-v3", "<｜Assistant｜><think>\n",
+        "Okay, compare 9.11 and 9.8: 0.8 > 0.11.\n</think>\n\n9.8 is greater.", "<｜end▁of▁sentence｜>",
+        "deepseek_r1", "", reasoning="Okay, compare 9.11 and 9.8: 0.8 > 0.11.\n", content="\n\n9.8 is greater.",
+    ),
+    OutputCase(
+        "deepseek-r1-repeats-think", "deepseek-v3", "<｜Assistant｜>",
+        "<think>\nHmm.\n</think>\n\nHello!", "<｜end▁of▁sentence｜>", "deepseek_r1", "",
+        reasoning="\nHmm.\n", content="\n\nHello!",
+    ),
+    OutputCase(
+        "gpt-oss-final", "gpt-oss", "<|start|>assistant",
+        "<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|><|start|>assistant<|channel|>final"
+        "<|message|>2 + 2 = 4.", "<|return|>", "gpt_oss", "", reasoning="User asks 2+2. Simple.",
+        content="2 + 2 = 4.", skip_special_tokens=False,
+    ),
+    OutputCase(
+        "gpt-oss-tool", "gpt-oss", "<|start|>assistant",
+        "<|channel|>analysis<|message|>Need weather; call the tool.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"location":"San Francisco, CA"}', "<|call|>",
+        "gpt_oss", "gpt_oss", reasoning="Need weather; call the tool.", content="",
+        tool_calls=[("get_weather", '{"location":"San Francisco, CA"}')], skip_special_tokens=False,
+    ),
+    OutputCase(
+        "llama3-json", "deepseek-v3", "assistant<|end_header_id|>\n\n",
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "time", "parameters": {}}',
+        "<｜end▁of▁sentence｜>", "", "llama3_json", reasoning="", content="",
+        tool_calls=[("get_weather", '{"city": "Paris"}'), ("time", "{}")],
+    ),
+    OutputCase(
+        "mistral", "mistral-sp-v1", "[/INST]",
+        'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_time", "arguments": {"tz": "CET"}}]', "</s>", "", "mistral",
+        reasoning="", content=" Let me check. ",  # the SentencePiece space after [/INST]
+        tool_calls=[("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')],
+    ),
+]  # fmt: skip
+
+
+def case_ids(tokenizer: Any, case: OutputCase) -> tuple[list[int], list[int]]:
+    """(prompt tail ids, output ids ending with the stop token)."""
+    stop_id = tokenizer.token_to_id(case.stop_token)
+    assert stop_id is not None
+    return tokenizer.encode(case.prompt_tail).ids, [*tokenizer.encode(case.output).ids, stop_id]
+
+
+def params_of(tokenizer: Any, case: OutputCase) -> DetokParams:
+    stop_ids = sorted({*tokenizer.eos_token_ids, tokenizer.token_to_id(case.stop_token)})
+    return DetokParams(
+        stop=list(case.stop),
+        stop_token_ids=stop_ids,
+        skip_special_tokens=case.skip_special_tokens,
+        reasoning_parser=case.reasoning_parser,
+        tool_call_parser=case.tool_call_parser,
+    )
+
+
+@dataclass
+class Received:
+    """What a front makes of a rid's deltas: each channel once (bus/reassembly.py), and the pieces as streamed."""
+
+    raw: DeltaReassembly = field(default_factory=DeltaReassembly)
+    parsed: ParsedReassembly = field(default_factory=ParsedReassembly)
+    total: ParsedOutput = field(default_factory=ParsedOutput)
+    pieces: list[ParsedOutput] = field(default_factory=list)
+    last: TextDelta | None = None
+
+    def take(self, deltas: list[TextDelta]) -> None:
+        for delta in deltas:
+            assert self.raw.take(delta) is not None
+            assert delta.parsed is not None
+            fresh = self.parsed.take(delta.parsed)
+            assert fresh is not None, "a gap in a parsed channel"
+            piece = ParsedOutput(fresh.content, fresh.reasoning)
+            for call in fresh.tool_calls:
+                piece.add_tool(call.index, call.name, call.arguments)
+            self.pieces.append(piece)
+            self.total.extend(piece)
+            if delta.finish is not None:
+                self.last = delta
+
+
+def random_splits(count: int, rng: random.Random) -> list[int]:
+    """Batch sizes summing to `count`."""
+    sizes = []
+    while count:
+        size = min(count, rng.choice([1, 1, 2, 3, 5, 8]))
+        sizes.append(size)
+        count -= size
+    return sizes
+
+
+def stream_case(
+    tokenizer: Any, case: OutputCase, sizes: list[int], *, reopen_after: int | None = None, rid: str = "r1"
+) -> Received:
+    """Stream the case's output ids through a WorkerState in batches of `sizes`; with `reopen_after`, the worker
+    is lost after that many batches and a fresh one gets the rid again with its whole history."""
+    tail, ids = case_ids(tokenizer, case)
+    params = params_of(tokenizer, case)
+    received = Received()
+    worker = WorkerState(tokenizer, "w0")
+    start = 0
+    for step, size in enumerate(sizes):
+        chunk = ids[start : start + size]
+        first = step == 0
+        if reopen_after is not None and step == reopen_after:
+            worker = WorkerState(tokenizer, "w1")
+            chunk, first = ids[: start + size], True
+        finish = "stop" if start + size >= len(ids) else None
+        opens = [Open(rid, tail, params)] if first else []
+        result = worker.handle_batch(TokenBatch(step, 0, opens, [Tokens(rid, chunk, finish)]))
+        received.take(result.text_batch.items)
+        start += size
+        if received.last is not None:
+            break
+    return received
