@@ -7,7 +7,13 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.stream.stop_rules import StopLimits
-from detok_worker.worker.state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
+from detok_worker.worker.state import (
+    BAD_PARAMS,
+    BAD_STOP_BUDGET,
+    BAD_UNKNOWN_RID,
+    RECENTLY_ENDED_CAPACITY,
+    WorkerState,
+)
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -29,7 +35,7 @@ def _eos(tokenizer) -> int:
 class Harness:
     """Feeds TokenBatches and keeps what a front would see."""
 
-    def __init__(self, tokenizer, **limits: StopLimits) -> None:
+    def __init__(self, tokenizer, **limits: StopLimits | int) -> None:
         self.state = WorkerState(tokenizer, "w-test", **limits)
         self.step = 0
         self.deltas: dict[str, list[TextDelta]] = {}
@@ -296,3 +302,29 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
     # the oldest ended rids were forgotten (bounded memory): a late Tokens item for one counts as unknown
     harness.feed([], [Tokens("r0-0", ids)])
     assert harness.state.bad[BAD_UNKNOWN_RID] == 1
+
+
+def test_live_stop_chars_are_bounded_per_worker(qwen3):
+    harness = Harness(qwen3, max_live_stop_chars=100)
+    ids = qwen3.encode("hello").ids
+    harness.feed([Open("a", [], DetokParams(stop=["x" * 60]))], [Tokens("a", ids)])
+    harness.feed([Open("b", [], DetokParams(stop=["y" * 50]))], [Tokens("b", ids)])  # 110 > 100: refused
+    (refused,) = harness.deltas["b"]
+    assert refused.finish == "error"
+    assert "worker.max_live_stop_chars = 100" in refused.error
+    assert harness.state.bad[BAD_STOP_BUDGET] == 1
+    assert harness.state.live_stop_chars == 60
+    harness.feed([], [Tokens("a", [], "length")])  # a ends: its characters are free again
+    assert harness.state.live_stop_chars == 0
+    harness.feed([Open("c", [], DetokParams(stop=["y" * 50]))], [Tokens("c", ids)])
+    assert harness.text("c") == "hello"
+    assert harness.state.live_stop_chars == 50
+
+
+def test_a_long_batch_ticks_between_opens(qwen3):
+    ticks: list[int] = []
+    state = WorkerState(qwen3, "w-test")
+    opens = [Open(f"r{i}", [], DetokParams(stop=["zz"])) for i in range(5)]
+    items = [Tokens(f"r{i}", [1]) for i in range(5)]
+    state.handle_batch(TokenBatch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
+    assert ticks == [1, 2, 3, 4, 5]  # after each open, before any item is decoded
