@@ -117,8 +117,14 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, gc=False):
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, gc=False):
+    """step: the last TokenBatch step the worker has handled (-1: none yet); blocked: it is waiting for the front
+    to take a TextBatch (backpressure), so unread TokenBatches are not its fault. A worker whose heartbeats show
+    no progress on the batches sent to it for engine.batch_answer_timeout_s is declared dead."""
+
     worker: str
     load: int  # live rids on this worker
+    step: int = -1
+    blocked: bool = False
 
 
 class Finish(msgspec.Struct, tag="finish", array_like=True, gc=False):
@@ -208,6 +214,8 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     aborted: int
     reopened: int
     generated: int = 0  # ids the engine pushed as it generated them (EngineLink.push), since it started
+    # connections the engine's receiving sockets lost: a frame over bus.max_message_bytes, or a peer going away
+    dropped_connections: int = 0
 
 
 ToEngine = Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

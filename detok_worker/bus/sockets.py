@@ -3,7 +3,10 @@
 Every socket gets the configured high-water marks and a short linger. tcp:// endpoints use CURVE when keys are
 configured (the binding side is the CURVE server, the connecting side a client with an ephemeral key pair);
 binding a non-loopback tcp:// endpoint without keys is refused unless `bus.allow_insecure_tcp`. ipc:// endpoints
-rely on the private runtime directory instead.
+rely on the private runtime directory instead. Every socket refuses frames over `bus.max_message_bytes`
+(ZMQ_MAXMSGSIZE): libzmq reads the size first and drops the sender's connection instead of the frame's memory
+(a peer reconnects by itself; messages queued behind the big frame on that connection are lost with it).
+`watch_drops` counts such dropped connections on the bound receiving sockets of a process.
 
 Works with a plain `zmq.Context` and with `zmq.asyncio.Context` (the factories only set options, bind and connect).
 """
@@ -79,6 +82,7 @@ class BusSockets:
         self._own_context = context is None
         self.context: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._sockets: list[zmq.Socket[Any]] = []
+        self._monitors: list[tuple[zmq.Socket[Any], zmq.Socket[Any]]] = []  # (socket, its monitor)
         self._bound_ipc_paths: list[str] = []
 
     # ---- the sockets each process needs ------------------------------------------------------------
@@ -112,7 +116,26 @@ class BusSockets:
         """Workers and the engine: send to the front."""
         return self._connect(self._new(zmq.PUSH), self.endpoints.front)
 
+    def watch_drops(self, sock: zmq.Socket[Any]) -> None:
+        """Count the connections `sock` loses from now on (`dropped_connections`): a frame over
+        bus.max_message_bytes, or a peer that went away."""
+        self._monitors.append((sock, sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)))
+
+    def dropped_connections(self) -> int:
+        """Connections lost by the watched sockets since the last call."""
+        dropped = 0
+        for _, monitor in self._monitors:
+            while monitor.poll(0):
+                monitor.recv_multipart()
+                dropped += 1
+        return dropped
+
     def close(self) -> None:
+        for sock, monitor in self._monitors:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        self._monitors.clear()
         for sock in self._sockets:
             sock.close(linger=LINGER_MS)
         self._sockets.clear()
@@ -137,6 +160,7 @@ class BusSockets:
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.bus.max_message_bytes)
         self._sockets.append(sock)
         return sock
 

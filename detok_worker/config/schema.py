@@ -21,6 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+PROMPT_TOKENS_CAP = 1_048_576  # front.max_prompt_tokens = 0: the tokenizer's model_max_length, at most this
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # configs/, shipped as package data
 
 
@@ -50,6 +51,7 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_endpoint: str = ""  # engine <-> workers (ROUTER/DEALER); "" = ipc in runtime_dir
     front_endpoint: str = ""  # workers/engine -> front (TextBatch, stats); "" = ipc in runtime_dir
     high_water_mark: int = 10_000
+    max_message_bytes: int = 64 * 1024 * 1024  # ZMQ_MAXMSGSIZE of every receiving socket; a bigger frame drops
     curve_server_public_key: str = ""
     curve_server_secret_key: str = ""
     allow_insecure_tcp: bool = False
@@ -71,6 +73,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tokens_per_step: int = 1
     replay_speed: float = 1.0  # trace replay: 1.0 = recorded speed, 0 = as fast as possible
     heartbeat_timeout_s: float = 1.0
+    batch_answer_timeout_s: float = 10.0  # a worker that handles none of its TokenBatches this long is lost
     stats_interval_s: float = 0.5  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
@@ -84,6 +87,7 @@ class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stats_interval_s: float = 0.5
     max_stop_strings: int = 64
     max_stop_string_chars: int = 1024
+    max_live_stop_chars: int = 4_194_304  # stop-string characters over all live rids of one worker
 
 
 class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -95,6 +99,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_tokens_default: int = 256
     max_tokens_limit: int = 32_768
     max_pending_chars: int = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
+    max_total_pending_chars: int = 64_000_000  # over all streams; past it new requests get 503
+    max_prompt_chars: int = 1_000_000  # characters of a prompt (all messages), checked before encoding
+    max_prompt_tokens: int = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP
     request_timeout_s: float = 600.0
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
@@ -176,6 +183,12 @@ def validate(config: DetokConfig) -> None:
         (config.front.max_tokens_limit >= config.front.max_tokens_default, "front.max_tokens_limit too small"),
         (config.front.max_request_bytes > 0, "front.max_request_bytes must be > 0"),
         (config.front.max_pending_chars > 0, "front.max_pending_chars must be > 0"),
+        (config.front.max_total_pending_chars > 0, "front.max_total_pending_chars must be > 0"),
+        (config.front.max_prompt_chars > 0, "front.max_prompt_chars must be > 0"),
+        (config.front.max_prompt_tokens >= 0, "front.max_prompt_tokens must be >= 0"),
+        (config.bus.max_message_bytes >= 65536, "bus.max_message_bytes must be >= 65536"),
+        (config.engine.batch_answer_timeout_s >= 0, "engine.batch_answer_timeout_s must be >= 0 (0 = off)"),
+        (config.worker.max_live_stop_chars > 0, "worker.max_live_stop_chars must be > 0"),
         (config.logging.format in ("human", "json"), "logging.format must be human or json"),
         (config.tokenizer.cache.l0_max_entries > 0, "tokenizer.cache.l0_max_entries must be > 0"),
         (config.tokenizer.cache.l1_max_memory > 0, "tokenizer.cache.l1_max_memory must be > 0"),

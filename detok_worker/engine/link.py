@@ -52,6 +52,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
+from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
@@ -100,6 +101,8 @@ class EngineLink:
             eos_ids=eos_ids,
             special_ids=special_ids,
             stop_limits=StopLimits.from_config(config),
+            answer_timeout_s=engine.batch_answer_timeout_s,
+            limits=SubmitLimits.from_config(config),
         )
         self.recorder = recorder
         self.decoder = engine_decoder()
@@ -108,6 +111,8 @@ class EngineLink:
         self.from_front = self.sockets.engine_pull()
         self.workers = self.sockets.worker_router()
         self.to_front = self.sockets.front_push()
+        self.sockets.watch_drops(self.from_front)
+        self.sockets.watch_drops(self.workers)
         self.poller = zmq.Poller()
         self.poller.register(self.from_front, zmq.POLLIN)
         self.poller.register(self.workers, zmq.POLLIN)
@@ -115,6 +120,7 @@ class EngineLink:
         self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
         self.blocked_sends = 0
+        self.dropped_connections = 0
         self._news = BusNews()
         self.next_stats = time.monotonic()
 
@@ -130,7 +136,11 @@ class EngineLink:
             self._drain_front()
         now = time.monotonic()
         for worker in self.scheduler.expire_workers(now):
-            log.warning("engine: worker %s missed its heartbeats; re-opening its requests elsewhere", worker)
+            log.warning(
+                "engine: worker %s missed its heartbeats or left its TokenBatches unanswered for "
+                "engine.batch_answer_timeout_s; re-opening its requests elsewhere",
+                worker,
+            )
         if now >= self.next_stats:
             self._send_stats()
             self.next_stats = now + self.config.engine.stats_interval_s
@@ -261,7 +271,7 @@ class EngineLink:
                 continue
             message = self.decoder.decode(frame)
             if isinstance(message, Heartbeat):
-                if not scheduler.heartbeat(worker, message.load, now):
+                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked):
                     self._send_worker(identity, Shutdown(STALE_WORKER))
             elif isinstance(message, Finish):
                 if scheduler.finish(message.rid, worker):
@@ -306,6 +316,14 @@ class EngineLink:
 
     def _send_stats(self) -> None:
         scheduler = self.scheduler
+        if dropped := self.sockets.dropped_connections():
+            self.dropped_connections += dropped
+            log.warning(
+                "engine: %d bus connection(s) dropped (%d so far): a frame over bus.max_message_bytes, or a peer "
+                "that went away",
+                dropped,
+                self.dropped_connections,
+            )
         bad = Counter(self.decoder.bad_frames)
         bad.update(scheduler.bad)
         stats = EngineStats(
@@ -315,6 +333,7 @@ class EngineLink:
             aborted=scheduler.aborted,
             reopened=scheduler.reopened,
             generated=scheduler.generated,
+            dropped_connections=self.dropped_connections,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         with contextlib.suppress(zmq.Again):  # periodic; the next one will do

@@ -37,6 +37,7 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
+from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output, prompt_tail
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
@@ -58,6 +59,8 @@ class Scheduler:
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
         stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
+        answer_timeout_s: float = 0.0,
+        limits: SubmitLimits = NO_SUBMIT_LIMITS,
     ) -> None:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
@@ -65,7 +68,8 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.special_ids = frozenset(special_ids)
         self.stop_limits = stop_limits
-        self.registry = WorkerRegistry(heartbeat_timeout_s)
+        self.limits = limits
+        self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s)
         self.running: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self._waiting_by_rid: dict[str, Request] = {}
@@ -106,8 +110,8 @@ class Scheduler:
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
         self.delivering.forget(rid)
-        if params.max_tokens < 0:
-            return self._reject(rid, f"max_tokens must be >= 0, got {params.max_tokens}")
+        if (problem := self.limits.check(prompt_ids, params)) is not None:
+            return self._reject(rid, problem)
         try:
             rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
         except StopRuleError as exc:
@@ -205,11 +209,11 @@ class Scheduler:
         if lost is not None:
             self._reopen(lost)
 
-    def heartbeat(self, worker: str, load: int, now: float) -> bool:
+    def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
         """Returns False when an unregistered worker still holds requests: they are not this engine's (it
         declared the worker dead and re-opened them elsewhere, or the engine restarted), so the worker must be
         told to shut down rather than keep stale state forever. An unregistered worker without requests joins."""
-        return self.registry.heartbeat(worker, load, now)
+        return self.registry.heartbeat(worker, load, now, step, blocked)
 
     def goodbye(self, worker: str) -> None:
         self._lose_worker(worker)
@@ -218,9 +222,10 @@ class Scheduler:
         self._lose_worker(worker)
 
     def expire_workers(self, now: float) -> list[str]:
-        """Declare workers without a recent heartbeat dead; their requests are re-opened."""
+        """Declare workers without a recent heartbeat, or without progress on their batches, dead; their
+        requests are re-opened."""
         self._now = now
-        dead = self.registry.silent(now)
+        dead = list(dict.fromkeys(self.registry.silent(now) + self.registry.unresponsive(now)))
         for worker in dead:
             self._lose_worker(worker)
         self.delivering.expire(now)
@@ -279,6 +284,7 @@ class Scheduler:
         """The worker's batch was sent: advance its requests, end the finished ones. With report, returns the
         newly emitted ids per rid (for recording)."""
         emitted: list[Emitted] = []
+        self.registry.sent(plan.worker, plan.batch.step, self._now)
         pending = self._pending.get(plan.worker)
         if pending is not None:
             del pending[: len(plan.extra)]

@@ -118,7 +118,7 @@ class Front:
 
     async def chat_completions(self, request: Request) -> Response:
         def prompt_ids(body: ChatCompletionRequest) -> list[int]:
-            return chat_prompt_ids(body, self.tokenizer)
+            return chat_prompt_ids(body, self.tokenizer, self.limits)
 
         return await self._generate(request, decode_chat, prompt_ids, ChatFormatter)
 

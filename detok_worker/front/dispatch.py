@@ -4,7 +4,9 @@ Each live request has a RequestStream: a bounded buffer of text not yet taken by
 request's end state. Deltas go through bus/reassembly.py (each character exactly once; a gap fails the
 request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
-bounded; so is one that outlives front.request_timeout_s.
+bounded; so is one that outlives front.request_timeout_s. Over all streams, untaken text is bounded by
+front.max_total_pending_chars: past it new requests get a 503 (front_overloaded), and a stream holding more than
+its fair share (the budget over the live streams) is failed like a slow client.
 
 Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
 rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
@@ -181,6 +183,8 @@ class Dispatcher:
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
+        # untaken text over all live streams: added as it arrives, recounted exactly at each sweep
+        self.pending_total = 0
         self.metrics = FrontMetrics()
         self._context: zmq.asyncio.Context | None = None
         self._bus: BusSockets | None = None
@@ -225,6 +229,11 @@ class Dispatcher:
     def submit(self, prompt_ids: list[int], params: RequestParams, stop_rules: StopRules) -> RequestStream:
         if not self.engine_alive():
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
+        budget = self.config.front.max_total_pending_chars
+        if self.pending_total > budget and self._recount_pending() > budget:
+            self.counters["overloaded"] += 1
+            message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
+            raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
         rid = f"cmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + self.config.front.request_timeout_s
         parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
@@ -327,6 +336,7 @@ class Dispatcher:
 
     def _on_text(self, items: list[TextDelta]) -> None:
         limit = self.config.front.max_pending_chars
+        budget = self.config.front.max_total_pending_chars
         chars = tokens = 0
         for delta in items:
             stream = self._streams.get(delta.rid)
@@ -340,6 +350,7 @@ class Dispatcher:
                 self._outbox.put_nowait(encode(Abort(delta.rid)))
             else:
                 chars += len(text)
+                self.pending_total += len(text)
             if stream.reassembly.duplicate_chars > duplicates:
                 self.counters["duplicate_chars_dropped"] += stream.reassembly.duplicate_chars - duplicates
             if stream.done:
@@ -347,9 +358,11 @@ class Dispatcher:
                 self._outbox.put_nowait(encode(Delivered(delta.rid)))  # the engine may now forget the rid
                 self.counters["failed" if stream.failure else "completed"] += 1
                 tokens += stream.n_tokens
-            elif stream.pending_chars > limit:
+            elif stream.pending_chars > limit or (
+                self.pending_total > budget and stream.pending_chars > budget // len(self._streams)
+            ):
                 self.counters["client_too_slow"] += 1
-                message = f"the client did not read the stream fast enough ({limit} characters buffered)"
+                message = f"the client did not read the stream fast enough ({stream.pending_chars} characters buffered)"
                 error = APIError(503, message, type=SERVICE_UNAVAILABLE, code="client_too_slow")
                 self.abort(stream, error, drop_text=True, cause="client_too_slow")
         if chars:
@@ -357,10 +370,15 @@ class Dispatcher:
         if tokens:
             self.metrics.front_tokens.inc(tokens)
 
+    def _recount_pending(self) -> int:
+        self.pending_total = sum(stream.pending_chars for stream in self._streams.values())
+        return self.pending_total
+
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
+            self._recount_pending()
             now = time.monotonic()
             # worker ids come and go (HOSTNAME-PID after each restart): forget the silent ones, or the table grows
             for worker in [w for w, (_, seen) in self._workers.items() if now - seen >= self._worker_stale_s]:

@@ -8,6 +8,9 @@ writes the special tokens itself).
 Chat messages reach the template as the client sent them (extra keys such as tool_calls, tool_call_id or
 reasoning_content included), except that list-of-parts content is flattened to a string (the text parts joined
 with "\\n", like vLLM for string-content templates) and a null content becomes "".
+
+Length limits (front.max_prompt_chars, checked before any encoding, and the prompt-token limit, checked on the
+ids) refuse a prompt with a 400 naming the field ("prompt" or "messages").
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from detok_worker.front.errors import bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
-from detok_worker.front.validation import Limits, check_token_ids
+from detok_worker.front.validation import Limits, check_prompt_chars, check_prompt_tokens, check_token_ids
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -52,10 +55,14 @@ def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limi
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # OpenAI's batch form with a single prompt
     if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), limits, "prompt")
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
-        return _non_empty(_encode(tokenizer, prompt, add_special, "prompt"), "prompt")
+        ids = _encode(tokenizer, prompt, add_special, "prompt")
+        check_prompt_tokens(ids, limits, "prompt")
+        return _non_empty(ids, "prompt")
     if not all(isinstance(item, int) for item in prompt):
         raise bad_request("prompt must be a string, a list of token ids, or a list holding one of those", "prompt")
+    check_prompt_tokens(prompt, limits, "prompt")
     check_token_ids(prompt, limits, "prompt")
     return _non_empty(list(prompt), "prompt")
 
@@ -103,8 +110,9 @@ def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
     messages = _template_messages(request.messages)
+    check_prompt_chars(sum(len(message["content"]) for message in messages), limits, "messages")
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -116,5 +124,8 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> lis
         )
     except TokenizerError as exc:  # ChatTemplateError, or a backend's own "no chat template" error
         raise bad_request(str(exc), "messages", code="chat_template_error") from exc
+    check_prompt_chars(len(text), limits, "messages")  # the rendered text: a template may add a lot
     add_special = bool(request.add_special_tokens)
-    return _non_empty(_encode(tokenizer, text, add_special, "rendered chat"), "messages")
+    ids = _encode(tokenizer, text, add_special, "rendered chat")
+    check_prompt_tokens(ids, limits, "messages")
+    return _non_empty(ids, "messages")

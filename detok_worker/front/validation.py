@@ -12,6 +12,7 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.config import DetokConfig
+from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
@@ -37,6 +38,8 @@ class Limits:
     vocab_size: int
     max_tokens_default: int
     max_tokens_limit: int
+    max_prompt_chars: int
+    max_prompt_tokens: int
     stop: StopLimits
     eos_ids: frozenset[int]
     # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
@@ -50,9 +53,32 @@ class Limits:
             check_ids=lambda ids: validate_token_ids(tokenizer, ids),
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
+            max_prompt_chars=config.front.max_prompt_chars,
+            max_prompt_tokens=max_prompt_tokens(config, tokenizer),
             stop=StopLimits.from_config(config),
             eos_ids=frozenset(tokenizer.eos_token_ids),
         )
+
+
+def max_prompt_tokens(config: DetokConfig, tokenizer: Tokenizer) -> int:
+    """front.max_prompt_tokens, or (0) the tokenizer's model_max_length where its files say it, at most the cap."""
+    if config.front.max_prompt_tokens:
+        return config.front.max_prompt_tokens
+    model_max = getattr(tokenizer, "model_max_length", None)
+    return min(model_max, PROMPT_TOKENS_CAP) if isinstance(model_max, int) and model_max > 0 else PROMPT_TOKENS_CAP
+
+
+def check_prompt_chars(chars: int, limits: Limits, param: str) -> None:
+    """Before encoding: a prompt longer than front.max_prompt_chars is refused without tokenizing it."""
+    if chars > limits.max_prompt_chars:
+        message = f"the {param} has {chars} characters; at most {limits.max_prompt_chars} are allowed"
+        raise bad_request(message, param, code="prompt_too_long")
+
+
+def check_prompt_tokens(ids: Sequence[int], limits: Limits, param: str) -> None:
+    if len(ids) > limits.max_prompt_tokens:
+        message = f"the {param} has {len(ids)} tokens; at most {limits.max_prompt_tokens} are allowed"
+        raise bad_request(message, param, code="prompt_too_long")
 
 
 def decode_completion(body: bytes) -> CompletionRequest:

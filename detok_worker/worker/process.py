@@ -48,7 +48,9 @@ class WorkerProcess:
         self.config = config
         self.worker_id = worker_id
         self.pid = os.getpid()
-        self.state = WorkerState(tokenizer, worker_id, StopLimits.from_config(config))
+        self.state = WorkerState(
+            tokenizer, worker_id, StopLimits.from_config(config), config.worker.max_live_stop_chars
+        )
         self.decoder = worker_decoder()
         self.metrics = WorkerMetrics(worker_id, tokenizer)
         self.sockets = BusSockets(config)
@@ -56,6 +58,8 @@ class WorkerProcess:
         self.to_front = self.sockets.front_push()
         self.stopping = False
         self.dropped_to_engine = 0
+        self.last_step = -1  # the last TokenBatch handled, reported in heartbeats
+        self.blocked_on_front = False
         now = time.monotonic()
         self._next_heartbeat = now
         self._next_stats = now
@@ -99,7 +103,8 @@ class WorkerProcess:
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
         tokens_before = self.state.tokens_in
         start = time.perf_counter()
-        result = self.state.handle_batch(batch)
+        result = self.state.handle_batch(batch, self._tick)
+        self.last_step = batch.step
         decoded = time.perf_counter()
         self._send_front(encode(result.text_batch))
         for finish in result.finishes:
@@ -123,7 +128,9 @@ class WorkerProcess:
                 if self.stopping:
                     return
                 self.to_front.poll(MAX_POLL_MS, zmq.POLLOUT)
+                self.blocked_on_front = True  # heartbeats sent meanwhile say so
                 self._tick()
+                self.blocked_on_front = False
 
     def _send_engine(self, message: object) -> None:
         try:
@@ -136,7 +143,7 @@ class WorkerProcess:
     def _tick(self) -> None:
         now = time.monotonic()
         if now >= self._next_heartbeat:
-            self._send_engine(Heartbeat(self.worker_id, self.state.live_rids))
+            self._send_engine(Heartbeat(self.worker_id, self.state.live_rids, self.last_step, self.blocked_on_front))
             self._next_heartbeat = now + self.config.worker.heartbeat_interval_s
         if now >= self._next_stats:
             self._send_stats()

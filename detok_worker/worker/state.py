@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
 BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
+BAD_STOP_BUDGET = "stop_budget"  # Open refused: the live rids' stop strings would pass worker.max_live_stop_chars
+DEFAULT_MAX_LIVE_STOP_CHARS = 4_194_304
+TICK_EVERY_ITEMS = 256  # items between calls of handle_batch's tick (the worker's heartbeat timer)
 RECENTLY_ENDED_CAPACITY = 16_384
 ENGINE_ERROR = "the engine ended the request with an error"
 
@@ -50,6 +54,7 @@ class RidState:
     offset: int = 0  # characters already emitted for this rid
     n_tokens: int = 0  # output tokens consumed (cumulative)
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
+    stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
 
 
 @dataclass(slots=True)
@@ -88,10 +93,15 @@ class WorkerState:
         tokenizer: Tokenizer,
         worker_id: str,
         stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
+        max_live_stop_chars: int = DEFAULT_MAX_LIVE_STOP_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
         self.worker_id = worker_id
         self.stop_limits = stop_limits
+        # Stop-matching memory of a rid grows with the text it scans, up to linear in its stop strings' length:
+        # their total over live rids is bounded, and an Open past the bound ends that rid with an error.
+        self.max_live_stop_chars = max_live_stop_chars
+        self.live_stop_chars = 0
         self.live: dict[str, RidState] = {}
         self._ended = _RecentlyEnded(RECENTLY_ENDED_CAPACITY)
         self.bad: Counter[str] = Counter()
@@ -106,9 +116,10 @@ class WorkerState:
     def live_rids(self) -> int:
         return len(self.live)
 
-    def handle_batch(self, batch: TokenBatch) -> BatchResult:
+    def handle_batch(self, batch: TokenBatch, tick: Callable[[], None] | None = None) -> BatchResult:
         """One TokenBatch in, one TextBatch out. sent_ns/step are copied from the TokenBatch so the front can
-        measure engine-to-front latency.
+        measure engine-to-front latency. `tick` (the worker's timers: heartbeats) is called after each Open and
+        every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
         The loop over items is the worker's hot path: an item that only adds text is handled inline with
         counters kept in locals; endings and unknown rids go through _end_item."""
@@ -116,9 +127,13 @@ class WorkerState:
         finishes: list[Finish] = []
         for open_ in batch.opens:
             self._open(open_, deltas, finishes)
+            if tick is not None:
+                tick()
         live = self.live
         tokens_in = consumed_total = chars_out = holds = 0
-        for item in batch.items:
+        for index, item in enumerate(batch.items):
+            if tick is not None and index % TICK_EVERY_ITEMS == TICK_EVERY_ITEMS - 1:
+                tick()
             state = live.get(item.rid)
             if state is None or item.finish is not None:
                 self._end_item(item, state, deltas, finishes)
@@ -155,6 +170,7 @@ class WorkerState:
         """Forget every live rid (worker shutting down); returns them."""
         rids = list(self.live)
         self.live.clear()
+        self.live_stop_chars = 0
         return rids
 
     def _parsed_step(self, rid: str, state: RidState, out: Any, deltas: list[TextDelta], finishes: list[Finish]) -> int:
@@ -181,13 +197,24 @@ class WorkerState:
 
     def _open(self, open_: Open, deltas: list[TextDelta], finishes: list[Finish]) -> None:
         rid = open_.rid
-        self.live.pop(rid, None)  # a duplicate Open is a re-open: start over
+        previous = self.live.pop(rid, None)  # a duplicate Open is a re-open: start over
+        if previous is not None:
+            self.live_stop_chars -= previous.stop_chars
         self._ended.discard(rid)
         params = open_.params
         try:
             rules = StopRules.from_params(params, self.stop_limits)
         except StopRuleError as exc:
             self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
+            return
+        stop_chars = sum(len(text) for text in params.stop)
+        if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
+            message = (
+                f"this detok worker holds stop strings of {self.live_stop_chars} characters for its live requests; "
+                f"{stop_chars} more would pass its limit (worker.max_live_stop_chars = {self.max_live_stop_chars}): "
+                "retry later, or use fewer or shorter stop strings"
+            )
+            self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_STOP_BUDGET)
             return
         try:
             parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
@@ -205,7 +232,8 @@ class WorkerState:
             message = f"cannot open request: {exc}"
             self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_PARAMS)
             return
-        self.live[rid] = RidState(decoder=decoder, parsing=parsing)
+        self.live[rid] = RidState(decoder=decoder, parsing=parsing, stop_chars=stop_chars)
+        self.live_stop_chars += stop_chars
 
     def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
@@ -276,7 +304,8 @@ class WorkerState:
                 finish, stop_reason = FINISH_STOP, match.stop
         deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error, parsed))
         self.chars_out += len(text)
-        self.live.pop(rid, None)
+        if self.live.pop(rid, None) is not None:
+            self.live_stop_chars -= state.stop_chars
         self._ended.add(rid)
 
     def _end_with_error(

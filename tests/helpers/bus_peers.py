@@ -15,6 +15,7 @@ from typing import Any
 import zmq
 
 from detok_worker.bus.codec import encode, engine_decoder, worker_decoder
+from detok_worker.bus.messages import Heartbeat, TokenBatch
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig, load_config
 
@@ -106,9 +107,14 @@ class PlayedWorker:
         self.sockets = BusSockets(config)
         self.dealer = self.sockets.worker_dealer(worker_id)
         self.decoder = worker_decoder()
+        self.last_step = -1  # the last TokenBatch received, reported by `heartbeat`
 
     def send(self, message: object) -> None:
         self.dealer.send(encode(message))
+
+    def heartbeat(self, load: int) -> None:
+        """A Heartbeat reporting the last TokenBatch received as handled (as a real worker does)."""
+        self.send(Heartbeat(self.worker_id, load, self.last_step))
 
     def send_raw(self, *parts: bytes) -> None:
         self.dealer.send_multipart(list(parts))
@@ -116,7 +122,10 @@ class PlayedWorker:
     def recv(self, timeout_s: float) -> Any | None:
         if not self.dealer.poll(int(timeout_s * 1000)):
             return None
-        return self.decoder.decode(self.dealer.recv())
+        message = self.decoder.decode(self.dealer.recv())
+        if isinstance(message, TokenBatch):
+            self.last_step = message.step
+        return message
 
     def close(self) -> None:
         self.sockets.close()

@@ -10,7 +10,7 @@ from helpers.bus_peers import PlayedWorker, bus_config, short_runtime_dir, start
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
-from detok_worker.bus.messages import Heartbeat, Hello, RequestParams, TokenBatch
+from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
 from engine_stub.engine import run_engine
 from engine_stub.sources import primary_eos_id
 
@@ -48,6 +48,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 "engine.step_interval_ms": 0.0,
                 "engine.tokens_per_step": 64,
                 "engine.heartbeat_timeout_s": 60.0,
+                "engine.batch_answer_timeout_s": 60.0,  # the slow worker stops reading on purpose
             },
         )
         with (
@@ -71,7 +72,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 fast_ids: dict[str, list[int]] = {}
                 fast_done: set[str] = set()
                 while "f" not in fast_done:
-                    fast.send(Heartbeat("fast", 1))
+                    fast.heartbeat(1)
                     _read(fast, fast_ids, fast_done, 1.0)
                 assert fast_ids["f"] == [*fast_prompt, eos]
 
@@ -82,7 +83,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 slow_ids: dict[str, list[int]] = {}
                 slow_done: set[str] = set()
                 while len(slow_done) < 40:
-                    slow.send(Heartbeat("slow", 40))
+                    slow.heartbeat(40)
                     _read(slow, slow_ids, slow_done, 1.0)
                 for rid, prompt in slow_prompts.items():
                     assert slow_ids[rid] == [*prompt, eos], rid

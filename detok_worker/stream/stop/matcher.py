@@ -14,12 +14,13 @@ then one dict lookup, whatever the number of stop strings; texts that lead from 
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
 ROOT = 0
+_UNKNOWN = -2  # a lazily made field of a state not needed yet
 # Only short texts are memoized (token texts are short; long texts are rarely seen twice).
 _MEMO_MAX_TEXT_LEN = 64
 # Memo entries per automaton before its memo is cleared (about 1 MB); token texts are Zipf-distributed, so a few
@@ -43,68 +44,120 @@ class StopStringMatch(NamedTuple):
 
 
 class StopStringAutomaton:
-    """Aho-Corasick automaton over stop strings (trie `goto` plus failure links; memory linear in their length).
+    """Aho-Corasick automaton over stop strings, built lazily: a state (a prefix of some stop string) and its
+    failure link, match and hold length are made the first time a scan needs them, so compiling costs O(number of
+    stop strings) and memory grows with the text actually scanned (at most linear in the stop strings' length).
+    64 stop strings of 1,024 characters, built eagerly, took ~100 ms and ~19 MB in the worker's loop.
 
-    `longest_match[s]` is the index of the longest stop string that is a suffix of state s (-1 if none).
-    `hold_len[s]` is the length of the longest suffix of state s that is a proper prefix of some stop string: the
-    text a request must hold back while in state s.
+    `longest_match_of(s)` is the index of the longest stop string that is a suffix of state s (-1 if none).
+    `hold_len_of(s)` is the length of the longest suffix of state s that is a proper prefix of some stop string:
+    the text a request must hold back while in state s.
     """
 
     def __init__(self, hidden: Sequence[str], visible: Sequence[str]) -> None:
         self.patterns: tuple[str, ...] = (*hidden, *visible)
         self.visible: tuple[bool, ...] = (False,) * len(hidden) + (True,) * len(visible)
-        goto: list[dict[str, int]] = [{}]
-        depth = [0]
-        terminal = [-1]
-        origin = [0]  # a pattern whose prefix the state is (the state's text is origin's first depth characters)
-        for index, pattern in enumerate(self.patterns):
-            state = ROOT
-            for ch in pattern:
-                nxt = goto[state].get(ch)
-                if nxt is None:
-                    nxt = len(goto)
-                    goto[state][ch] = nxt
-                    goto.append({})
-                    depth.append(depth[state] + 1)
-                    terminal.append(-1)
-                    origin.append(index)
-                state = nxt
-            terminal[state] = index
-        n_states = len(goto)
-        fail = [ROOT] * n_states
-        longest_match = [-1] * n_states
-        hold_len = [0] * n_states
-        queue: deque[int] = deque(goto[ROOT].values())
-        # Breadth-first, so every state's failure state (strictly shallower) is done before the state itself.
-        while queue:
-            state = queue.popleft()
-            fallback = fail[state]
-            longest_match[state] = terminal[state] if terminal[state] >= 0 else longest_match[fallback]
-            hold_len[state] = depth[state] if goto[state] else hold_len[fallback]
-            for ch, child in goto[state].items():
-                fail[child] = self._next(goto, fail, fallback, ch)
-                queue.append(child)
-        self.goto = goto
-        self.fail = fail
-        self.longest_match = longest_match
-        self.hold_len = hold_len
-        self._depth = depth
-        self._origin = origin
+        # Per state; None / _UNKNOWN until needed. goto: trie children, made from `_candidates` (the stop
+        # strings the state is a prefix of) when first expanded.
+        self.goto: list[dict[str, int] | None] = [None]
+        self._candidates: list[list[int] | None] = [list(range(len(self.patterns)))]
+        self._parent = [ROOT]
+        self._edge = [""]
+        self._depth = [0]
+        self._terminal = [-1]
+        self._origin = [0]  # a pattern whose prefix the state is (the state's text is origin's first depth chars)
+        self.fail = [ROOT]
+        self.longest_match = [-1]
+        self.hold_len = [0]
+        self._children(ROOT)
         # memo[s][text]: the ScanResult of text from s. root_passthrough: texts that lead from the root back to it
         # without a match (the most common case).
         self.memo: defaultdict[int, dict[str, ScanResult]] = defaultdict(dict)
         self.root_passthrough: set[str] = {""}
         self._memo_entries = 0
 
-    @staticmethod
-    def _next(goto: list[dict[str, int]], fail: list[int], state: int, ch: str) -> int:
+    def _children(self, state: int) -> dict[str, int]:
+        goto = self.goto[state]
+        if goto is not None:
+            return goto
+        goto = self.goto[state] = {}
+        candidates = self._candidates[state] or ()
+        self._candidates[state] = None
+        depth = self._depth[state] + 1
+        for index in candidates:
+            pattern = self.patterns[index]
+            if len(pattern) < depth:
+                continue
+            ch = pattern[depth - 1]
+            child = goto.get(ch)
+            if child is None:
+                child = goto[ch] = len(self.goto)
+                self.goto.append(None)
+                self._candidates.append([])
+                self._parent.append(state)
+                self._edge.append(ch)
+                self._depth.append(depth)
+                self._terminal.append(-1)
+                self._origin.append(index)
+                self.fail.append(ROOT if state == ROOT else _UNKNOWN)
+                self.longest_match.append(_UNKNOWN)
+                self.hold_len.append(_UNKNOWN)
+            if len(pattern) == depth:
+                self._terminal[child] = index
+            else:
+                self._candidates[child].append(index)  # type: ignore[union-attr]
+        return goto
+
+    def _fail_of(self, state: int) -> int:
+        """The failure link of `state`, made (with those of its ancestors and of the states on their failure
+        chains) iteratively: chains can be 1,024 deep, deeper than Python's recursion limit."""
+        fail = self.fail
+        stack = [state]
+        while stack:
+            current = stack[-1]
+            if fail[current] != _UNKNOWN:
+                stack.pop()
+                continue
+            parent = self._parent[current]
+            if fail[parent] == _UNKNOWN:
+                stack.append(parent)
+                continue
+            ch = self._edge[current]
+            candidate = fail[parent]
+            while True:  # the standard step: follow the parent's failure chain until a state has a ch child
+                nxt = self._children(candidate).get(ch)
+                if nxt is not None or candidate == ROOT:
+                    fail[current] = ROOT if nxt is None else nxt
+                    stack.pop()
+                    break
+                if fail[candidate] == _UNKNOWN:
+                    stack.append(candidate)
+                    break
+                candidate = fail[candidate]
+        return fail[state]
+
+    def _resolve(self, state: int) -> None:
+        """Make longest_match and hold_len of `state` and of the unresolved states on its failure chain."""
+        chain = []
+        while self.hold_len[state] == _UNKNOWN:
+            chain.append(state)
+            state = self._fail_of(state)
+        for current in reversed(chain):
+            fallback = self.fail[current]
+            terminal = self._terminal[current]
+            self.longest_match[current] = terminal if terminal >= 0 else self.longest_match[fallback]
+            self.hold_len[current] = self._depth[current] if self._children(current) else self.hold_len[fallback]
+
+    def _next(self, state: int, ch: str) -> int:
         while True:
-            nxt = goto[state].get(ch)
+            nxt = self._children(state).get(ch)
             if nxt is not None:
+                if self.hold_len[nxt] == _UNKNOWN:
+                    self._resolve(nxt)
                 return nxt
             if state == ROOT:
                 return ROOT
-            state = fail[state]
+            state = self._fail_of(state)
 
     @property
     def n_states(self) -> int:
@@ -134,14 +187,12 @@ class StopStringAutomaton:
         return result
 
     def _scan_uncached(self, state: int, text: str) -> ScanResult:
-        goto = self.goto
-        fail = self.fail
         longest_match = self.longest_match
         combined = self.held_text(state) + text
         match_end = -1
         pattern = -1
         for i, ch in enumerate(text):
-            state = self._next(goto, fail, state, ch)
+            state = self._next(state, ch)
             if match_end < 0 and longest_match[state] >= 0:
                 match_end = i + 1
                 pattern = longest_match[state]

@@ -30,6 +30,9 @@ from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.xz")
 CONFIG_FILE = "tokenizer_config.json"
+# tokenizers' encode holds the GIL for the whole text (~4 s for 1 M characters: every other thread stops);
+# encode_batch releases it while it works, so longer texts go through it (same pipeline, same ids).
+GIL_FREE_ENCODE_CHARS = 4096
 GENERATION_CONFIG_FILE = "generation_config.json"
 _NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
@@ -85,6 +88,11 @@ class HFTokenizer(ChatTemplateSupport):
             eos_ids.append(eos_id)
         self._eos_token_ids = frozenset(i for i in eos_ids if 0 <= i < self._vocab_size)
         self._chat_templates = templates_from_config(config, f"{name}/{CONFIG_FILE}")
+        max_length = config.get("model_max_length")
+        # transformers writes a huge sentinel (int(1e30)) when the length is unknown
+        self.model_max_length: int | None = (
+            max_length if isinstance(max_length, int) and 0 < max_length < 10**12 else None
+        )
 
     @staticmethod
     def _read_special_tokens(
@@ -131,6 +139,8 @@ class HFTokenizer(ChatTemplateSupport):
         check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        if len(text) > GIL_FREE_ENCODE_CHARS:  # a long prompt must not freeze the front's event loop
+            return self.encode_batch([text], add_special_tokens)[0]
         encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return Encoding(ids=encoding.ids, offsets=encoding.offsets)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, Tokens
+from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.plans import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
 from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
@@ -297,3 +298,32 @@ def test_prompt_tail_reaches_past_a_run_of_special_tokens() -> None:
     assert tail[-300:] == [9] * 300 and tail[:-300][-PROMPT_CONTEXT:] == plain[-PROMPT_CONTEXT:]
     assert prompt_tail([*plain, *[9] * (MAX_PROMPT_TAIL + 5)], special) == [9] * MAX_PROMPT_TAIL
     assert prompt_tail(ended_by_specials, frozenset()) == [9] * PROMPT_TAIL
+
+
+def test_a_worker_that_heartbeats_but_never_handles_its_batches_is_lost() -> None:
+    scheduler = _scheduler(answer_timeout_s=5.0)
+    scheduler.hello("stuck", 1, 0.0)
+    scheduler.submit("r", [1, 2], RequestParams(max_tokens=3), [5, 6, 7])
+    plan = _step(scheduler, 0.0)
+    step = plan.workers[0].batch.step
+    for now in (1.0, 3.0, 5.0):
+        scheduler.heartbeat("stuck", 1, now)  # alive, but reports no step handled
+        assert scheduler.expire_workers(now) == []
+    scheduler.heartbeat("stuck", 1, 5.5)
+    assert scheduler.expire_workers(5.5) == ["stuck"]
+    scheduler.hello("healthy", 2, 5.5)
+    reopened = _step(scheduler, 5.6)
+    assert [o.rid for o in reopened.workers[0].batch.opens] == ["r"]
+    # a worker that reports its steps, or says it is blocked on the front, is never lost for it
+    scheduler.heartbeat("healthy", 1, 20.0, reopened.workers[0].batch.step)
+    assert scheduler.expire_workers(20.0) == []
+    _step(scheduler, 20.0)
+    scheduler.heartbeat("healthy", 1, 40.0, step, blocked=True)
+    assert scheduler.expire_workers(40.0) == []
+
+
+def test_the_engine_checks_submit_limits() -> None:
+    scheduler = _scheduler(limits=SubmitLimits(max_tokens=100, max_prompt_tokens=4))
+    assert "max_tokens" in scheduler.submit("a", [1], RequestParams(max_tokens=2**40), []).error
+    assert "the prompt has 5 tokens" in scheduler.submit("b", [1] * 5, RequestParams(max_tokens=1), []).error
+    assert scheduler.submit("c", [1] * 4, RequestParams(max_tokens=100), []) is None

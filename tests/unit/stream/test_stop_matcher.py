@@ -102,7 +102,9 @@ def test_automaton_is_shared_per_stop_set() -> None:
 def test_fifty_stop_strings() -> None:
     stops = [f"<stop{i:02d}>" for i in range(50)]
     automaton = StopStringAutomaton(stops, ())
-    assert automaton.n_states == 1 + len("<stop") + 5 + 50 + 50  # the trie shares common prefixes
+    assert automaton.n_states == 2  # built lazily: the root and the one child "<" all fifty share
+    assert automaton.scan(0, "<stop37>")[2:] == (8, 37)
+    assert automaton.n_states < 1 + len("<stop") + 5 + 50 + 50  # only what the scan needed
     text = ["plain text ", "<sto", "p4", "x> more <stop", "37> never"]
     outputs, found = run_filter(text, stops, [])
     assert "".join(outputs) == "plain text <stop4x> more "
@@ -143,3 +145,17 @@ def test_matches_reference(stops: list[str], n_visible: int, pieces: list[str], 
     else:
         assert index == len(outputs) - 1
     assert (released, match.stop if match else None) == reference_stop(pieces, hidden, visible, checked_from)
+
+
+def test_deep_failure_chains_at_the_maxima() -> None:
+    """1,024-character stop strings whose failure links chain all the way down (built lazily, without recursion)."""
+    stops = ["a" * 1023 + "b", "a" * 1000 + "c", "ab" * 512]
+    text = ["a" * 700, "a" * 400 + "c", "a" * 2000, "b tail"]
+    outputs, found = run_filter(text, stops, [])
+    joined = "".join(text)
+    assert found == "a" * 1000 + "c"
+    assert "".join(outputs) == joined[: joined.index("a" * 1000 + "c")]
+    automaton = StopStringAutomaton(["a" * 1023 + "b"], ())
+    state, released, match_end, _ = automaton.scan(0, "a" * 3000)
+    assert (released, match_end, automaton.held_text(state)) == ("a" * 1977, -1, "a" * 1023)
+    assert automaton.scan(state, "b")[2:] == (1, 0)

@@ -13,8 +13,9 @@ from helpers.llama_oracle import greedy_ids, llama_chat_prompt, llama_detokenize
 from helpers.texts import load_texts
 from helpers.tokenizer_files import MULTILINGUAL_TEXTS
 
+from detok_worker.config import load_config
 from detok_worker.front.prompts import chat_prompt_ids
-from detok_worker.front.validation import decode_chat
+from detok_worker.front.validation import Limits, decode_chat
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.backends.gguf import read_metadata
 from engine_stub.llama_source import default_model_path
@@ -92,8 +93,9 @@ def test_decode_gives_llama_cpp_text_for_the_models_own_output(tokenizer) -> Non
 
 def test_front_chat_prompts_are_llama_cpp_renderings_and_ids(tokenizer) -> None:
     llama = smollm2()
+    limits = Limits.from_config(load_config(), "m", tokenizer)
     for messages in CONVERSATIONS:
         request = decode_chat(json.dumps({"model": "m", "messages": messages}).encode())
         rendered = llama_chat_prompt(messages)
         assert tokenizer.apply_chat_template(messages, add_generation_prompt=True) == rendered
-        assert chat_prompt_ids(request, tokenizer) == llama.tokenize(rendered)
+        assert chat_prompt_ids(request, tokenizer, limits) == llama.tokenize(rendered)

@@ -7,7 +7,13 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.stream.stop.rules import StopLimits
-from detok_worker.worker.state import BAD_PARAMS, BAD_UNKNOWN_RID, RECENTLY_ENDED_CAPACITY, WorkerState
+from detok_worker.worker.state import (
+    BAD_PARAMS,
+    BAD_STOP_BUDGET,
+    BAD_UNKNOWN_RID,
+    RECENTLY_ENDED_CAPACITY,
+    WorkerState,
+)
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -29,7 +35,7 @@ def _eos(tokenizer) -> int:
 class Harness:
     """Feeds TokenBatches and keeps what a front would see."""
 
-    def __init__(self, tokenizer, **limits: StopLimits) -> None:
+    def __init__(self, tokenizer, **limits: StopLimits | int) -> None:
         self.state = WorkerState(tokenizer, "w-test", **limits)
         self.step = 0
         self.deltas: dict[str, list[TextDelta]] = {}
@@ -298,21 +304,27 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
     assert harness.state.bad[BAD_UNKNOWN_RID] == 1
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gpt-oss"])
-@pytest.mark.parametrize("specials", [1, 8, 63, 300])
-def test_a_character_split_before_many_skipped_specials_stays_the_prompts(name: str, specials: int) -> None:
-    """The engine's prompt tail reaches past the specials (prompt_tail), so the worker knows that the first byte of
-    'é' was the prompt's: with skip_special_tokens only 'x' is new text, however many specials lie between."""
-    from detok_worker.engine.plans import prompt_tail
-    from detok_worker.tokenizer.base import byte_to_unicode
+def test_live_stop_chars_are_bounded_per_worker(qwen3):
+    harness = Harness(qwen3, max_live_stop_chars=100)
+    ids = qwen3.encode("hello").ids
+    harness.feed([Open("a", [], DetokParams(stop=["x" * 60]))], [Tokens("a", ids)])
+    harness.feed([Open("b", [], DetokParams(stop=["y" * 50]))], [Tokens("b", ids)])  # 110 > 100: refused
+    (refused,) = harness.deltas["b"]
+    assert refused.finish == "error"
+    assert "worker.max_live_stop_chars = 100" in refused.error
+    assert harness.state.bad[BAD_STOP_BUDGET] == 1
+    assert harness.state.live_stop_chars == 60
+    harness.feed([], [Tokens("a", [], "length")])  # a ends: its characters are free again
+    assert harness.state.live_stop_chars == 0
+    harness.feed([Open("c", [], DetokParams(stop=["y" * 50]))], [Tokens("c", ids)])
+    assert harness.text("c") == "hello"
+    assert harness.state.live_stop_chars == 50
 
-    tokenizer = load_fixture_tokenizer(name)
-    byte_id = {b: tokenizer.token_to_id(ch) for b, ch in byte_to_unicode().items()}
-    special = min(tokenizer.special_token_ids - tokenizer.eos_token_ids)
-    prompt = [*tokenizer.encode("Say:").ids, byte_id[0xC3], *[special] * specials]
-    generated = [byte_id[0xA9], *tokenizer.encode("x").ids]
-    assert tokenizer.decode(prompt + generated, skip_special_tokens=True) == "Say:éx"
-    harness = Harness(tokenizer)
-    tail = prompt_tail(prompt, frozenset(tokenizer.special_token_ids))
-    harness.feed([Open("r", tail, DetokParams(skip_special_tokens=True))], [Tokens("r", generated, "length")])
-    assert harness.text("r") == "x"
+
+def test_a_long_batch_ticks_between_opens(qwen3):
+    ticks: list[int] = []
+    state = WorkerState(qwen3, "w-test")
+    opens = [Open(f"r{i}", [], DetokParams(stop=["zz"])) for i in range(5)]
+    items = [Tokens(f"r{i}", [1]) for i in range(5)]
+    state.handle_batch(TokenBatch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
+    assert ticks == [1, 2, 3, 4, 5]  # after each open, before any item is decoded
