@@ -95,6 +95,13 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_tokens_limit: int = 32_768
     max_pending_chars: int = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
     request_timeout_s: float = 600.0
+    max_model_len: int = 0  # 0 = tokenizer_config.json's model_max_length, when it gives one
+    cors_allowed_origins: list[str] = []  # [] = no CORS headers; ["*"] = any origin
+    cors_allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST", "OPTIONS"])
+    cors_allowed_headers: list[str] = msgspec.field(
+        default_factory=lambda: ["Authorization", "Content-Type", "X-Request-Id"]
+    )
+    cors_allow_credentials: bool = False
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -168,6 +175,7 @@ def validate(config: DetokConfig) -> None:
         (config.front.max_tokens_limit >= config.front.max_tokens_default, "front.max_tokens_limit too small"),
         (config.front.max_request_bytes > 0, "front.max_request_bytes must be > 0"),
         (config.front.max_pending_chars > 0, "front.max_pending_chars must be > 0"),
+        (config.front.max_model_len >= 0, "front.max_model_len must be >= 0"),
         (config.logging.format in ("human", "json"), "logging.format must be human or json"),
         (config.tokenizer.cache.l0_max_entries > 0, "tokenizer.cache.l0_max_entries must be > 0"),
         (config.tokenizer.cache.l1_max_memory > 0, "tokenizer.cache.l1_max_memory must be > 0"),

@@ -34,7 +34,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
-def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
     try:
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
     except (TokenizerError, ValueError, UnicodeError) as exc:
@@ -53,7 +53,7 @@ def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limi
         prompt = prompt[0]  # OpenAI's batch form with a single prompt
     if isinstance(prompt, str):
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
-        return _non_empty(_encode(tokenizer, prompt, add_special, "prompt"), "prompt")
+        return _non_empty(encode_text(tokenizer, prompt, add_special, "prompt"), "prompt")
     if not all(isinstance(item, int) for item in prompt):
         raise bad_request("prompt must be a string, a list of token ids, or a list holding one of those", "prompt")
     check_token_ids(prompt, limits, "prompt")
@@ -110,11 +110,11 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> lis
             messages,
             tools=request.tools,
             documents=request.documents,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
+            add_generation_prompt=request.add_generation_prompt is not False,  # null = the default, true
+            continue_final_message=bool(request.continue_final_message),
             **_template_kwargs(request),
         )
     except TokenizerError as exc:  # ChatTemplateError, or a backend's own "no chat template" error
         raise bad_request(str(exc), "messages", code="chat_template_error") from exc
     add_special = bool(request.add_special_tokens)
-    return _non_empty(_encode(tokenizer, text, add_special, "rendered chat"), "messages")
+    return _non_empty(encode_text(tokenizer, text, add_special, "rendered chat"), "messages")

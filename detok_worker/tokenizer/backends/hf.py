@@ -80,6 +80,11 @@ class HFTokenizer(ChatTemplateSupport):
             eos_ids.append(eos_id)
         self._eos_token_ids = frozenset(i for i in eos_ids if 0 <= i < self._vocab_size)
         self._chat_templates = templates_from_config(config, f"{name}/{CONFIG_FILE}")
+        max_length = config.get("model_max_length")
+        # the model's context length; transformers writes 1e30 when it does not know it
+        self.model_max_length: int | None = (
+            int(max_length) if isinstance(max_length, (int, float)) and 0 < max_length < 1e12 else None
+        )
 
     @staticmethod
     def _read_special_tokens(
