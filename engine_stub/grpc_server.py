@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 from smg_grpc_proto.generated import common_pb2
@@ -103,6 +104,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         self.dropped: dict[str, None] = {}  # rids whose stream the client cancelled (recent ones), oldest first
         self.counts: Counter[str] = Counter()
         self.requests_log = requests_log
+        self.last_sampling: dict[str, Any] = {}
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802 - the gRPC method
         rid = request.request_id
@@ -121,6 +123,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         plan = self.planner.plan(rid, prompt_ids, params)
         ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
         self.counts["requests"] += 1
+        # what the gateway asked for beyond the ids (sampling, constraint): the stub cannot honour it, tests read it
+        self.last_sampling = MessageToDict(sampling, preserving_proto_field_name=True)
         self.running.add(rid)
         started = time.monotonic()
         done = False
@@ -247,8 +251,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             last = start + ZIP_CHUNK >= len(data)
             yield common_pb2.GetTokenizerChunk(data=data[start : start + ZIP_CHUNK], sha256=digest if last else "")
 
-    def stats(self) -> dict[str, int]:
-        return {**self.counts, "running": len(self.running)}
+    def stats(self) -> dict[str, Any]:
+        return {**self.counts, "running": len(self.running), "last_sampling": self.last_sampling}
 
 
 async def serve_engine(
@@ -274,7 +278,7 @@ async def _serve(servicer: StubEngineServicer, listen: str, stats_file: str | No
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    written: dict[str, int] | None = None
+    written: dict[str, Any] | None = None
     while not stop.is_set():
         if stats_file and (stats := servicer.stats()) != written:
             write_stats(stats_file, stats)
@@ -287,7 +291,7 @@ async def _serve(servicer: StubEngineServicer, listen: str, stats_file: str | No
     log.info("engine server: %s", json.dumps(servicer.stats(), sort_keys=True))
 
 
-def write_stats(path: str, stats: dict[str, int]) -> None:
+def write_stats(path: str, stats: dict[str, Any]) -> None:
     temporary = f"{path}.tmp"
     Path(temporary).write_text(json.dumps(stats, sort_keys=True))
     os.replace(temporary, path)

@@ -43,12 +43,60 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     tool_call_parser: str = ""
 
 
+# Constraint kinds (vLLM's StructuredOutputsParams; the token-only gRPC API's `constraint` oneof).
+CONSTRAINT_JSON_SCHEMA = "json_schema"  # spec: the JSON schema, as JSON text
+CONSTRAINT_JSON_OBJECT = "json_object"  # any JSON object; spec ""
+CONSTRAINT_REGEX = "regex"
+CONSTRAINT_GRAMMAR = "grammar"  # an EBNF / GBNF / Lark grammar, as the engine's backend reads it
+CONSTRAINT_CHOICE = "choice"  # spec ""; choices: the allowed outputs
+CONSTRAINT_STRUCTURAL_TAG = "structural_tag"  # spec: the structural tag, as JSON text
+CONSTRAINT_KINDS = (
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_GRAMMAR,
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_STRUCTURAL_TAG,
+)
+
+
+class Constraint(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """What the engine must constrain the output to (structured outputs): one kind, its spec."""
+
+    kind: str
+    spec: str = ""
+    choices: list[str] = []
+
+
+class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """How the engine samples: the client's values, None where the client left the engine's default.
+    Validated by the front (ranges as in vLLM); detok itself never samples, it only forwards them.
+
+    top_k: -1 = off. logit_bias: token id -> bias (-100..100). n: completions per prompt. logprobs: top
+    log-probabilities to return per output token (None: none; 0: the sampled token's only).
+    constraint: structured output (response_format, guided_*, structured_outputs, a required tool call)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: dict[int, float] = {}
+    n: int = 1
+    logprobs: int | None = None
+    constraint: Constraint | None = None
+
+
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """Generation parameters the engine needs, plus the detok parameters it forwards to the worker."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
     ignore_eos: bool = False
+    sampling: SamplingParams = SamplingParams()
 
 
 # ---- front -> engine -------------------------------------------------------------------------------
@@ -201,10 +249,12 @@ class WorkerStats(msgspec.Struct, tag="worker_stats", array_like=True, gc=False)
 
 
 class Reject(msgspec.Struct, tag="reject", array_like=True, gc=False):
-    """The engine could not take or finish a request (no live worker, bad params): ends it with an error."""
+    """The engine could not take or finish a request (no live worker, bad params): ends it with an error.
+    With `param` the front answers 400 naming that request parameter (the engine cannot honour it)."""
 
     rid: str
     error: str
+    param: str | None = None  # set when a request parameter is what the engine cannot honour (the client's fault)
 
 
 class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False):

@@ -106,6 +106,13 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
+    max_model_len: int = 0  # 0 = tokenizer_config.json's model_max_length, when it gives one
+    cors_allowed_origins: list[str] = []  # [] = no CORS headers; ["*"] = any origin
+    cors_allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST", "OPTIONS"])
+    cors_allowed_headers: list[str] = msgspec.field(
+        default_factory=lambda: ["Authorization", "Content-Type", "X-Request-Id"]
+    )
+    cors_allow_credentials: bool = False
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -189,6 +196,7 @@ def validate(config: DetokConfig) -> None:
         (config.bus.max_message_bytes >= 65536, "bus.max_message_bytes must be >= 65536"),
         (config.engine.batch_answer_timeout_s >= 0, "engine.batch_answer_timeout_s must be >= 0 (0 = off)"),
         (config.worker.max_live_stop_chars > 0, "worker.max_live_stop_chars must be > 0"),
+        (config.front.max_model_len >= 0, "front.max_model_len must be >= 0"),
         (config.logging.format in ("human", "json"), "logging.format must be human or json"),
         (config.tokenizer.cache.l0_max_entries > 0, "tokenizer.cache.l0_max_entries must be > 0"),
         (config.tokenizer.cache.l1_max_memory > 0, "tokenizer.cache.l1_max_memory must be > 0"),

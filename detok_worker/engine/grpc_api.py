@@ -22,6 +22,7 @@ from smg_grpc_proto import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc, vllm
 from smg_grpc_proto.generated import common_pb2
 
 from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams
+from detok_worker.engine.grpc_sampling import request_fields, sampling_fields
 from detok_worker.errors import OperatorError
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import tokenizer_fingerprint
@@ -63,7 +64,8 @@ class Dialect:
 
     def generate_request(self, rid: str, prompt_ids: list[int], params: RequestParams, detok: DetokParams) -> Any:
         """Prompt ids in, ids out: stop *strings* stay with detok's workers; stop ids (EOS included as detok
-        applies it: unless ignore_eos) go to the engine so it stops generating there."""
+        applies it: unless ignore_eos) go to the engine so it stops generating there; the sampling parameters and
+        the constraint go as the client gave them (grpc_sampling.py; UnsupportedParameter when they cannot)."""
         pb2 = self.pb2
         limits = {"max_tokens": params.max_tokens, "min_tokens": detok.min_tokens}
         if self.name == "sglang":
@@ -72,14 +74,15 @@ class Dialect:
             stop_token_ids=detok.stop_token_ids,
             ignore_eos=params.ignore_eos,
             skip_special_tokens=False,
-            n=1,
             **limits,
+            **sampling_fields(self.name, params.sampling),
         )
         return pb2.GenerateRequest(
             request_id=rid,
             tokenized=pb2.TokenizedInput(input_ids=prompt_ids),
             sampling_params=sampling,
             stream=True,
+            **request_fields(self.name, params.sampling),
         )
 
     def abort_request(self, rid: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from detok_worker.bus.messages import DetokParams, Submit
+from detok_worker.bus.messages import Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_api import (
     FINISH_REASONS,
@@ -30,6 +30,7 @@ from detok_worker.engine.grpc_api import (
     engine_failure,
     new_ids_of_complete,
 )
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -86,10 +87,16 @@ class GrpcGateway:
             await self.api.channel.close()
 
     def _start(self, submit: Submit) -> None:
-        detok = self.link.accept(submit)
+        link = self.link
+        detok = link.accept(submit)
         if detok is None or submit.params.max_tokens == 0:
             return  # rejected, or ends at once ("length") without the engine
-        self.streams[submit.rid] = asyncio.create_task(self._generate(submit, detok))
+        try:
+            request = self.api.dialect.generate_request(submit.rid, submit.prompt_ids, submit.params, detok)
+        except UnsupportedParameter as exc:  # the client's parameter: the front answers 400 naming it
+            link.fail(submit.rid, f"{exc} ({self.api.dialect.service} at {self.api.url})", param=exc.param)
+            return
+        self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, request))
 
     def _stop(self, rid: str) -> None:
         """A worker found a stop string, or the client went away: stop generating on the engine."""
@@ -112,11 +119,9 @@ class GrpcGateway:
         finally:
             stream.cancel()
 
-    async def _generate(self, submit: Submit, detok: DetokParams) -> None:
-        rid = submit.rid
+    async def _generate(self, rid: str, request: Any) -> None:
         link = self.link
         api = self.api
-        request = api.dialect.generate_request(rid, submit.prompt_ids, submit.params, detok)
         received = 0
         call = api.stub.Generate(request)
         try:

@@ -180,11 +180,12 @@ class EngineLink:
         """Ids pushed for `rid` that its worker has not taken yet (backpressure: pause a rid with a big one)."""
         return self.scheduler.backlog(rid)
 
-    def fail(self, rid: str, error: str) -> None:
-        """End a request with an error the client sees (the engine failed it); its worker frees it. The Reject
-        leaves now, ahead of the worker's own final delta (an error too) that the next step causes."""
+    def fail(self, rid: str, error: str, *, param: str | None = None) -> None:
+        """End a request with an error the client sees (the engine failed it; `param`: the request parameter it
+        cannot honour); its worker frees it. The Reject leaves now, ahead of the worker's own final delta (an
+        error too) that the next step causes."""
         if self.scheduler.drop(rid, FINISH_ERROR):
-            self._to_front(Reject(rid, error))
+            self._to_front(Reject(rid, error, param))
             self._flush_front()
             if self.recorder is not None:
                 self.recorder.tokens(rid, [], "error")

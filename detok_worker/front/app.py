@@ -1,7 +1,8 @@
 """The Starlette app: OpenAI-compatible endpoints over the Dispatcher.
 
-POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models, GET /health (never needs the
-API key: supervisors and load balancers poll it), GET /stats. Every failure a client can cause is a 4xx with an
+POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models[/{id}], POST /tokenize and
+/detokenize, GET /version, GET /health (never needs the API key: supervisors and load balancers poll it),
+GET /stats. X-Request-Id and CORS: middleware.py. Every failure a client can cause is a 4xx with an
 OpenAI error body; see errors.py for the shape and sse.py for errors after a stream has started.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +28,21 @@ from detok_worker.config import DetokConfig
 from detok_worker.front import sse
 from detok_worker.front.dispatch import Dispatcher, RequestStream
 from detok_worker.front.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, APIError, encode_error
+from detok_worker.front.middleware import middleware_for, request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids
 from detok_worker.front.responses import ChatFormatter, CompletionFormatter, Formatter
-from detok_worker.front.validation import Limits, check_generation, check_model, decode_chat, decode_completion
+from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
+from detok_worker.front.validation import (
+    Limits,
+    check_generation,
+    check_model,
+    decode_chat,
+    decode_completion,
+    truncate_prompt,
+)
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from detok_worker.metrics import InstrumentedTokenizer, render_latest
 from detok_worker.parse.base import ParsedOutput
@@ -65,6 +76,7 @@ class Front:
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
         self.model_name = config.front.model_name or tokenizer.name
         self.limits = Limits.from_config(config, self.model_name, tokenizer)
+        self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self._api_key = config.front.api_key.encode("utf-8")
@@ -114,13 +126,13 @@ class Front:
         def prompt_ids(body: CompletionRequest) -> list[int]:
             return completion_prompt_ids(body, self.tokenizer, self.limits)
 
-        return await self._generate(request, decode_completion, prompt_ids, CompletionFormatter)
+        return await self._generate(request, decode_completion, prompt_ids, CompletionFormatter, "cmpl")
 
     async def chat_completions(self, request: Request) -> Response:
         def prompt_ids(body: ChatCompletionRequest) -> list[int]:
             return chat_prompt_ids(body, self.tokenizer, self.limits)
 
-        return await self._generate(request, decode_chat, prompt_ids, ChatFormatter)
+        return await self._generate(request, decode_chat, prompt_ids, ChatFormatter, "chatcmpl")
 
     async def _generate(
         self,
@@ -128,6 +140,7 @@ class Front:
         decode: Callable[[bytes], R],
         prompt_ids: Callable[[R], list[int]],
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
+        id_kind: str,
     ) -> Response:
         self._authorize(request)
         body = decode(await self._read_body(request))
@@ -136,8 +149,9 @@ class Front:
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
         )
-        ids = await self._off_loop(prompt_ids, body)  # chat template + tokenizing: off the event loop
-        stream = self.dispatcher.submit(ids, params, checked.stop_rules)
+        ids = truncate_prompt(await self._off_loop(prompt_ids, body), body)  # chat template + tokenizing: off loop
+        rid = request_rid(request, id_kind, body.request_id)
+        stream = self.dispatcher.submit(ids, params, checked.stop_rules, rid)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
         formatter = formatter_type(stream.rid, model, checked.include_usage)
         if body.stream:
@@ -145,9 +159,32 @@ class Front:
             return sse.EventStreamResponse(events, on_close=lambda: self._release(stream))
         return await self._collect(request, stream, formatter)
 
+    def _model_card(self) -> ModelCard:
+        return ModelCard(self.model_name, created=0, root=self.model_name, max_model_len=self.max_model_len)
+
     async def models(self, request: Request) -> Response:
         self._authorize(request)
-        return json_response(ModelList([ModelCard(self.model_name, created=0)]))
+        return json_response(ModelList([self._model_card()]))
+
+    async def model(self, request: Request) -> Response:
+        self._authorize(request)
+        check_model(request.path_params["model"], self.limits)
+        return json_response(self._model_card())
+
+    async def tokenize(self, request: Request) -> Response:
+        self._authorize(request)
+        body = decode_tokenize(await self._read_body(request))
+        check_model(body.model, self.limits)
+        return json_response(await self._off_loop(tokenize, body, self.tokenizer, self.limits, self.max_model_len))
+
+    async def detokenize(self, request: Request) -> Response:
+        self._authorize(request)
+        body = decode_detokenize(await self._read_body(request))
+        check_model(body.model, self.limits)
+        return json_response(await self._off_loop(detokenize, body, self.tokenizer, self.limits))
+
+    async def version(self, request: Request) -> Response:
+        return json_response({"version": detok_version()})
 
     async def health(self, request: Request) -> Response:
         healthy = self.dispatcher.healthy()
@@ -228,6 +265,13 @@ class Front:
                 return
 
 
+def detok_version() -> str:
+    try:
+        return importlib.metadata.version("detok")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
 
@@ -255,6 +299,10 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer) -> Starlette:
         Route("/v1/completions", front.completions, methods=["POST"]),
         Route("/v1/chat/completions", front.chat_completions, methods=["POST"]),
         Route("/v1/models", front.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", front.model, methods=["GET"]),
+        Route("/tokenize", front.tokenize, methods=["POST"]),
+        Route("/detokenize", front.detokenize, methods=["POST"]),
+        Route("/version", front.version, methods=["GET"]),
         Route("/health", front.health, methods=["GET"]),
         Route("/stats", front.stats, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
@@ -262,6 +310,7 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
+        middleware=middleware_for(config),
         lifespan=front.lifespan,
         exception_handlers={
             APIError: _api_error_handler,

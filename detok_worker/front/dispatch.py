@@ -44,7 +44,7 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
-from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError
+from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, bad_request
 from detok_worker.metrics import FrontMetrics
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
@@ -226,7 +226,10 @@ class Dispatcher:
 
     # ---- requests ---------------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: RequestParams, stop_rules: StopRules) -> RequestStream:
+    def submit(
+        self, prompt_ids: list[int], params: RequestParams, stop_rules: StopRules, rid: str | None = None
+    ) -> RequestStream:
+        """Send a request to the engine; `rid` (unique among live requests) defaults to "cmpl-" + a uuid."""
         if not self.engine_alive():
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
         budget = self.config.front.max_total_pending_chars
@@ -234,7 +237,7 @@ class Dispatcher:
             self.counters["overloaded"] += 1
             message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
             raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid = rid or f"cmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + self.config.front.request_timeout_s
         parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
         stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed)
@@ -331,7 +334,10 @@ class Dispatcher:
             stream = self._streams.pop(message.rid, None)
             if stream is not None:
                 self.counters["rejected"] += 1
-                error = APIError(503, f"the engine rejected the request: {message.error}", type=SERVICE_UNAVAILABLE)
+                if message.param:  # a parameter the engine cannot honour: the client's request, not the service
+                    error = bad_request(f"the engine cannot honour {message.param}: {message.error}", message.param)
+                else:
+                    error = APIError(503, f"the engine rejected the request: {message.error}", type=SERVICE_UNAVAILABLE)
                 stream.fail(error, drop_text=False)
 
     def _on_text(self, items: list[TextDelta]) -> None:

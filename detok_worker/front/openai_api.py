@@ -1,9 +1,10 @@
 """OpenAI-compatible request and response bodies as msgspec Structs.
 
-Requests: unknown fields are ignored (clients send many sampling fields an engine stub has no use for); fields
-we cannot honour are checked in validation.py. vLLM extensions are accepted under vLLM's names (stop_token_ids,
-skip_special_tokens, include_stop_str_in_output, min_tokens, ignore_eos, add_special_tokens,
-chat_template_kwargs, add_generation_prompt, continue_final_message, documents).
+Requests: every field of OpenAI's chat and completions schemas and of vLLM's extensions is declared here, and an
+unknown field is a 400 naming it: a parameter is either used (forwarded to the engine, or applied by the front)
+or refused, never accepted and dropped (validation.py and sampling.py decide which). Where vLLM accepts `null` a
+field does too (null = the default). Fields detok always refuses when set are typed `Any`, so that any value
+gets the 400 that names the field rather than a type error.
 """
 
 from __future__ import annotations
@@ -16,47 +17,77 @@ from msgspec import UNSET, UnsetType
 # ---- requests ---------------------------------------------------------------------------------------------
 
 
-class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
-class GenerationRequest(msgspec.Struct, kw_only=True):
+class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
     max_tokens: int | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    n: int = 1
-    add_special_tokens: bool | None = None  # None = the endpoint's default (vLLM's)
-    # Sampling fields: accepted and range-checked; the token source decides the output.
+    n: int | None = None
+    user: str | None = None  # informational (OpenAI: abuse monitoring); no effect on the output
+    # sampling and constraints: forwarded to the engine (bus SamplingParams)
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     seed: int | None = None
-    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    # vLLM's sampling extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structural_tag: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # vLLM's detokenizer extensions (bus DetokParams) and prompt options
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None  # null = true
+    include_stop_str_in_output: bool | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    add_special_tokens: bool | None = None  # None = the endpoint's default (vLLM's)
+    spaces_between_special_tokens: bool | None = None  # only true (the default) is supported
+    truncate_prompt_tokens: int | None = None  # keep the last k prompt ids
+    request_id: str | None = None  # like the X-Request-Id header
+    # refused when set (validation.py): detok cannot honour them (yet)
+    echo: Any = None
+    logprobs: Any = None
+    best_of: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    logits_processors: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    priority: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
 
 
-class CompletionRequest(GenerationRequest, kw_only=True):
+class CompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):
     # A string, a list of token ids, or a one-element list of either (OpenAI's batch forms; n=1 only).
     prompt: str | list[str | int | list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    suffix: Any = None
+    prompt_embeds: Any = None
 
 
-class ChatCompletionRequest(GenerationRequest, kw_only=True):
+class ChatCompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -64,14 +95,31 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     parallel_tool_calls: bool | None = None
     documents: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    chat_template: str | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None  # null = true
+    continue_final_message: bool | None = None
     reasoning_effort: str | None = None
-    logprobs: bool | None = None
     top_logprobs: int | None = None
-    echo: bool = False
-    response_format: dict[str, Any] | None = None
+    # informational: no effect on the output by OpenAI's definition (stored-completion tags, abuse monitoring,
+    # a cache-routing hint)
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # accepted only at their no-op values (validation.py)
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    # refused when set
+    chat_template: Any = None
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    prediction: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    mm_processor_kwargs: Any = None
 
 
 # ---- responses --------------------------------------------------------------------------------------------
@@ -170,6 +218,9 @@ class ModelCard(msgspec.Struct):
     created: int
     owned_by: str = "detok"
     object: str = "model"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None  # vLLM's: the context length, when known
 
 
 class ModelList(msgspec.Struct):

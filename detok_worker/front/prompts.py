@@ -37,7 +37,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
-def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
     try:
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
     except (TokenizerError, ValueError, UnicodeError) as exc:
@@ -57,7 +57,7 @@ def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limi
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), limits, "prompt")
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
-        ids = _encode(tokenizer, prompt, add_special, "prompt")
+        ids = encode_text(tokenizer, prompt, add_special, "prompt")
         check_prompt_tokens(ids, limits, "prompt")
         return _non_empty(ids, "prompt")
     if not all(isinstance(item, int) for item in prompt):
@@ -118,14 +118,14 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits
             messages,
             tools=request.tools,
             documents=request.documents,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
+            add_generation_prompt=request.add_generation_prompt is not False,  # null = the default, true
+            continue_final_message=bool(request.continue_final_message),
             **_template_kwargs(request),
         )
     except TokenizerError as exc:  # ChatTemplateError, or a backend's own "no chat template" error
         raise bad_request(str(exc), "messages", code="chat_template_error") from exc
     check_prompt_chars(len(text), limits, "messages")  # the rendered text: a template may add a lot
     add_special = bool(request.add_special_tokens)
-    ids = _encode(tokenizer, text, add_special, "rendered chat")
+    ids = encode_text(tokenizer, text, add_special, "rendered chat")
     check_prompt_tokens(ids, limits, "messages")
     return _non_empty(ids, "messages")

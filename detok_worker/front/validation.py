@@ -4,9 +4,10 @@ fields are checked by StopRules (detok_worker/stream/stop/rules.py), the one pla
 
 from __future__ import annotations
 
-import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -15,21 +16,12 @@ from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from detok_worker.front.sampling import sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
-
-# (field, lowest, highest) for the sampling fields we accept but leave to the token source.
-_SAMPLING_RANGES = (
-    ("temperature", 0.0, 2.0),
-    ("top_p", 0.0, 1.0),
-    ("presence_penalty", -2.0, 2.0),
-    ("frequency_penalty", -2.0, 2.0),
-    ("repetition_penalty", 0.0, 100.0),
-)
-_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,24 +74,40 @@ def check_prompt_tokens(ids: Sequence[int], limits: Limits, param: str) -> None:
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
-    return _decode(_completion_decoder, body)
+    return decode_json(_completion_decoder, body)
 
 
 def decode_chat(body: bytes) -> ChatCompletionRequest:
-    return _decode(_chat_decoder, body)
+    return decode_json(_chat_decoder, body)
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes):  # type: ignore[no-untyped-def]
+def decode_json(decoder: msgspec.json.Decoder, body: bytes):  # type: ignore[no-untyped-def]
+    """A request body through `decoder`; every failure is a 400 (naming the field where there is one)."""
     if not body.strip():
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"invalid request: {exc}", code="invalid_type") from exc
+        param, code = _invalid_field(str(exc))
+        raise bad_request(f"invalid request: {exc}", param, code=code) from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON (UTF-8): {exc}", code="invalid_json") from exc
     except RecursionError as exc:
         raise bad_request("the request body is nested too deeply", code="invalid_json") from exc
+
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.([^`\[]*))?")
+_FIELD_PATH = re.compile(r" - at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _invalid_field(message: str) -> tuple[str | None, str]:
+    """The request field a msgspec validation message is about (unknown fields: their dotted name)."""
+    unknown = _UNKNOWN_FIELD.search(message)
+    if unknown is not None:
+        name, parent = unknown.groups()
+        return (f"{parent}.{name}" if parent else name), "unknown_parameter"
+    path = _FIELD_PATH.search(message)
+    return (path.group(1) if path else None), "invalid_type"
 
 
 def check_model(requested: str | None, limits: Limits) -> str:
@@ -134,33 +142,76 @@ def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None
     return value
 
 
-def _check_sampling(request: GenerationRequest) -> None:
-    for name, low, high in _SAMPLING_RANGES:
-        value = getattr(request, name)
-        if value is not None and not (math.isfinite(value) and low <= value <= high):
-            raise bad_request(f"{name} must be between {low} and {high} (got {value})", name)
-    if request.top_k is not None and not -1 <= request.top_k <= _INT64_MAX:
-        raise bad_request("top_k must be -1 (off) or a positive number", "top_k")
-    if request.seed is not None and not -(2**63) <= request.seed <= _INT64_MAX:
-        raise bad_request("seed must fit in 64 bits", "seed")
+def _is_set(value: Any) -> bool:
+    return value is not None
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _not(*allowed: Any) -> Callable[[Any], bool]:
+    return lambda value: value not in allowed
+
+
+# field -> "this value asks for something detok cannot honour": a 400 naming the field (never silently dropped).
+_REFUSED: dict[str, Callable[[Any], bool]] = {
+    "echo": _truthy,
+    "best_of": _not(None, 1),
+    "use_beam_search": _truthy,
+    "length_penalty": _not(None, 1, 1.0),
+    "prompt_logprobs": _is_set,
+    "allowed_token_ids": _is_set,
+    "bad_words": _truthy,
+    "guided_decoding_backend": _is_set,
+    "guided_whitespace_pattern": _is_set,
+    "logits_processors": _is_set,
+    "return_tokens_as_token_ids": _truthy,
+    "return_token_ids": _truthy,
+    "priority": _not(None, 0),
+    "cache_salt": _is_set,
+    "kv_transfer_params": _is_set,
+    "vllm_xargs": _is_set,
+    "spaces_between_special_tokens": _not(None, True),
+}
+_REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
+    "logprobs": _is_set,
+    "suffix": _is_set,
+    "prompt_embeds": _is_set,
+}
+_REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
+    "logprobs": _truthy,
+    "top_logprobs": _not(None, 0),
+    "chat_template": _is_set,
+    "audio": _is_set,
+    "functions": _is_set,
+    "function_call": _is_set,
+    "prediction": _is_set,
+    "moderation": _is_set,
+    "prompt_cache_options": _is_set,
+    "prompt_cache_retention": _is_set,
+    "verbosity": _is_set,
+    "web_search_options": _is_set,
+    "mm_processor_kwargs": _is_set,
+    "store": _truthy,
+    "service_tier": _not(None, "auto", "default"),
+    "modalities": _not(None, ["text"]),
+    "parallel_tool_calls": _not(None, True),
+}
 
 
 def _check_unsupported(request: CompletionRequest | ChatCompletionRequest) -> None:
-    unsupported: list[tuple[str, bool]] = [
-        ("echo", request.echo),
-        ("logprobs", request.logprobs not in (None, False, 0)),
-    ]
-    if isinstance(request, CompletionRequest):
-        unsupported += [("suffix", request.suffix is not None), ("best_of", request.best_of not in (None, 1))]
-    else:
-        unsupported += [
-            ("top_logprobs", request.top_logprobs not in (None, 0)),
-            ("chat_template", request.chat_template is not None),
-            ("response_format", request.response_format not in (None, {"type": "text"})),
-        ]
-    for name, used in unsupported:
-        if used:
+    own = _REFUSED_COMPLETION if isinstance(request, CompletionRequest) else _REFUSED_CHAT
+    for name, refused in (*_REFUSED.items(), *own.items()):
+        if refused(getattr(request, name)):
             raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
+    options = request.stream_options
+    if options is not None and options.continuous_usage_stats:
+        raise bad_request(
+            "stream_options.continuous_usage_stats is not supported by this server",
+            "stream_options",
+            code="unsupported_parameter",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,29 +223,39 @@ class CheckedParams:
 
 def check_generation(request: CompletionRequest | ChatCompletionRequest, limits: Limits) -> CheckedParams:
     """Validate everything but the prompt; build the engine's RequestParams."""
-    if request.n != 1:
-        raise bad_request(f"only n=1 is supported (got n={request.n})", "n")
+    if request.n not in (None, 1):
+        raise bad_request(f"only n=1 is supported (got n={request.n})", "n", code="unsupported_parameter")
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
     _check_unsupported(request)
-    _check_sampling(request)
+    if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens < 1:
+        raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
+    sampling = sampling_params(request, limits.vocab_size)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     max_tokens = _max_tokens(request, limits, override)
-    if not 0 <= request.min_tokens <= max_tokens:
+    min_tokens = request.min_tokens or 0
+    if not 0 <= min_tokens <= max_tokens:
         raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     stop_token_ids = list(request.stop_token_ids or [])
     detok = DetokParams(
         stop=[request.stop] if isinstance(request.stop, str) else list(request.stop or []),
         stop_token_ids=stop_token_ids,
-        include_stop_str_in_output=request.include_stop_str_in_output,
-        skip_special_tokens=request.skip_special_tokens,
-        min_tokens=request.min_tokens,
+        include_stop_str_in_output=bool(request.include_stop_str_in_output),
+        skip_special_tokens=request.skip_special_tokens is not False,
+        min_tokens=min_tokens,
     )
+    ignore_eos = bool(request.ignore_eos)
     try:
-        stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=request.ignore_eos)
+        stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=ignore_eos)
     except StopRuleError as exc:
         raise bad_request(str(exc), exc.param) from exc
     check_token_ids(stop_token_ids, limits, "stop_token_ids")
-    params = RequestParams(max_tokens=max_tokens, detok=detok, ignore_eos=request.ignore_eos)
+    params = RequestParams(max_tokens=max_tokens, detok=detok, ignore_eos=ignore_eos, sampling=sampling)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return CheckedParams(params, stop_rules, include_usage)
+
+
+def truncate_prompt(ids: list[int], request: CompletionRequest | ChatCompletionRequest) -> list[int]:
+    """vLLM's truncate_prompt_tokens: keep the last k prompt ids."""
+    keep = request.truncate_prompt_tokens
+    return ids[-keep:] if keep is not None and len(ids) > keep else ids

@@ -276,5 +276,17 @@ def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = N
 
 def _params_to_json(params: RequestParams) -> dict[str, Any]:
     """Flat JSON of a request's parameters (generation fields, then the detok ones), for people."""
-    generation = {name: value for name, value in msgspec.structs.asdict(params).items() if name != "detok"}
-    return {**generation, **msgspec.structs.asdict(params.detok)}
+    named = _named(params)
+    generation = {name: value for name, value in named.items() if name != "detok"}
+    return {**generation, **named["detok"]}
+
+
+def _named(value: Any) -> Any:
+    """Structs (array-like on the wire) as objects with their field names, for JSON."""
+    if isinstance(value, msgspec.Struct):
+        return {name: _named(getattr(value, name)) for name in value.__struct_fields__}
+    if isinstance(value, dict):
+        return {str(key): _named(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_named(item) for item in value]
+    return value

@@ -91,7 +91,9 @@ class HFTokenizer(ChatTemplateSupport):
         max_length = config.get("model_max_length")
         # transformers writes a huge sentinel (int(1e30)) when the length is unknown
         self.model_max_length: int | None = (
-            max_length if isinstance(max_length, int) and 0 < max_length < 10**12 else None
+            max_length
+            if isinstance(max_length, int) and not isinstance(max_length, bool) and 0 < max_length < 10**12
+            else None
         )
 
     @staticmethod

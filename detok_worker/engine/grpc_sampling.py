@@ -1,0 +1,98 @@
+"""A request's SamplingParams (bus) as the token-only gRPC API's SamplingParams, per dialect (vLLM's
+`VllmEngine`, SGLang's `SglangScheduler`). A value a dialect has no field for, or that does not fit its field,
+raises UnsupportedParameter naming the request parameter: the gateway then rejects the request with it and the
+front answers 400 (a parameter is honoured or refused, never dropped).
+
+Unset values stay unset, so the engine applies its own defaults (proto3 scalars: 0 = unset for top_p, top_k,
+min_p and the penalties; the front refuses the values of those that would read as unset, e.g. top_p 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from detok_worker.bus.messages import (
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_STRUCTURAL_TAG,
+    Constraint,
+    SamplingParams,
+)
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+class UnsupportedParameter(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def sampling_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for the dialect's SamplingParams message."""
+    fields: dict[str, Any] = {name: getattr(sampling, name) for name in _FLOATS if getattr(sampling, name) is not None}
+    if sampling.top_k is not None and sampling.top_k > 0:
+        fields["top_k"] = _int32(sampling.top_k, "top_k")
+    fields["n"] = sampling.n
+    if dialect == "sglang":
+        if sampling.seed is not None:
+            raise UnsupportedParameter("seed", "SGLang's gRPC SamplingParams has no seed")
+        fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
+        fields.update(_sglang_constraint(sampling.constraint))
+        return fields
+    if sampling.seed is not None:
+        fields["seed"] = _int32(sampling.seed, "seed")
+    if sampling.logprobs is not None:
+        fields["logprobs"] = sampling.logprobs
+    fields["logit_bias"] = dict(sampling.logit_bias)
+    fields.update(_vllm_constraint(sampling.constraint))
+    return fields
+
+
+def request_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for the GenerateRequest itself (SGLang asks for logprobs there)."""
+    if dialect == "sglang" and sampling.logprobs is not None:
+        return {"return_logprob": True, "top_logprobs_num": sampling.logprobs}
+    return {}
+
+
+def _int32(value: int, param: str) -> int:
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise UnsupportedParameter(param, f"{param} must fit in 32 bits for the gRPC engine (got {value})")
+    return value
+
+
+def _vllm_constraint(constraint: Constraint | None) -> dict[str, Any]:
+    if constraint is None:
+        return {}
+    kind = constraint.kind
+    if kind == CONSTRAINT_JSON_OBJECT:
+        return {"json_object": True}
+    if kind == CONSTRAINT_CHOICE:
+        return {"choice": {"choices": list(constraint.choices)}}
+    if kind in (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_REGEX, CONSTRAINT_GRAMMAR, CONSTRAINT_STRUCTURAL_TAG):
+        return {kind: constraint.spec}
+    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")
+
+
+def _sglang_constraint(constraint: Constraint | None) -> dict[str, Any]:
+    """SGLang has regex, json_schema, ebnf_grammar and structural_tag: a JSON object is the schema of any object
+    and a choice the regex of its alternatives (as SGLang's own OpenAI server does)."""
+    if constraint is None:
+        return {}
+    kind = constraint.kind
+    if kind == CONSTRAINT_JSON_OBJECT:
+        return {"json_schema": json.dumps({"type": "object"})}
+    if kind == CONSTRAINT_CHOICE:
+        return {"regex": "(" + "|".join(re.escape(choice) for choice in constraint.choices) + ")"}
+    if kind == CONSTRAINT_GRAMMAR:
+        return {"ebnf_grammar": constraint.spec}
+    if kind in (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_REGEX, CONSTRAINT_STRUCTURAL_TAG):
+        return {kind: constraint.spec}
+    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")

@@ -1,0 +1,224 @@
+"""The engine's side of a request: sampling parameters and structured-output constraints, checked and turned into
+the bus SamplingParams (bus/messages.py) the engine receives. detok never samples; it forwards what the client
+asked for so the engine can honour it, and refuses (400 naming the field) what it cannot forward.
+
+Constraint sources, as vLLM reads them: `response_format` (json_object, json_schema, structural_tag),
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, `structural_tag`, `structured_outputs`
+(vLLM >= 0.10: json, regex, choice, grammar, json_object, structural_tag), and a chat `tool_choice` of
+"required" or a named function (a JSON schema over the request's tools, built as vLLM builds it). At most one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from detok_worker.bus.messages import (
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_STRUCTURAL_TAG,
+    Constraint,
+    SamplingParams,
+)
+from detok_worker.front.errors import bad_request
+from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
+
+# (field, lowest, highest, lowest allowed) of the float sampling fields: OpenAI's ranges, with vLLM's exclusions
+# (top_p and repetition_penalty must be > 0; to a gRPC engine a 0 would also read as "unset").
+SAMPLING_RANGES = (
+    ("temperature", 0.0, 2.0, True),
+    ("top_p", 0.0, 1.0, False),
+    ("min_p", 0.0, 1.0, True),
+    ("presence_penalty", -2.0, 2.0, True),
+    ("frequency_penalty", -2.0, 2.0, True),
+    ("repetition_penalty", 0.0, 100.0, False),
+)
+LOGIT_BIAS_LIMIT = 100.0
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# structured_outputs keys that select the constraint -> its kind; the others are backend options detok cannot pass
+_STRUCTURED_KINDS = {
+    "json": CONSTRAINT_JSON_SCHEMA,
+    "regex": CONSTRAINT_REGEX,
+    "choice": CONSTRAINT_CHOICE,
+    "grammar": CONSTRAINT_GRAMMAR,
+    "json_object": CONSTRAINT_JSON_OBJECT,
+    "structural_tag": CONSTRAINT_STRUCTURAL_TAG,
+}
+_STRUCTURED_OPTIONS = frozenset(
+    {"disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern"}
+)
+
+
+def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> SamplingParams:
+    """The request's SamplingParams (n=1, no logprobs: validation.py refuses the others)."""
+    _check_ranges(request)
+    return SamplingParams(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        seed=request.seed,
+        logit_bias=_logit_bias(request.logit_bias, vocab_size),
+        constraint=constraint_of(request),
+    )
+
+
+def _check_ranges(request: GenerationRequest) -> None:
+    for name, low, high, low_allowed in SAMPLING_RANGES:
+        value = getattr(request, name)
+        if value is not None and not (math.isfinite(value) and (low < value or low_allowed and low == value)):
+            raise bad_request(f"{name} must be {'>=' if low_allowed else '>'} {low} (got {value})", name)
+        if value is not None and value > high:
+            raise bad_request(f"{name} must be at most {high} (got {value})", name)
+    if request.top_k is not None and not -1 <= request.top_k <= INT64_MAX:
+        raise bad_request("top_k must be -1 (off), 0 (off) or a positive number", "top_k")
+    if request.seed is not None and not INT64_MIN <= request.seed <= INT64_MAX:
+        raise bad_request("seed must fit in 64 bits", "seed")
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """OpenAI's form: token ids as strings -> bias in -100..100."""
+    result: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            message = f"logit_bias: {key!r} is not a token id of this model (0..{vocab_size - 1})"
+            raise bad_request(message, "logit_bias")
+        if not (math.isfinite(value) and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
+            raise bad_request(f"logit_bias values must be between -100 and 100 (got {value})", "logit_bias")
+        result[int(key)] = float(value)
+    return result
+
+
+# ---- constraints --------------------------------------------------------------------------------------------
+
+
+def constraint_of(request: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
+    """The one structured-output constraint the request asks for, or None; two sources are a 400."""
+    found: list[tuple[str, Constraint]] = []
+    if request.response_format is not None:
+        found += [("response_format", c) for c in [_from_response_format(request.response_format)] if c]
+    guided = (
+        ("guided_json", request.guided_json, CONSTRAINT_JSON_SCHEMA),
+        ("guided_regex", request.guided_regex, CONSTRAINT_REGEX),
+        ("guided_choice", request.guided_choice, CONSTRAINT_CHOICE),
+        ("guided_grammar", request.guided_grammar, CONSTRAINT_GRAMMAR),
+        ("structural_tag", request.structural_tag, CONSTRAINT_STRUCTURAL_TAG),
+    )
+    found += [(name, _constraint(kind, value, name)) for name, value, kind in guided if value is not None]
+    if request.structured_outputs is not None:
+        found += [("structured_outputs", c) for c in [_from_structured_outputs(request.structured_outputs)] if c]
+    if isinstance(request, ChatCompletionRequest):
+        found += [("tool_choice", c) for c in [tool_choice_constraint(request)] if c]
+    if len(found) > 1:
+        first, second = found[0][0], found[1][0]
+        raise bad_request(f"{second}: a request takes one structured-output constraint (also got {first})", second)
+    return found[0][1] if found else None
+
+
+def _constraint(kind: str, value: Any, param: str) -> Constraint:
+    if kind == CONSTRAINT_JSON_OBJECT:
+        return Constraint(kind)
+    if kind == CONSTRAINT_CHOICE:
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise bad_request(f"{param} must be a non-empty list of strings", param)
+        return Constraint(kind, choices=list(value))
+    if kind in (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_STRUCTURAL_TAG):
+        return Constraint(kind, _json_text(value, param))
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param} must be a non-empty string", param)
+    return Constraint(kind, value)
+
+
+def _json_text(value: Any, param: str) -> str:
+    """A JSON document given as an object or as JSON text -> compact JSON text (the engines take a string)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise bad_request(f"{param} is not valid JSON: {exc}", param) from exc
+    if not isinstance(value, (dict, bool)):
+        raise bad_request(f"{param} must be a JSON object", param)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _from_response_format(response_format: dict[str, Any]) -> Constraint | None:
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint(CONSTRAINT_JSON_OBJECT)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema", spec.get("json_schema")) if isinstance(spec, dict) else None
+        if schema is None:
+            raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+        return _constraint(CONSTRAINT_JSON_SCHEMA, schema, "response_format")
+    if kind == "structural_tag":  # vLLM: the whole object is the tag
+        return _constraint(CONSTRAINT_STRUCTURAL_TAG, response_format, "response_format")
+    raise bad_request(
+        f"response_format.type must be text, json_object, json_schema or structural_tag (got {kind!r})",
+        "response_format",
+    )
+
+
+def _from_structured_outputs(options: dict[str, Any]) -> Constraint | None:
+    for key, value in options.items():
+        if key in _STRUCTURED_OPTIONS:
+            if value not in (None, False, ""):
+                raise bad_request(f"structured_outputs.{key} cannot be passed to the engine", "structured_outputs")
+        elif key not in _STRUCTURED_KINDS:
+            raise bad_request(f"structured_outputs has no field {key!r}", "structured_outputs")
+    chosen = [(key, value) for key, value in options.items() if key in _STRUCTURED_KINDS and value not in (None, False)]
+    if len(chosen) > 1:
+        raise bad_request("structured_outputs takes one of json, regex, choice, grammar, ...", "structured_outputs")
+    if not chosen:
+        return None
+    key, value = chosen[0]
+    return _constraint(_STRUCTURED_KINDS[key], value, "structured_outputs")
+
+
+def tool_choice_constraint(request: ChatCompletionRequest) -> Constraint | None:
+    """tool_choice "required" or a named function: the output must be tool call JSON (vLLM's schemas: for
+    "required" a non-empty array of {"name", "parameters"} over the request's tools; for a named function its
+    parameters). "none", "auto" and null need no constraint."""
+    choice = request.tool_choice
+    if choice is None or choice in ("none", "auto"):
+        return None
+    tools = _function_tools(request.tools)
+    if choice == "required":
+        if not tools:
+            raise bad_request('tool_choice "required" needs tools', "tool_choice")
+        variants = [
+            {
+                "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+            for name, parameters in tools.items()
+        ]
+        schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
+        return _constraint(CONSTRAINT_JSON_SCHEMA, schema, "tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        if name not in tools:
+            raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+        return _constraint(CONSTRAINT_JSON_SCHEMA, tools[name], "tool_choice")
+    raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", ...}', "tool_choice")
+
+
+def _function_tools(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """name -> parameters schema of the request's function tools."""
+    found: dict[str, dict[str, Any]] = {}
+    for tool in tools or []:
+        function = tool.get("function") if tool.get("type", "function") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request("every tool must be {'type': 'function', 'function': {'name': ...}}", "tools")
+        parameters = function.get("parameters")
+        found[function["name"]] = parameters if isinstance(parameters, dict) else {"type": "object"}
+    return found

@@ -1,0 +1,104 @@
+"""The gRPC gateway's GenerateRequest carries the request's sampling parameters and constraint in each dialect's
+own SamplingParams fields (smg-grpc-proto), and refuses by name what a dialect has no field for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+
+from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, SamplingParams
+from detok_worker.engine.grpc_api import DIALECTS
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
+
+SAMPLING = SamplingParams(
+    temperature=0.25,
+    top_p=0.5,
+    top_k=20,
+    min_p=0.125,
+    presence_penalty=-0.5,
+    frequency_penalty=0.75,
+    repetition_penalty=1.5,
+    logit_bias={13: 5.0, 7: -100.0},
+)
+SCHEMA = '{"type":"object"}'
+
+
+def generate(dialect: str, sampling: SamplingParams) -> Any:
+    params = RequestParams(9, DetokParams(stop_token_ids=[151645], min_tokens=2), sampling=sampling)
+    return DIALECTS[dialect].generate_request("rid-1", [1, 2, 3], params, params.detok)
+
+
+def fields(message: Any) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_sampling_fields_reach_the_request(dialect: str) -> None:
+    sampling = fields(generate(dialect, SAMPLING).sampling_params)
+    expected = {
+        "temperature": 0.25,
+        "top_p": 0.5,
+        "top_k": 20,
+        "min_p": 0.125,
+        "presence_penalty": -0.5,
+        "frequency_penalty": 0.75,
+        "repetition_penalty": 1.5,
+        "n": 1,
+        "stop_token_ids": [151645],
+    }
+    assert {name: sampling[name] for name in expected} == expected
+    assert {str(k): v for k, v in sampling["logit_bias"].items()} == {"13": 5.0, "7": -100.0}
+    limits = ("max_tokens", "min_tokens") if dialect == "vllm" else ("max_new_tokens", "min_new_tokens")
+    assert (sampling[limits[0]], sampling[limits[1]]) == (9, 2)
+
+
+def test_unset_values_stay_unset() -> None:
+    sampling = generate("vllm", SamplingParams(top_k=-1)).sampling_params
+    assert not sampling.HasField("temperature") and not sampling.HasField("seed") and not sampling.HasField("logprobs")
+    assert (sampling.top_p, sampling.top_k, sampling.WhichOneof("constraint")) == (0.0, 0, None)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "vllm", "sglang"),
+    [
+        (Constraint("json_schema", SCHEMA), {"json_schema": SCHEMA}, {"json_schema": SCHEMA}),
+        (Constraint("json_object"), {"json_object": True}, {"json_schema": json.dumps({"type": "object"})}),
+        (Constraint("regex", "[a-z]+"), {"regex": "[a-z]+"}, {"regex": "[a-z]+"}),
+        (Constraint("grammar", 'root ::= "a"'), {"grammar": 'root ::= "a"'}, {"ebnf_grammar": 'root ::= "a"'}),
+        (
+            Constraint("choice", choices=["yes", "a.b"]),
+            {"choice": {"choices": ["yes", "a.b"]}},
+            {"regex": r"(yes|a\.b)"},
+        ),
+        (Constraint("structural_tag", '{"x":1}'), {"structural_tag": '{"x":1}'}, {"structural_tag": '{"x":1}'}),
+    ],
+)
+def test_constraints_per_dialect(constraint: Constraint, vllm: dict[str, Any], sglang: dict[str, Any]) -> None:
+    for dialect, expected in (("vllm", vllm), ("sglang", sglang)):
+        message = generate(dialect, SamplingParams(constraint=constraint)).sampling_params
+        kind = message.WhichOneof("constraint")
+        assert {kind: fields(message)[kind]} == expected
+
+
+def test_seed_and_logprobs() -> None:
+    request = generate("vllm", SamplingParams(seed=1234, logprobs=3))
+    assert (request.sampling_params.seed, request.sampling_params.logprobs) == (1234, 3)
+    request = generate("sglang", SamplingParams(logprobs=3))
+    assert (request.return_logprob, request.top_logprobs_num) == (True, 3)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "sampling", "param"),
+    [
+        ("vllm", SamplingParams(seed=2**40), "seed"),
+        ("vllm", SamplingParams(top_k=2**40), "top_k"),
+        ("sglang", SamplingParams(seed=1), "seed"),
+    ],
+)
+def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: SamplingParams, param: str) -> None:
+    with pytest.raises(UnsupportedParameter) as raised:
+        generate(dialect, sampling)
+    assert raised.value.param == param
