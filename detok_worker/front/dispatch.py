@@ -4,7 +4,9 @@ Each live request has a RequestStream: a bounded buffer of text not yet taken by
 request's end state. Deltas go through bus/reassembly.py (each character exactly once; a gap fails the
 request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
-bounded; so is one that outlives front.request_timeout_s.
+bounded; so is one that outlives front.request_timeout_s. When the engine goes away (its connection closes, or
+its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an `engine_lost` error: the new
+engine that may come up does not know them.
 
 Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
 rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
@@ -24,6 +26,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
 from detok_worker.bus.messages import (
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_STALE_S = 3.0  # EngineStats arrive every ~0.5 s; older than this = engine gone
 SWEEP_INTERVAL_S = 0.5
+SHUTTING_DOWN = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
 _repeated_faults = RateLimiter(interval_s=10.0)  # faults that can repeat per frame are logged once per 10 s
 
 
@@ -146,6 +150,7 @@ class Dispatcher:
         self._context: zmq.asyncio.Context | None = None
         self._bus: BusSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._engine_monitor: zmq.asyncio.Socket | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -154,17 +159,17 @@ class Dispatcher:
         self._bus = BusSockets(self.config, self._context)
         pull = self._bus.front_pull()
         push = self._bus.engine_push()
+        self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
             asyncio.create_task(self._send_loop(push), name="front-send"),
             asyncio.create_task(self._sweep_loop(), name="front-sweep"),
+            asyncio.create_task(self._engine_watch_loop(self._engine_monitor), name="front-engine-watch"),
         ]
 
     async def close(self) -> None:
         """Fail every live request, tell the engine to stop them, close the sockets."""
-        shutting_down = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
-        for stream in list(self._streams.values()):
-            self.abort(stream, shutting_down, cause="shutdown")
+        self.fail_all(SHUTTING_DOWN, cause="shutdown")
         if self._outbox.qsize():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._outbox.join(), timeout=0.5)
@@ -174,6 +179,9 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self._engine_monitor is not None:
+            self._engine_monitor.close(linger=0)
+            self._engine_monitor = None
         if self._bus is not None:
             self._bus.close()
             self._bus = None
@@ -212,6 +220,19 @@ class Dispatcher:
         self.metrics.aborted(cause)
         if error is not None:
             stream.fail(error, drop_text=drop_text)
+
+    def fail_all(self, error: APIError, cause: str) -> int:
+        """End every live request with `error` (shutdown, engine lost); returns how many there were."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            self.abort(stream, error, cause=cause)
+        return len(streams)
+
+    def _engine_lost(self, why: str) -> None:
+        self._engine = None  # not alive until a (new) engine reports again
+        error = APIError(502, f"the engine went away ({why})", type=ENGINE_ERROR, code="engine_lost")
+        failed = self.fail_all(error, cause="engine_lost")
+        log.warning("front: the engine went away (%s); %d live requests ended with an error", why, failed)
 
     @property
     def live_rids(self) -> int:
@@ -317,9 +338,18 @@ class Dispatcher:
         if tokens:
             self.metrics.front_tokens.inc(tokens)
 
+    async def _engine_watch_loop(self, monitor: zmq.asyncio.Socket) -> None:
+        """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once."""
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
+                self._engine_lost("its connection closed")
+
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            if self._engine is not None and not self.engine_alive():
+                self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             now = time.monotonic()
             # worker ids come and go (HOSTNAME-PID after each restart): forget the silent ones, or the table grows
