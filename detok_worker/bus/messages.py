@@ -151,9 +151,11 @@ class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True, gc=False):
-    """Engine asks a worker to leave gracefully (after handing its rids elsewhere)."""
+    """Engine asks a worker to leave gracefully (after handing its rids elsewhere), or with `rejoin` to forget
+    every rid it holds and register again (its rids are stale: the engine declared it dead or restarted)."""
 
     reason: str = ""
+    rejoin: bool = False
 
 
 # ---- worker -> engine ------------------------------------------------------------------------------

@@ -46,8 +46,10 @@ def _start_role(role: str, config: DetokConfig) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, config: DetokConfig) -> int:
+    from detok_worker.front.api_key import resolve_api_key
     from detok_worker.process.supervisor import serve
 
+    resolve_api_key(config.front)  # a conflicting or unsafe key source fails here, before any child starts
     setup_logging("serve", config.logging.level, config.logging.format)
     return serve(config, startup_timeout_s=args.startup_timeout)
 

@@ -21,6 +21,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 # argparse dest prefix marking "this flag is the config key after the colon".
 _OVERRIDE = "override:"
+# Keys whose value should not be on a command line: any local user can read /proc/PID/cmdline.
+SECRET_KEYS = {"front.api_key": "DETOK_API_KEY or a 0600 file named by front.api_key_file"}
 
 
 def add_override_flag(group: argparse._ActionsContainer, flag: str, key: str, help: str, **kwargs: Any) -> None:
@@ -125,6 +127,12 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"--set expects KEY=VALUE, got {entry!r}")
         overrides[key.strip()] = parse_set_value(value.strip())
+        if key.strip() in SECRET_KEYS:
+            print(
+                f"detok: warning: --set {key.strip()}=... is readable by every local user in /proc/PID/cmdline; "
+                f"use {SECRET_KEYS[key.strip()]} instead",
+                file=sys.stderr,
+            )
     for dest, value in vars(args).items():
         if dest.startswith(_OVERRIDE) and value is not None:
             overrides[dest[len(_OVERRIDE) :]] = value

@@ -113,6 +113,12 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         default_factory=lambda: ["Authorization", "Content-Type", "X-Request-Id"]
     )
     cors_allow_credentials: bool = False
+    api_key_file: str = ""  # a file (mode 0600) holding the API key; or DETOK_API_KEY in the environment
+    drain_timeout_s: float = 20.0  # SIGTERM: in-flight requests get this long to finish
+    header_timeout_s: float = 10.0  # a request head not complete after this long: connection closed
+    body_timeout_s: float = 60.0  # a request body not complete this long after its head: connection closed
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
+    max_connections: int = 10_000  # open HTTP connections; beyond it 503 (also kept below the fd limit)
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -197,6 +203,11 @@ def validate(config: DetokConfig) -> None:
         (config.engine.batch_answer_timeout_s >= 0, "engine.batch_answer_timeout_s must be >= 0 (0 = off)"),
         (config.worker.max_live_stop_chars > 0, "worker.max_live_stop_chars must be > 0"),
         (config.front.max_model_len >= 0, "front.max_model_len must be >= 0"),
+        (config.front.drain_timeout_s >= 0, "front.drain_timeout_s must be >= 0"),
+        (config.front.header_timeout_s > 0, "front.header_timeout_s must be > 0"),
+        (config.front.body_timeout_s > 0, "front.body_timeout_s must be > 0"),
+        (config.front.keep_alive_timeout_s > 0, "front.keep_alive_timeout_s must be > 0"),
+        (config.front.max_connections >= 1, "front.max_connections must be >= 1"),
         (config.logging.format in ("human", "json"), "logging.format must be human or json"),
         (config.tokenizer.cache.l0_max_entries > 0, "tokenizer.cache.l0_max_entries must be > 0"),
         (config.tokenizer.cache.l1_max_memory > 0, "tokenizer.cache.l1_max_memory must be > 0"),

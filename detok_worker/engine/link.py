@@ -273,7 +273,7 @@ class EngineLink:
             message = self.decoder.decode(frame)
             if isinstance(message, Heartbeat):
                 if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked):
-                    self._send_worker(identity, Shutdown(STALE_WORKER))
+                    self._send_worker(identity, Shutdown(STALE_WORKER, rejoin=True))
             elif isinstance(message, Finish):
                 if scheduler.finish(message.rid, worker):
                     self._news.stopped.append(message.rid)

@@ -26,13 +26,15 @@ from starlette.routing import Route
 
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
-from detok_worker.front.dispatch import Dispatcher, RequestStream
+from detok_worker.front.api_key import resolve_api_key
+from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, APIError, encode_error
 from detok_worker.front.middleware import middleware_for, request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids
+from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import ChatFormatter, CompletionFormatter, Formatter
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
 from detok_worker.front.validation import (
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 PROMPT_THREADS = 2  # chat templates and tokenizing run off the event loop
+RETRY_AFTER_S = 5  # what a request refused while draining is told
+DRAIN_POLL_S = 0.05
+DRAIN_FLUSH_S = 2.0  # after the drain timeout: time for the failed streams to send their error event
 T = TypeVar("T")
 R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 
@@ -79,8 +84,10 @@ class Front:
         self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config)
         self.parsers = ParserChoice.from_config(config, tokenizer)
-        self._api_key = config.front.api_key.encode("utf-8")
+        self._api_key = resolve_api_key(config.front).encode("utf-8")
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")
+        self.draining = False  # set on SIGTERM (server.py): new requests get 503, live ones may finish
+        self._open_event_streams = 0
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -90,6 +97,24 @@ class Front:
         finally:
             await self.dispatcher.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def drain(self) -> None:
+        """Stop taking requests, let live ones finish for up to front.drain_timeout_s, then end the rest with an
+        error (an SSE error event and [DONE]) and give their handlers a moment to send it."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.front.drain_timeout_s
+        log.info(
+            "draining: %d live requests, up to %.1f s", self.dispatcher.live_rids, self.config.front.drain_timeout_s
+        )
+        while self.dispatcher.live_rids and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        failed = self.dispatcher.fail_all(SHUTTING_DOWN, cause="shutdown")
+        if failed:
+            log.warning("drain timeout: %d requests ended with a shutdown error", failed)
+        deadline = loop.time() + DRAIN_FLUSH_S
+        while self._open_event_streams and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
 
     # ---- plumbing ---------------------------------------------------------------------------------------
 
@@ -142,6 +167,8 @@ class Front:
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
         id_kind: str,
     ) -> Response:
+        if self.draining:
+            return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self._authorize(request)
         body = decode(await self._read_body(request))
         model = check_model(body.model, self.limits)
@@ -187,10 +214,10 @@ class Front:
         return json_response({"version": detok_version()})
 
     async def health(self, request: Request) -> Response:
-        healthy = self.dispatcher.healthy()
+        healthy = self.dispatcher.healthy() and not self.draining
         stats = self.dispatcher.stats()
         payload = {
-            "status": "ok" if healthy else "unavailable",
+            "status": "draining" if self.draining else "ok" if healthy else "unavailable",
             "engine": stats["engine"] is not None and self.dispatcher.engine_alive(),
             "workers": len(stats["engine"]["workers"]) if stats["engine"] else 0,
             "live_rids": self.dispatcher.live_rids,
@@ -221,6 +248,7 @@ class Front:
     async def _events(self, stream: RequestStream, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
         clients = self.dispatcher.metrics.sse_clients
         clients.inc()
+        self._open_event_streams += 1
         try:
             first = formatter.first_chunk()
             if first is not None:
@@ -241,6 +269,7 @@ class Front:
             yield sse.DONE
         finally:
             clients.dec()
+            self._open_event_streams -= 1
 
     async def _collect(self, request: Request, stream: RequestStream, formatter: Formatter) -> Response:
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))

@@ -6,7 +6,9 @@ request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
 bounded; so is one that outlives front.request_timeout_s. Over all streams, untaken text is bounded by
 front.max_total_pending_chars: past it new requests get a 503 (front_overloaded), and a stream holding more than
-its fair share (the budget over the live streams) is failed like a slow client.
+its fair share (the budget over the live streams) is failed like a slow client. When the engine goes away (its
+connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
+`engine_lost` error: the new engine that may come up does not know them.
 
 Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
 rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
@@ -26,14 +28,13 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
 from detok_worker.bus.messages import (
-    FINISH_ERROR,
     Abort,
     Delivered,
     EngineStats,
-    ParsedDelta,
     Reject,
     RequestParams,
     Submit,
@@ -41,12 +42,11 @@ from detok_worker.bus.messages import (
     TextDelta,
     WorkerStats,
 )
-from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, bad_request
+from detok_worker.front.request_stream import RequestStream
 from detok_worker.metrics import FrontMetrics
-from detok_worker.parse.base import ParsedOutput
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
 from detok_worker.stream.stop.rules import StopRules
 
@@ -54,121 +54,8 @@ log = logging.getLogger(__name__)
 
 ENGINE_STALE_S = 3.0  # EngineStats arrive every ~0.5 s; older than this = engine gone
 SWEEP_INTERVAL_S = 0.5
+SHUTTING_DOWN = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
 _repeated_faults = RateLimiter(interval_s=10.0)  # faults that can repeat per frame are logged once per 10 s
-
-
-class RequestStream:
-    """One request's text as it arrives, and how it ended. Only the event loop thread touches it."""
-
-    __slots__ = (
-        "rid",
-        "prompt_tokens",
-        "deadline",
-        "reassembly",
-        "pending_chars",
-        "n_tokens",
-        "finish",
-        "stop_reason",
-        "failure",
-        "done",
-        "_pieces",
-        "_parsed",
-        "parsed_reassembly",
-        "tool_calls_seen",
-        "_stop_rules",
-        "_wakeup",
-    )
-
-    def __init__(
-        self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules, parsed: bool = False
-    ) -> None:
-        self.rid = rid
-        self.prompt_tokens = prompt_tokens
-        self.deadline = deadline
-        self.reassembly = DeltaReassembly()
-        self.pending_chars = 0  # accepted but not yet taken by the handler
-        self.n_tokens = 0
-        self.finish: str | None = None
-        self.stop_reason: str | int | None = None
-        self.failure: APIError | None = None
-        self.done = False
-        self._pieces: list[str] = []
-        # a request with parsers: its news are channels (reasoning, content, tool calls), not plain text
-        self._parsed: ParsedOutput | None = ParsedOutput() if parsed else None
-        self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
-        self.tool_calls_seen = False
-        self._stop_rules = stop_rules
-        self._wakeup = asyncio.Event()
-
-    def accept(self, delta: TextDelta) -> str | None:
-        """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
-        text = self.reassembly.take(delta)
-        if text is None:
-            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
-            return None
-        if self._parsed is not None:
-            if not self._accept_parsed(delta):
-                return None
-        elif text:
-            self._pieces.append(text)
-            self.pending_chars += len(text)
-        self.n_tokens = max(self.n_tokens, delta.n_tokens)
-        if delta.finish is not None:
-            if delta.finish == FINISH_ERROR:
-                message = delta.error or "the detokenizer failed on this request"
-                self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
-            else:
-                self.finish = delta.finish
-                self.stop_reason = self._stop_rules.client_stop_reason(delta.stop_reason)
-            self.done = True
-        self._wakeup.set()
-        return text
-
-    def _accept_parsed(self, delta: TextDelta) -> bool:
-        assert self.parsed_reassembly is not None and self._parsed is not None
-        # a worker that does not parse (an older one) sends plain text: all of it is content
-        parsed = delta.parsed if delta.parsed is not None else ParsedDelta(delta.text, delta.offset)
-        fresh = self.parsed_reassembly.take(parsed)
-        if fresh is None:
-            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
-            return False
-        news = self._parsed
-        news.content += fresh.content
-        news.reasoning += fresh.reasoning
-        for call in fresh.tool_calls:
-            news.add_tool(call.index, call.name, call.arguments)
-            self.tool_calls_seen = True
-        self.pending_chars += (
-            len(fresh.content) + len(fresh.reasoning) + sum(len(c.arguments) for c in fresh.tool_calls)
-        )
-        return True
-
-    def fail(self, error: APIError, *, drop_text: bool) -> None:
-        if self.done:
-            return
-        self.failure = error
-        self.done = True
-        if drop_text:
-            self._pieces.clear()
-            if self._parsed is not None:
-                self._parsed = ParsedOutput()
-            self.pending_chars = 0
-        self._wakeup.set()
-
-    async def wait(self) -> str | ParsedOutput:
-        """Wait until there is text or the stream is done; returns (and releases) all text not taken yet (for a
-        request with parsers: the channels' news). When it returns with `done` set, no more text will come."""
-        while not (self._pieces or self._parsed) and not self.done:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        if self._parsed is not None:
-            news, self._parsed = self._parsed, ParsedOutput()
-            self.pending_chars = 0
-            return news
-        text = "".join(self._pieces)
-        self._pieces.clear()
-        self.pending_chars = 0
-        return text
 
 
 class Dispatcher:
@@ -189,6 +76,7 @@ class Dispatcher:
         self._context: zmq.asyncio.Context | None = None
         self._bus: BusSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._engine_monitor: zmq.asyncio.Socket | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -197,17 +85,17 @@ class Dispatcher:
         self._bus = BusSockets(self.config, self._context)
         pull = self._bus.front_pull()
         push = self._bus.engine_push()
+        self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
             asyncio.create_task(self._send_loop(push), name="front-send"),
             asyncio.create_task(self._sweep_loop(), name="front-sweep"),
+            asyncio.create_task(self._engine_watch_loop(self._engine_monitor), name="front-engine-watch"),
         ]
 
     async def close(self) -> None:
         """Fail every live request, tell the engine to stop them, close the sockets."""
-        shutting_down = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
-        for stream in list(self._streams.values()):
-            self.abort(stream, shutting_down, cause="shutdown")
+        self.fail_all(SHUTTING_DOWN, cause="shutdown")
         if self._outbox.qsize():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._outbox.join(), timeout=0.5)
@@ -217,6 +105,9 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self._engine_monitor is not None:
+            self._engine_monitor.close(linger=0)
+            self._engine_monitor = None
         if self._bus is not None:
             self._bus.close()
             self._bus = None
@@ -264,6 +155,19 @@ class Dispatcher:
         self.metrics.aborted(cause)
         if error is not None:
             stream.fail(error, drop_text=drop_text)
+
+    def fail_all(self, error: APIError, cause: str) -> int:
+        """End every live request with `error` (shutdown, engine lost); returns how many there were."""
+        streams = list(self._streams.values())
+        for stream in streams:
+            self.abort(stream, error, cause=cause)
+        return len(streams)
+
+    def _engine_lost(self, why: str) -> None:
+        self._engine = None  # not alive until a (new) engine reports again
+        error = APIError(502, f"the engine went away ({why})", type=ENGINE_ERROR, code="engine_lost")
+        failed = self.fail_all(error, cause="engine_lost")
+        log.warning("front: the engine went away (%s); %d live requests ended with an error", why, failed)
 
     @property
     def live_rids(self) -> int:
@@ -380,9 +284,18 @@ class Dispatcher:
         self.pending_total = sum(stream.pending_chars for stream in self._streams.values())
         return self.pending_total
 
+    async def _engine_watch_loop(self, monitor: zmq.asyncio.Socket) -> None:
+        """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once."""
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
+                self._engine_lost("its connection closed")
+
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            if self._engine is not None and not self.engine_alive():
+                self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self._recount_pending()
             now = time.monotonic()

@@ -7,7 +7,6 @@ import uuid
 
 import msgspec
 
-from detok_worker.front.dispatch import RequestStream
 from detok_worker.front.openai_api import (
     ChatChoice,
     ChatChunkChoice,
@@ -21,6 +20,7 @@ from detok_worker.front.openai_api import (
     ToolCallOut,
     Usage,
 )
+from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput
 
 FINISH_TOOL_CALLS = "tool_calls"

@@ -1,40 +1,84 @@
 """The front process: serves the app (app.py) with uvicorn (uvloop when installed) on config.front.host:port
-until SIGINT/SIGTERM, then exits cleanly."""
+until SIGINT/SIGTERM, then drains and exits cleanly.
+
+The first SIGINT/SIGTERM starts a drain (Front.drain): the listener stays open so new requests get a 503 with
+Retry-After and /health says "draining"; live requests may finish for up to front.drain_timeout_s, the rest end
+with an error event; then uvicorn shuts down. A second signal exits at once. HTTP limits (head/body deadlines,
+connection cap, open-file limit): http_guard.py.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from types import FrameType
 
 import uvicorn
 
 from detok_worker.config import DetokConfig
-from detok_worker.front.app import create_app
+from detok_worker.front.app import Front, create_app
+from detok_worker.front.http_guard import connection_cap, guarded_protocol, raise_fd_limit
 from detok_worker.metrics import observe_tokenizer_load
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 
-GRACEFUL_SHUTDOWN_S = 1.0  # open streams get this long to finish before they are cut (all children exit < 5 s)
+GRACEFUL_SHUTDOWN_S = 1.0  # after the drain: connections get this long to close before their tasks are cancelled
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first stop signal drains the front before shutting down."""
+
+    def __init__(self, config: uvicorn.Config, front: Front) -> None:
+        super().__init__(config)
+        self.front = front
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain is not None:  # not serving yet, or a second signal: stop now
+            self.force_exit = self._drain is not None
+            super().handle_exit(sig, frame)
+            return
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.front.drain()
+        finally:
+            self.should_exit = True
 
 
 def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None) -> None:
-    """Serve the front on config.front.host:port; blocks until SIGINT/SIGTERM."""
+    """Serve the front on config.front.host:port; blocks until SIGINT/SIGTERM (and the drain) end it."""
     if tokenizer is None:
         start = time.perf_counter()
         tokenizer = load_configured_tokenizer(config)
         observe_tokenizer_load(tokenizer, time.perf_counter() - start, "front")
     app = create_app(config, tokenizer)
-    server = uvicorn.Server(
+    max_connections = connection_cap(config.front, raise_fd_limit())
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=config.front.host,
             port=config.front.port,
             loop="auto",
+            http=guarded_protocol(config.front, max_connections),
             lifespan="on",
             log_config=None,
             access_log=False,
+            timeout_keep_alive=config.front.keep_alive_timeout_s,  # type: ignore[arg-type]
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+        ),
+        app.state.front,
     )
     # uvicorn handles the signals while it runs and re-raises them after its shutdown; catching them here
     # turns that re-raise into a normal return (exit code 0) instead of a death by signal.

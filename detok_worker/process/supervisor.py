@@ -11,8 +11,9 @@
   outer service manager to act on.
 - Scaling at runtime: SIGTTIN adds a worker, SIGTTOU retires the oldest one gracefully (SIGTERM: it says
   Goodbye and the engine moves its requests), like gunicorn; TTIN then TTOU replaces the oldest process.
-- SIGINT/SIGTERM/SIGHUP: forward SIGTERM, wait `shutdown_timeout_s`, then SIGKILL what is left. A second
-  signal skips the wait.
+- SIGINT/SIGTERM/SIGHUP: SIGTERM to the front, which drains (up to front.drain_timeout_s) while the engine and
+  workers still run; then SIGTERM to the others, wait `shutdown_timeout_s`, SIGKILL what is left. A second
+  signal skips the waits.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ CONFIG_FILE = "config.toml"
 BACKOFF_INITIAL_S = 0.25
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 10.0  # a worker that ran this long resets its backoff
+FRONT_EXIT_MARGIN_S = 3.0  # past its drain timeout, the front's own shutdown (error events, sockets)
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
 
@@ -317,18 +319,24 @@ class Supervisor:
             child.proc.wait(timeout=2.0)
 
     def stop_children(self) -> None:
-        """SIGTERM every child, wait up to shutdown_timeout_s, SIGKILL the rest."""
-        running = [child for child in self.children if child.alive]
-        for child in running:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        deadline = time.monotonic() + self.shutdown_timeout_s
-        while any(child.alive for child in running) and time.monotonic() < deadline and self._stop_signals < 2:
-            time.sleep(0.02)
+        """SIGTERM the front first and let it drain (the engine and workers keep serving its live requests for up
+        to front.drain_timeout_s); then SIGTERM the others, wait up to shutdown_timeout_s, SIGKILL the rest."""
+        fronts = [child for child in self.children if child.role == "front" and child.alive]
+        self._terminate(fronts, self.config.front.drain_timeout_s + FRONT_EXIT_MARGIN_S)
+        self._terminate([child for child in self.children if child.alive], self.shutdown_timeout_s)
         for child in self.children:
             if child.alive:
                 log.warning("%s (pid %s) did not exit in time; killing it", child.name, child.pid)
             self._kill(child)
+
+    def _terminate(self, children: list[Child], timeout_s: float) -> None:
+        """SIGTERM `children` and wait up to timeout_s for them to exit (a second stop signal cuts the wait)."""
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout_s
+        while any(child.alive for child in children) and time.monotonic() < deadline and self._stop_signals < 2:
+            time.sleep(0.02)
 
     def cleanup(self) -> None:
         """Remove the runtime dir (or, for an operator-given dir, only our files in it)."""

@@ -5,7 +5,8 @@ Goodbye. PUSH to the front: one TextBatch per TokenBatch, WorkerStats every work
 Backpressure: when the front does not take TextBatches (its queue is at the high-water mark) the worker stops
 reading TokenBatches until it does, so the engine's queue to this worker fills and the engine pauses this
 worker's rids; heartbeats keep flowing meanwhile. SIGINT/SIGTERM or a Shutdown from the engine: Goodbye (the
-engine re-opens any live rids elsewhere), close, return.
+engine re-opens any live rids elsewhere), close, return. A Shutdown with `rejoin` (the engine restarted, or it
+declared this worker dead and moved its rids): drop every rid, send Hello again, keep running.
 """
 
 from __future__ import annotations
@@ -94,11 +95,23 @@ class WorkerProcess:
             message = self.decoder.decode(frame) if frame is not None else None
             if isinstance(message, TokenBatch):
                 self._handle_batch(message, received)
+            elif isinstance(message, Shutdown) and message.rejoin:
+                self._rejoin(message.reason)
             elif isinstance(message, Shutdown):
                 log.info("worker %s: shutdown requested by the engine (%s)", self.worker_id, message.reason)
                 self.stopping = True
                 return
             self._tick()
+
+    def _rejoin(self, reason: str) -> None:
+        """The engine does not know our rids (it restarted, or declared us dead and moved them): forget them and
+        register again, instead of exiting (nothing restarts a worker started on its own)."""
+        dropped = self.state.drop_all()
+        log.warning(
+            "worker %s: the engine asked to rejoin (%s); %d stale rids dropped", self.worker_id, reason, len(dropped)
+        )
+        self._send_engine(Hello(self.worker_id, self.pid))
+        self._next_heartbeat = time.monotonic()
 
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
         tokens_before = self.state.tokens_in

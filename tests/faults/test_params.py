@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,7 +27,8 @@ import zmq
 from helpers.bus_peers import bus_config
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
-from helpers.serve_helpers import REPO, wait_for
+from helpers.role_process import RoleProcess
+from helpers.serve_helpers import wait_for
 
 from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import DetokParams, EngineStats, Heartbeat, Open, Submit, TokenBatch, Tokens
@@ -39,30 +37,6 @@ from detok_worker.bus.sockets import BusSockets
 WORKER = "small-limits"
 STATS_INTERVAL_S = 0.05
 FREED_WITHIN_S = 1.0 + STATS_INTERVAL_S
-
-
-class RoleProcess:
-    """`python -m detok_worker.cli ROLE ...` with its log in a file."""
-
-    def __init__(self, runtime_dir: str, role: str, *args: str) -> None:
-        self.log_path = Path(runtime_dir) / f"{role}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        command = [sys.executable, "-m", "detok_worker.cli", role, "--runtime-dir", runtime_dir, *args]
-        self.proc = subprocess.Popen(command, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 class PlayedEngine(threading.Thread):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class Outcome:
     finish_reason: str | None = None
     error: dict[str, Any] | None = None
     completion_tokens: int | None = None
+    done: bool = False  # the stream ended with data: [DONE]
+    error_at: float | None = None  # time.monotonic() when the error event arrived
 
 
 @dataclass(frozen=True)
@@ -106,10 +109,12 @@ async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> 
                 continue
             data = line[len("data: ") :]
             if data == "[DONE]":
+                outcome.done = True
                 break
             event = json.loads(data)
             if "error" in event:
                 outcome.error = event["error"]
+                outcome.error_at = time.monotonic()
                 continue
             for choice in event["choices"]:
                 parts.append(choice["text"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from detok_worker.bus.messages import DetokParams, TextDelta
 from detok_worker.bus.reassembly import GAP_ERROR
-from detok_worker.front.dispatch import RequestStream
+from detok_worker.front.request_stream import RequestStream
 from detok_worker.stream.stop.rules import StopLimits, StopRules
 
 
