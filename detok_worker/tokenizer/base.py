@@ -1,8 +1,9 @@
-"""Shared plumbing for the backends that are not built on Hugging Face `tokenizers`.
+"""Shared plumbing for the tokenizer backends.
 
-`TokenizerBase` holds what every such backend has in common: the vocabulary size, the special-token sets, id
+`TokenizerBase` holds what every backend has in common: the vocabulary size, the special-token sets, id
 validation, batch encoding and chat templates. A backend subclasses it and implements `encode`, `decode`,
-`token_to_id` and `id_to_token`. `char_spans_from_byte_lengths` turns per-token byte lengths into the character
+`token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
+does for batches and id checks). `char_spans_from_byte_lengths` turns per-token byte lengths into the character
 offsets `Encoding` carries.
 """
 
