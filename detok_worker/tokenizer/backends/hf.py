@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
 from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
+from detok_worker.tokenizer.loading.side_files import token_text
 from detok_worker.tokenizer.protocol import (
     Encoding,
     SpecialTokens,
@@ -29,15 +30,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.xz")
 CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 _NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
-
-
-def _token_content(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict, or null."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -85,11 +77,11 @@ class HFTokenizer(TokenizerBase):
     def _read_special_tokens(
         config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, Any]
     ) -> SpecialTokens:
-        named = {kind: _token_content(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
+        named = {kind: token_text(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
         taken = set(named.values())
         additional: dict[str, None] = {}
         for token in config.get("additional_special_tokens") or ():
-            content = _token_content(token)
+            content = token_text(token)
             if content is not None and content not in taken:
                 additional[content] = None
         special_contents = {token.content for token in added.values() if token.special}
