@@ -10,7 +10,7 @@ offsets `Encoding` carries.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,15 @@ def token_string_to_bytes(token: str) -> bytes | None:
         return bytes(table[ch] for ch in token)
     except KeyError:
         return None
+
+
+def id_of_token_string(token: str, special_ids: Mapping[str, int], ids_by_bytes: Mapping[bytes, int]) -> int | None:
+    """The id of a token as a byte-table backend's `id_to_token` writes it: a special token's text, else the
+    GPT-2 alphabet string of its bytes."""
+    if token in special_ids:
+        return special_ids[token]
+    data = token_string_to_bytes(token)
+    return None if data is None else ids_by_bytes.get(data)
 
 
 def import_optional(module: str, extra: str) -> Any:
