@@ -6,14 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from detok_worker.config import ConfigError
-from detok_worker.config.flags import config_from_args
-from detok_worker.errors import OperatorError
-from detok_worker.process.logs import setup_logging
-from detok_worker.process.parent_watch import watch_parent
+from detok_worker.config.flags import run_with_config
 from engine_stub.command import add_engine_command_flags, run_engine_command
-
-EXIT_USAGE = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,21 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Scheduler stand-in: streams token ids of a corpus, the prompt (echo) or a trace to detok workers.",
     )
     add_engine_command_flags(parser)
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"engine-stub: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    setup_logging("engine", config.logging.level, config.logging.format)
-    watch_parent()
-    try:
-        return run_engine_command(args, config)
-    except KeyboardInterrupt:
-        return 130
-    except OperatorError as exc:
-        print(f"engine-stub: {exc}", file=sys.stderr)
-        return 1
+    return run_with_config("engine-stub", parser.parse_args(argv), run_engine_command)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import argparse
 
 from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags, add_engine_flags
+from detok_worker.process.logs import setup_logging
+from detok_worker.process.parent_watch import watch_parent
 from engine_stub.engine import run_engine
 
 
@@ -18,6 +20,9 @@ def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
+    """Run the engine role (the stub, or the gateway for `engine.source = "grpc"`) until it ends."""
+    setup_logging("engine", config.logging.level, config.logging.format)
+    watch_parent()
     if config.engine.source == "grpc":
         from detok_worker.engine.grpc_gateway import run_gateway
 

@@ -21,23 +21,20 @@ from collections.abc import Callable, Sequence
 from detok_worker.cli.bench import add_bench_command
 from detok_worker.cli.tokenizer import add_tokenizer_commands
 from detok_worker.cli.trace import add_trace_commands
-from detok_worker.config import ConfigError, DetokConfig, config_to_toml
+from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import (
     add_config_flags,
     add_engine_flags,
     add_front_flags,
     add_worker_count_flag,
-    config_from_args,
+    run_with_config,
 )
-from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
 from engine_stub.command import add_engine_command_flags, run_engine_command
 from engine_stub.grpc_server import add_engine_server_flags
 
 log = logging.getLogger("detok")
-
-EXIT_USAGE = 2
 
 
 def _start_role(role: str, config: DetokConfig) -> None:
@@ -68,11 +65,6 @@ def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
     _start_role("front", config)
     run_front(config)
     return 0
-
-
-def cmd_engine(args: argparse.Namespace, config: DetokConfig) -> int:
-    _start_role("engine", config)
-    return run_engine_command(args, config)
 
 
 def cmd_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
@@ -111,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(front)
     add_front_flags(front)
 
-    engine = command("engine", cmd_engine, "run the engine stub (same as the engine-stub command)")
+    engine = command("engine", run_engine_command, "run the engine stub (same as the engine-stub command)")
     add_engine_command_flags(engine)
 
     engine_server = command(
@@ -136,18 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ConfigError as exc:
-        print(f"detok {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return args.handler(args, config)
-    except KeyboardInterrupt:
-        return 130
-    except OperatorError as exc:
-        print(f"detok {args.command}: {exc}", file=sys.stderr)
-        return 1
+    return run_with_config(f"detok {args.command}", args, args.handler)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from detok_worker.config import ConfigError, DetokConfig, load_config
 from detok_worker.config.schema import ENGINE_SOURCES
+from detok_worker.errors import OperatorError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -142,3 +144,23 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace) -> DetokConfig:
     """Load --config (or the default file) and apply every flag; raises ConfigError with the offending key."""
     return load_config(getattr(args, "config", None), overrides_from_args(args))
+
+
+EXIT_USAGE = 2
+
+
+def run_with_config(prog: str, args: argparse.Namespace, run: Callable[[argparse.Namespace, DetokConfig], int]) -> int:
+    """A command's exit code: `run`'s with the configuration its flags name; 2 when the configuration is wrong
+    and 1 on an OperatorError (the message on one line, no traceback), 130 on Ctrl-C."""
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run(args, config)
+    except KeyboardInterrupt:
+        return 130
+    except OperatorError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1

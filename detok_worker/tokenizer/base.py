@@ -1,15 +1,16 @@
-"""Shared plumbing for the backends that are not built on Hugging Face `tokenizers`.
+"""Shared plumbing for the tokenizer backends.
 
-`TokenizerBase` holds what every such backend has in common: the vocabulary size, the special-token sets, id
+`TokenizerBase` holds what every backend has in common: the vocabulary size, the special-token sets, id
 validation, batch encoding and chat templates. A backend subclasses it and implements `encode`, `decode`,
-`token_to_id` and `id_to_token`. `char_spans_from_byte_lengths` turns per-token byte lengths into the character
+`token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
+does for batches and id checks). `char_spans_from_byte_lengths` turns per-token byte lengths into the character
 offsets `Encoding` carries.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,15 @@ def token_string_to_bytes(token: str) -> bytes | None:
         return bytes(table[ch] for ch in token)
     except KeyError:
         return None
+
+
+def id_of_token_string(token: str, special_ids: Mapping[str, int], ids_by_bytes: Mapping[bytes, int]) -> int | None:
+    """The id of a token as a byte-table backend's `id_to_token` writes it: a special token's text, else the
+    GPT-2 alphabet string of its bytes."""
+    if token in special_ids:
+        return special_ids[token]
+    data = token_string_to_bytes(token)
+    return None if data is None else ids_by_bytes.get(data)
 
 
 def import_optional(module: str, extra: str) -> Any:

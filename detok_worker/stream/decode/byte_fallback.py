@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from detok_worker.stream.decode.table_stream import TableDecodeStream
-from detok_worker.stream.decode.tables import NOT_A_BYTE, ByteDecoding, check_ids
+from detok_worker.stream.decode.tables import NOT_A_BYTE, DecodeTables, check_ids
 from detok_worker.stream.decode.utf8 import is_well_formed, unfinished_length
-from detok_worker.tokenizer.protocol import Tokenizer
 
 _PROMPT_TAIL_IDS = 64
 REPLACEMENT = "\ufffd"
@@ -32,8 +31,6 @@ class ByteFallbackDecodeStream(TableDecodeStream):
     """DecodeStream for byte-fallback tokenizers; see the module docstring."""
 
     __slots__ = (
-        "_decoding",
-        "_texts",
         "_byte_values",
         "_run",
         "_run_ids",
@@ -44,22 +41,15 @@ class ByteFallbackDecodeStream(TableDecodeStream):
     )
     byte_fallback = True
 
-    def _setup(
-        self, tokenizer: Tokenizer, decoding: ByteDecoding, prompt_ids: Sequence[int], skip_special_tokens: bool
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        tables = decoding.tables(skip_special_tokens)
+    def _setup(self, tables: DecodeTables, prompt_ids: Sequence[int]) -> None:
         assert tables.byte_values is not None
-        self._decoding = decoding
-        self._texts = tables.texts
         self._byte_values = tables.byte_values
         self._run = bytearray()  # bytes of the open run of byte tokens
         self._run_ids: list[int] = []
         self._run_checked = 0  # leading bytes of the run known to be well-formed complete characters
         self._run_invalid = False  # the open run is ill-formed: it was released, its later bytes are U+FFFD at once
         self._owned = 0  # leading bytes of the run that are the prompt's (or were already flushed)
-        self._strip_left = decoding.strip_leading_spaces
+        self._strip_left = self._decoding.strip_leading_spaces
         self._start_from_prompt(prompt_ids)
 
     def _start_from_prompt(self, prompt_ids: Sequence[int]) -> None:

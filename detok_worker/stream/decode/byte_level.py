@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from detok_worker.stream.decode.table_stream import TableDecodeStream
-from detok_worker.stream.decode.tables import ByteDecoding, check_ids
+from detok_worker.stream.decode.tables import DecodeTables, check_ids
 from detok_worker.stream.decode.utf8 import decode_finished, unfinished_length
-from detok_worker.tokenizer.protocol import Tokenizer
 
 # Enough trailing prompt bytes to find an unfinished character (at most 3 bytes long) at the end of the prompt.
 _PROMPT_TAIL_BYTES = 4
@@ -33,17 +32,10 @@ _FEED_MEMO_MAX = 16384
 class ByteLevelDecodeStream(TableDecodeStream):
     """DecodeStream for byte-level tokenizers; see the module docstring."""
 
-    __slots__ = ("_decoding", "_texts", "_pieces", "_memo", "_text_enders", "_pending", "_owed")
+    __slots__ = ("_pieces", "_memo", "_text_enders", "_pending", "_owed")
     byte_fallback = False
 
-    def _setup(
-        self, tokenizer: Tokenizer, decoding: ByteDecoding, prompt_ids: Sequence[int], skip_special_tokens: bool
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        tables = decoding.tables(skip_special_tokens)
-        self._decoding = decoding
-        self._texts = tables.texts
+    def _setup(self, tables: DecodeTables, prompt_ids: Sequence[int]) -> None:
         self._pieces = tables.pieces
         self._memo = tables.feed_memo
         self._text_enders = tables.text_enders

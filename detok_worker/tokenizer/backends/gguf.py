@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.backends.sentencepiece import protobuf_varint as _varint
+from detok_worker.tokenizer.backends.sentencepiece import model_proto_class
 from detok_worker.tokenizer.backends.tiktoken import TIKTOKEN_PATTERNS
 from detok_worker.tokenizer.protocol import TokenizerLoadError
 
@@ -208,14 +208,6 @@ def _byte_level_document(meta: dict[str, Any], tokens: list[str]) -> dict[str, A
     }
 
 
-def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | wire_type) + payload
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _field(number, 2, _varint(len(payload)) + payload)
-
-
 def _with_all_byte_pieces(tokens: list[str], types: list[int]) -> tuple[list[str], list[int]]:
     """Piece names and types in which all 256 `<0xXX>` byte pieces exist, as SentencePiece's byte fallback
     requires. A vocabulary may lack one (Gemma's has a plain tab instead of <0x09>): llama.cpp then encodes and
@@ -239,30 +231,29 @@ def _with_all_byte_pieces(tokens: list[str], types: list[int]) -> tuple[list[str
 def sentencepiece_model_proto(meta: dict[str, Any], tokens: list[str], types: list[int]) -> bytes:
     """A serialized SentencePiece ModelProto (BPE with byte fallback) for a GGUF `llama` vocabulary, so the
     SentencePiece library itself does the encoding, exactly as for the .model the GGUF was made from."""
+    model = model_proto_class("gguf")()
     scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     tokens, types = _with_all_byte_pieces(tokens, types)
-    pieces = b"".join(
-        _length_delimited(
-            1,
-            _length_delimited(1, token.encode()) + _field(2, 5, struct.pack("<f", score)) + _field(3, 0, _varint(kind)),
-        )
-        for token, score, kind in zip(tokens, scores, types, strict=True)
-    )
-    trainer = _field(3, 0, _varint(2)) + _field(35, 0, _varint(1))  # model_type=BPE, byte_fallback
-    for field_number, key in (
-        (40, "unknown_token_id"),
-        (41, "bos_token_id"),
-        (42, "eos_token_id"),
-        (43, "padding_token_id"),
+    piece_types = set(model.SentencePiece.Type.values())
+    for token, score, kind in zip(tokens, scores, types, strict=True):
+        # A type SentencePiece does not know reads as its default, NORMAL (what the C++ parser makes of it).
+        model.pieces.add(piece=token, score=score, type=kind if kind in piece_types else _NORMAL)
+    trainer = model.trainer_spec
+    trainer.model_type = trainer.BPE
+    trainer.byte_fallback = True
+    for spec_field, key in (
+        ("unk_id", "unknown_token_id"),
+        ("bos_id", "bos_token_id"),
+        ("eos_id", "eos_token_id"),
+        ("pad_id", "padding_token_id"),
     ):
         value = meta.get(f"tokenizer.ggml.{key}")
-        trainer += _field(field_number, 0, _varint(value if isinstance(value, int) and value >= 0 else (1 << 64) - 1))
-    normalizer = (
-        _length_delimited(1, b"identity")
-        + _field(3, 0, _varint(int(bool(meta.get("tokenizer.ggml.add_space_prefix", True)))))
-        + _field(4, 0, _varint(int(bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False)))))
-    )
-    return pieces + _length_delimited(2, trainer) + _length_delimited(3, normalizer)
+        setattr(trainer, spec_field, value if isinstance(value, int) and value >= 0 else -1)
+    normalizer = model.normalizer_spec
+    normalizer.name = "identity"
+    normalizer.add_dummy_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    normalizer.remove_extra_whitespaces = bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))
+    return model.SerializeToString()
 
 
 def _post_processor(tokens: list[str], bos: int | None, eos: int | None) -> dict[str, Any] | None:

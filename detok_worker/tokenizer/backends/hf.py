@@ -18,8 +18,9 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import __version__ as tokenizers_version
 
 from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
-from detok_worker.tokenizer.base import ChatTemplateSupport
+from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
+from detok_worker.tokenizer.loading.side_files import token_text
 from detok_worker.tokenizer.protocol import (
     Encoding,
     SpecialTokens,
@@ -37,15 +38,6 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 _NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
-def _token_content(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict, or null."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
 def _as_id_list(value: Any) -> list[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
@@ -54,8 +46,9 @@ def _as_id_list(value: Any) -> list[int]:
     return []
 
 
-class HFTokenizer(ChatTemplateSupport):
-    """A `tokenizers.Tokenizer` implementing detok_worker.tokenizer.protocol.Tokenizer."""
+class HFTokenizer(TokenizerBase):
+    """A `tokenizers.Tokenizer` implementing detok_worker.tokenizer.protocol.Tokenizer (TokenizerBase holds the
+    vocabulary size, special-token sets and chat templates; encoding, decoding and id checks are the library's)."""
 
     def __init__(
         self,
@@ -66,45 +59,41 @@ class HFTokenizer(ChatTemplateSupport):
         generation_config: Mapping[str, Any] | None = None,
         source_digest: str | None = None,
     ) -> None:
-        self.name = name
         self._tokenizer = tokenizer
         self._source_digest = source_digest  # sha256 of the tokenizer.json it was loaded from, if known
         config = config or {}
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         known_ids = set(vocab.values())
-        self._vocab_size = max(known_ids, default=-1) + 1
+        vocab_size = max(known_ids, default=-1) + 1
         # Ids in [0, vocab_size) that name no token (rare; tokenizers would silently drop them).
-        self._unknown_ids = (
-            frozenset(range(self._vocab_size)) - known_ids if len(known_ids) < self._vocab_size else frozenset()
-        )
+        self._unknown_ids = frozenset(range(vocab_size)) - known_ids if len(known_ids) < vocab_size else frozenset()
         added = tokenizer.get_added_tokens_decoder()
-        self._special_token_ids = frozenset(i for i, token in added.items() if token.special)
-        self._special_tokens = self._read_special_tokens(config, [added[i].content for i in sorted(added)], added)
+        special_tokens = self._read_special_tokens(config, [added[i].content for i in sorted(added)], added)
         eos_ids = _as_id_list((generation_config or {}).get("eos_token_id"))
-        if (
-            self._special_tokens.eos is not None
-            and (eos_id := tokenizer.token_to_id(self._special_tokens.eos)) is not None
-        ):
+        if special_tokens.eos is not None and (eos_id := tokenizer.token_to_id(special_tokens.eos)) is not None:
             eos_ids.append(eos_id)
-        self._eos_token_ids = frozenset(i for i in eos_ids if 0 <= i < self._vocab_size)
-        self._chat_templates = templates_from_config(config, f"{name}/{CONFIG_FILE}")
+        super().__init__(
+            name=name,
+            vocab_size=vocab_size,
+            special_tokens=special_tokens,
+            special_token_ids=(i for i, token in added.items() if token.special),
+            eos_token_ids=(i for i in eos_ids if 0 <= i < vocab_size),
+            chat_templates=templates_from_config(config, f"{name}/{CONFIG_FILE}"),
+        )
         max_length = config.get("model_max_length")
         # transformers writes a huge sentinel (int(1e30)) when the length is unknown
-        self.model_max_length: int | None = (
-            max_length
-            if isinstance(max_length, int) and not isinstance(max_length, bool) and 0 < max_length < 10**12
-            else None
-        )
+        known = isinstance(max_length, int) and not isinstance(max_length, bool) and 0 < max_length < 10**12
+        self.model_max_length: int | None = max_length if known else None
 
     @staticmethod
     def _read_special_tokens(
         config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, Any]
     ) -> SpecialTokens:
-        named = {kind: _token_content(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
+        named = {kind: token_text(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
         taken = set(named.values())
         additional: dict[str, None] = {}
         for token in config.get("additional_special_tokens") or ():
-            content = _token_content(token)
+            content = token_text(token)
             if content is not None and content not in taken:
                 additional[content] = None
         special_contents = {token.content for token in added.values() if token.special}
@@ -114,22 +103,6 @@ class HFTokenizer(ChatTemplateSupport):
         return SpecialTokens(**named, additional=tuple(additional))
 
     # ---- protocol ------------------------------------------------------------------------------------------
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def special_tokens(self) -> SpecialTokens:
-        return self._special_tokens
-
-    @property
-    def special_token_ids(self) -> frozenset[int]:
-        return self._special_token_ids
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self._eos_token_ids
 
     @property
     def hf_tokenizer(self) -> RustTokenizer:

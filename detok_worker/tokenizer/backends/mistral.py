@@ -26,8 +26,8 @@ from detok_worker.tokenizer.base import (
     TokenizerBase,
     bytes_to_token_string,
     char_spans_from_byte_lengths,
+    id_of_token_string,
     import_optional,
-    token_string_to_bytes,
 )
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import build_special_tokens, read_side_config
@@ -98,10 +98,7 @@ class TekkenTokenizer(TokenizerBase):
         )
 
     def token_to_id(self, token: str) -> int | None:
-        if token in self._ids_by_special_text:
-            return self._ids_by_special_text[token]
-        data = token_string_to_bytes(token)
-        return None if data is None else self._ids_by_bytes.get(data)
+        return id_of_token_string(token, self._ids_by_special_text, self._ids_by_bytes)
 
     def id_to_token(self, token_id: int) -> str | None:
         if not 0 <= token_id < self.vocab_size:

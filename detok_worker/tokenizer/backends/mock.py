@@ -14,7 +14,7 @@ from detok_worker.tokenizer.base import (
     TokenizerBase,
     bytes_to_token_string,
     char_spans_from_byte_lengths,
-    token_string_to_bytes,
+    id_of_token_string,
 )
 from detok_worker.tokenizer.chat.source import load_chat_template
 from detok_worker.tokenizer.loading.side_files import build_special_tokens
@@ -89,10 +89,7 @@ class MockTokenizer(TokenizerBase):
         return TokenBytesTable(pieces=list(self._bytes))
 
     def token_to_id(self, token: str) -> int | None:
-        if token in self._specials:
-            return self._specials[token]
-        data = token_string_to_bytes(token)
-        return None if data is None else self._ids_by_bytes.get(data)
+        return id_of_token_string(token, self._specials, self._ids_by_bytes)
 
     def id_to_token(self, token_id: int) -> str | None:
         if not 0 <= token_id < self.vocab_size:

@@ -19,6 +19,7 @@ the config says add_bos_token: false). EOS ids also include generation_config.js
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,58 +30,26 @@ from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_
 from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, TokenizerLoadError
 
 SPACE = "▁"
-_NORMALIZER_SPEC_FIELD = 3  # ModelProto.normalizer_spec
-_ADD_DUMMY_PREFIX_FIELD = 3  # NormalizerSpec.add_dummy_prefix
 
 
-def protobuf_varint(value: int) -> bytes:
-    """A protobuf base-128 varint (negative int32/int64 values are passed as their 64-bit two's complement)."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[position]
-        value |= (byte & 0x7F) << shift
-        position += 1
-        if not byte & 0x80:
-            return value, position
-        shift += 7
+def model_proto_class(extra: str = "sentencepiece") -> Any:
+    """SentencePiece's own generated `ModelProto` message class (it needs `protobuf`); TokenizerLoadError naming
+    the extra that installs both when either is missing or protobuf is older than SentencePiece's generated code."""
+    import_optional("sentencepiece", extra)
+    import_optional("google.protobuf", extra)
+    try:
+        return importlib.import_module("sentencepiece.sentencepiece_model_pb2").ModelProto
+    except Exception as exc:  # protobuf's VersionError is not an ImportError
+        raise TokenizerLoadError(
+            f"cannot load SentencePiece's ModelProto ({exc}): pip install -U 'detok[{extra}]'"
+        ) from exc
 
 
 def without_dummy_prefix(model_proto: bytes) -> bytes:
-    """The same serialized ModelProto with add_dummy_prefix=false (a scalar field's last occurrence wins, so
-    appending it to the normalizer spec is enough; no protobuf library needed)."""
-    out = bytearray()
-    position = 0
-    while position < len(model_proto):
-        start = position
-        key, position = _read_varint(model_proto, position)
-        wire_type = key & 7
-        if wire_type == 0:
-            _, position = _read_varint(model_proto, position)
-        elif wire_type == 1:
-            position += 8
-        elif wire_type == 5:
-            position += 4
-        elif wire_type == 2:
-            length, body = _read_varint(model_proto, position)
-            position = body + length
-            if key >> 3 == _NORMALIZER_SPEC_FIELD:
-                spec = model_proto[body:position] + bytes([_ADD_DUMMY_PREFIX_FIELD << 3, 0])
-                out += model_proto[start : body - len(protobuf_varint(length))] + protobuf_varint(len(spec)) + spec
-                continue
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire_type}")
-        out += model_proto[start:position]
-    return bytes(out)
+    """The same serialized ModelProto with add_dummy_prefix=false."""
+    model = model_proto_class().FromString(model_proto)
+    model.normalizer_spec.add_dummy_prefix = False
+    return model.SerializeToString()
 
 
 def _fill_byte_piece_spans(offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:

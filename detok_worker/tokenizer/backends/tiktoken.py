@@ -36,7 +36,7 @@ from detok_worker.tokenizer.base import (
     TokenizerBase,
     bytes_to_token_string,
     char_spans_from_byte_lengths,
-    token_string_to_bytes,
+    id_of_token_string,
 )
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
@@ -202,12 +202,7 @@ class TiktokenTokenizer(TokenizerBase):
         check_token_ids(ids, self.vocab_size, self._gap_ids)
 
     def token_to_id(self, token: str) -> int | None:
-        if token in self._added:
-            return self._added[token]
-        data = token_string_to_bytes(token)
-        if data is None:
-            return None
-        return self._ranks.get(data)
+        return id_of_token_string(token, self._added, self._ranks)
 
     def id_to_token(self, token_id: int) -> str | None:
         if token_id in self._added_by_id:

@@ -44,6 +44,11 @@ def split_plan_for(tokenizer: Tokenizer) -> SplitPlan:
         return plan
 
 
+def hit_rate(hits: int, misses: int) -> float:
+    """Hits / lookups (0 before the first lookup)."""
+    return hits / (hits + misses) if hits + misses else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class L0Stats:
     enabled: bool
@@ -55,8 +60,7 @@ class L0Stats:
 
     @property
     def hit_rate(self) -> float:
-        lookups = self.hits + self.misses
-        return self.hits / lookups if lookups else 0.0
+        return hit_rate(self.hits, self.misses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +84,7 @@ class L1Stats:
 
     @property
     def hit_rate(self) -> float:
-        lookups = self.hits + self.misses
-        return self.hits / lookups if lookups else 0.0
+        return hit_rate(self.hits, self.misses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,14 +236,7 @@ class CachedTokenizer:
                 disabled_reasons=reasons,
                 boundary_tokens=len(plan.finder.token_ids) if plan and plan.finder else 0,
                 dropped_tokens=len(plan.dropped_tokens) if plan else 0,
-                hits=counters.hits,
-                misses=counters.misses,
-                evictions=counters.evictions,
-                entries=counters.entries,
-                memory_bytes=counters.memory_bytes,
-                max_memory_bytes=counters.max_memory_bytes,
-                hit_tokens=counters.hit_tokens,
-                unaligned=counters.unaligned,
+                **asdict(counters),
             )
         return EncodeCacheStats(l0=l0, l1=l1)
 

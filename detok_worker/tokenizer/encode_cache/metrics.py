@@ -15,13 +15,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from detok_worker.tokenizer.encode_cache.cache import CachedTokenizer, EncodeCacheStats
+from detok_worker.tokenizer.encode_cache.cache import CachedTokenizer, EncodeCacheStats
+from detok_worker.tokenizer.encode_cache.cache import hit_rate as hits_per_lookup
 
 
 class EncodeCacheCollector:
@@ -68,7 +67,7 @@ class EncodeCacheCollector:
                 hits.add_metric(labels, n_hits)
                 misses.add_metric(labels, n_misses)
                 evictions.add_metric(labels, sum(item.evictions for item in level_stats))
-                hit_rate.add_metric(labels, n_hits / (n_hits + n_misses) if n_hits + n_misses else 0.0)
+                hit_rate.add_metric(labels, hits_per_lookup(n_hits, n_misses))
                 entries.add_metric(labels, sum(item.entries for item in level_stats))
             l1_stats = [stats.l1 for stats in group if stats.l1.max_memory_bytes]
             if l1_stats:

@@ -83,6 +83,8 @@ _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 _BOM = b"\xef\xbb\xbf"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _HEAD_BYTES = 1 << 16
+# Field 1's tag (length-delimited: 0x0A), a length varint that is not zero (0x80 bytes then 0x00), field 1's tag.
+_SENTENCEPIECE_START = re.compile(rb"\x0a(?!\x80*\x00)[\x80-\xff]{0,9}[\x00-\x7f]\x0a")
 
 
 def openai_encoding_for(model: str, extra: Mapping[str, str] | None = None) -> str | None:
@@ -116,24 +118,10 @@ def _read_head(path: Path) -> bytes:
     return head
 
 
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while position < len(data):
-        byte = data[position]
-        value |= (byte & 0x7F) << shift
-        position += 1
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-    return -1, position
-
-
 def _looks_like_sentencepiece(head: bytes) -> bool:
-    """A ModelProto starts with field 1 (a SentencePiece message) whose own field 1 is the piece string."""
-    if len(head) < 4 or head[0] != 0x0A:
-        return False
-    length, position = _varint(head, 1)
-    return length > 0 and position < len(head) and head[position] == 0x0A
+    """A ModelProto starts with field 1 (a SentencePiece message, non-empty) whose own field 1 is the piece
+    string; a byte signature, so detection needs neither protobuf nor sentencepiece."""
+    return len(head) >= 4 and _SENTENCEPIECE_START.match(head) is not None
 
 
 def _json_kind(text_head: bytes) -> SourceKind:

@@ -8,6 +8,7 @@ take their named special tokens, extra added tokens, BOS/EOS policy and EOS ids 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,11 @@ class SideConfig:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict, or null."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
         return value["content"]
     return None
 
@@ -77,14 +79,14 @@ def read_side_config(directory: Path | None) -> SideConfig:
         raw.update(_read_json(tokenizer_config))
     named = {}
     for role in SPECIAL_TOKEN_ROLES:
-        text = _token_text(raw.get(f"{role}_token"))
+        text = token_text(raw.get(f"{role}_token"))
         if text is not None:
             named[role] = text
     additional_raw = raw.get("additional_special_tokens") or []
-    additional = tuple(t for t in map(_token_text, additional_raw if isinstance(additional_raw, list) else []) if t)
+    additional = tuple(t for t in map(token_text, additional_raw if isinstance(additional_raw, list) else []) if t)
     added_tokens = {}
     for key, value in (raw.get("added_tokens_decoder") or {}).items():
-        text = _token_text(value)
+        text = token_text(value)
         if text is not None and str(key).isdigit():
             added_tokens[int(key)] = AddedToken(text, bool(value.get("special", False)))
     generation_eos: tuple[int, ...] = ()
