@@ -292,9 +292,14 @@ class Dispatcher:
                 self._engine_lost("its connection closed")
 
     async def _sweep_loop(self) -> None:
+        woke = time.monotonic()
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
-            if self._engine is not None and not self.engine_alive():
+            # A front that was not running (SIGSTOP, starved of CPU) has not read the stats the engine sent
+            # meanwhile: judge the engine only after a sweep that came on time, once the intake has caught up.
+            late = time.monotonic() - woke > SWEEP_INTERVAL_S + 1.0
+            woke = time.monotonic()
+            if not late and self._engine is not None and not self.engine_alive():
                 self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self._recount_pending()

@@ -29,8 +29,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     )
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
     (wheel,) = wheels.glob("detok-*.whl")
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel]
-    subprocess.run(pip, check=True, capture_output=True)
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", wheel]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run(pip, check=True, capture_output=True, env=env)
     yield venv / "bin"
 
 
@@ -41,7 +42,8 @@ def run_installed(bin_dir: Path, *args: str, cwd: Path, timeout: float = 300) ->
 
 def test_the_installed_package_is_not_this_checkout(installed: Path, tmp_path: Path) -> None:
     code = "import detok_worker, sys; print(detok_worker.__file__)"
-    result = subprocess.run([installed / "python", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([installed / "python", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert "site-packages" in result.stdout and str(REPO) not in result.stdout, result.stdout
 
 
