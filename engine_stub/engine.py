@@ -11,7 +11,6 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
@@ -19,6 +18,7 @@ from detok_worker.engine.generators import GeneratorEngine
 from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
 from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
@@ -69,7 +69,7 @@ class EngineProcess:
     def __init__(
         self,
         config: DetokConfig,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         source: TokenSource | GeneratingSource,
         *,
         replay: Trace | None = None,

@@ -47,6 +47,7 @@ from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, R
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
+from detok_worker.tokenizer.protocol import Tokenizer
 from engine_stub.grpc_generation import Generation, GenerationRuns
 from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
@@ -78,7 +79,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
         config: DetokConfig,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         source: TokenSource | GeneratingSource,
         requests_log: TextIO | None = None,
     ) -> None:

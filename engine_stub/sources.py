@@ -17,10 +17,10 @@ import random
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
+from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace, read_trace
 from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
 from engine_stub.source_api import GeneratingSource, Plan, SourceError, TokenSource
@@ -28,7 +28,7 @@ from engine_stub.source_api import GeneratingSource, Plan, SourceError, TokenSou
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
 
-def primary_eos_id(tokenizer: Any) -> int | None:
+def primary_eos_id(tokenizer: Tokenizer) -> int | None:
     """The id a generation ends with: the tokenizer's eos token if it is one of its eos ids, else the smallest."""
     eos_ids = tokenizer.eos_token_ids
     eos = tokenizer.special_tokens.eos
@@ -87,7 +87,7 @@ def load_corpus(directory: str | Path | None = None) -> list[str]:
 class CorpusSource:
     name = "corpus"
 
-    def __init__(self, tokenizer: Any, passages: list[str], eos_id: int | None, seed: int = 0) -> None:
+    def __init__(self, tokenizer: Tokenizer, passages: list[str], eos_id: int | None, seed: int = 0) -> None:
         self.tokenizer = tokenizer
         self.passages = passages
         self.eos_id = eos_id
@@ -122,7 +122,7 @@ class TraceSource:
         return Plan(list(recorded.output_ids), offsets)
 
 
-def create_source(config: DetokConfig, tokenizer: Any) -> TokenSource | GeneratingSource:
+def create_source(config: DetokConfig, tokenizer: Tokenizer) -> TokenSource | GeneratingSource:
     engine = config.engine
     eos_id = primary_eos_id(tokenizer)
     if engine.source == "echo":

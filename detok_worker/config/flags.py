@@ -114,11 +114,14 @@ def add_worker_count_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_set_value(text: str) -> Any:
-    """A --set value: a TOML literal (number, bool, quoted string, array) if it parses as one, else the raw string."""
+    """A --set value: a TOML literal (number, bool, quoted string, array) if it parses as one, else the raw string.
+    A bare value with '#' is a string: TOML would read '123#x' as the number 123 and a comment (a CURVE key can
+    look like that)."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    return text if "#" in text and not isinstance(value, (str, list, dict)) else value
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

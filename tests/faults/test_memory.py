@@ -55,6 +55,7 @@ def service() -> Iterator[ServeProcess]:
     serve = echo_service(
         2, 1, "--tokens-per-step", "16",
         "--set", f"front.max_pending_chars={MAX_PENDING_CHARS}", "--set", "front.max_tokens_limit=200000",
+        "--set", "front.max_prompt_tokens=1048576",  # the flood's prompt is longer than Qwen3's context
     )  # fmt: skip
     with serving(serve):
         yield serve

@@ -79,6 +79,15 @@ def test_set_value_types() -> None:
                                          "front.port": 0}  # fmt: skip
 
 
+def test_set_value_with_a_hash_is_a_string_not_a_number_and_a_comment() -> None:
+    """A Z85 CURVE key can start with digits and hold '#': TOML alone would read it as a number."""
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    key = "1234#abcdefghijklmnopqrstuvwxyzABCDEFGHI"
+    args = parser.parse_args(["--set", f"bus.curve_server_secret_key={key}", "--set", 'front.api_key="a#b"'])
+    assert overrides_from_args(args) == {"bus.curve_server_secret_key": key, "front.api_key": "a#b"}
+
+
 def test_set_without_equals_is_a_config_error() -> None:
     parser = argparse.ArgumentParser()
     add_config_flags(parser)

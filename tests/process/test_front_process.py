@@ -44,7 +44,7 @@ def test_front_process_serves_and_stops_cleanly() -> None:
         port = config.front.port
         engine = PlayedEngine(config, plan=lambda submit: [])
         command = [sys.executable, "-m", "detok_worker", "front", "--runtime-dir", runtime_dir]
-        command += ["--set", f"front.port={port}"]
+        command += ["--set", f"front.port={port}", "--set", "front.drain_timeout_s=1"]  # the live stream is endless
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         with engine:
             process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
