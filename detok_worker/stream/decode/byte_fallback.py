@@ -88,7 +88,10 @@ class ByteFallbackDecodeStream(TableDecodeStream):
                 text = None
             if text is not None:
                 return text
-        check_ids(self._decoding, (token_id,))
+        decoding = self._decoding
+        # check_ids() inlined for the usual valid id (a byte token inside a character takes this path every time)
+        if type(token_id) is not int or not 0 <= token_id < decoding.vocab_size or token_id in decoding.unknown_ids:
+            check_ids(decoding, (token_id,))
         return self._feed(token_id) or None
 
     def step_batch(self, ids: Sequence[int]) -> list[str]:
@@ -136,6 +139,9 @@ class ByteFallbackDecodeStream(TableDecodeStream):
         run = self._run
         run.append(value)
         self._run_ids.append(token_id)
+        if value < 0x80 and self._run_checked == len(run) - 1:
+            self._run_checked = len(run)  # an ASCII byte after well-formed characters: still well-formed
+            return ""
         finished = len(run) - unfinished_length(run)
         if finished > self._run_checked:
             if not is_well_formed(run[self._run_checked : finished]):
