@@ -297,13 +297,13 @@ class Dispatcher:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             # A front that was not running (SIGSTOP, starved of CPU) has not read the stats the engine sent
             # meanwhile: judge the engine only after a sweep that came on time, once the intake has caught up.
-            late = time.monotonic() - woke > SWEEP_INTERVAL_S + 1.0
-            woke = time.monotonic()
+            now = time.monotonic()
+            late = now - woke > SWEEP_INTERVAL_S + 1.0
+            woke = now
             if not late and self._engine is not None and not self.engine_alive():
                 self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self._recount_pending()
-            now = time.monotonic()
             # worker ids come and go (HOSTNAME-PID after each restart): forget the silent ones, or the table grows
             for worker in [w for w, (_, seen) in self._workers.items() if now - seen >= self._worker_stale_s]:
                 del self._workers[worker]
