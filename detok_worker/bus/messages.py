@@ -136,11 +136,14 @@ class Open(msgspec.Struct, tag="open", array_like=True, gc=False):
 
 class Tokens(msgspec.Struct, tag="tokens", array_like=True, gc=False):
     """New output ids of one rid for this step. finish is set on the rid's last item (EOS, max_tokens, abort,
-    engine error); the worker then flushes and frees the rid."""
+    engine error); the worker then flushes and frees the rid. `error`: with finish "error", the engine's message
+    for the client (the worker's final delta carries it, so the client reads the cause whichever of that delta
+    and the engine's Reject reaches the front first)."""
 
     rid: str
     ids: list[int]
     finish: str | None = None
+    error: str | None = None
 
 
 class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):

@@ -182,9 +182,9 @@ class EngineLink:
 
     def fail(self, rid: str, error: str, *, param: str | None = None) -> None:
         """End a request with an error the client sees (the engine failed it; `param`: the request parameter it
-        cannot honour); its worker frees it. The Reject leaves now, ahead of the worker's own final delta (an
-        error too) that the next step causes."""
-        if self.scheduler.drop(rid, FINISH_ERROR):
+        cannot honour); its worker frees it. The Reject leaves now; the worker's own final delta, which the next
+        step causes, carries the same message (the two reach the front on different connections)."""
+        if self.scheduler.drop(rid, FINISH_ERROR, error):
             self._to_front(Reject(rid, error, param))
             self._flush_front()
             if self.recorder is not None:

@@ -169,10 +169,11 @@ class Scheduler:
             return True
         return False
 
-    def drop(self, rid: str, finish: str = FINISH_ABORT) -> bool:
-        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish)); not counted as an abort."""
+    def drop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
+        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish, error)); not counted as an
+        abort."""
         self.delivering.forget(rid)
-        return self._stop(rid, finish)
+        return self._stop(rid, finish, error)
 
     def finish(self, rid: str, worker: str) -> bool:
         """A worker found a stop (or a bad id) in `rid`: stop generating it. Only the owner's Finish counts."""
@@ -371,7 +372,7 @@ class Scheduler:
                 self._to_assign.append(request)
                 self.reopened += 1
 
-    def _stop(self, rid: str, finish: str = FINISH_ABORT) -> bool:
+    def _stop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
             if rid not in self._waiting_by_rid:
@@ -380,7 +381,7 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if r.rid != rid)
             return True
         if request.worker is not None and request.opened:
-            self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish))
+            self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))
         self._unassign(request)
         return True
 

@@ -259,7 +259,7 @@ class WorkerState:
         except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
             self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
             return
-        self._end_decoded(rid, state, text, stop_reason, error, item.finish, deltas, finishes)
+        self._end_decoded(rid, state, text, stop_reason, error, item.finish, deltas, finishes, item.error)
 
     # ---- endings ---------------------------------------------------------------------------------------
 
@@ -273,8 +273,10 @@ class WorkerState:
         engine_finish: str | None,
         deltas: list[TextDelta],
         finishes: list[Finish],
+        engine_error: str | None = None,
     ) -> None:
-        """The last delta of a rid: a bad id (error), a stop found here, or the engine's finish."""
+        """The last delta of a rid: a bad id (error), a stop found here, or the engine's finish (`engine_error`:
+        the engine's message when it failed the rid)."""
         if error is not None:
             self._end_with_error(rid, state, text, error, deltas, finishes)
         elif stop_reason is not None:
@@ -283,7 +285,7 @@ class WorkerState:
             if engine_finish is None:  # the engine still generates this rid: tell it to stop
                 finishes.append(Finish(rid, FINISH_STOP, stop_reason))
         elif engine_finish == FINISH_ERROR:
-            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=ENGINE_ERROR)
+            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
         else:
             self._end(rid, state, text, engine_finish or FINISH_STOP, None, deltas)
 

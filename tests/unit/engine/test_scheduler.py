@@ -159,6 +159,16 @@ def test_abort_sends_abort_item_to_the_owner_and_frees():
     assert not scheduler.abort("unknown")
 
 
+def test_dropping_with_an_engine_error_tells_the_worker_why():
+    scheduler = _scheduler()
+    scheduler.hello("w1", 1, 0.0)
+    scheduler.submit("r1", [1], RequestParams(max_tokens=50), list(range(10)))
+    _step(scheduler)
+    assert scheduler.drop("r1", "error", "engine lost")
+    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [], "error", "engine lost")]}
+    assert scheduler.aborted == 0 and scheduler.live_rids == 0
+
+
 def test_abort_of_a_waiting_request():
     scheduler = _scheduler(max_batch=1)
     scheduler.hello("w1", 1, 0.0)

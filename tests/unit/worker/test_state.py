@@ -231,6 +231,16 @@ def test_engine_error_ends_with_a_message(qwen3):
     assert harness.finishes == []  # the engine ended it itself
 
 
+def test_engine_error_carries_the_engines_message(qwen3):
+    harness = Harness(qwen3)
+    ids = qwen3.encode("partial output").ids
+    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[:2])])
+    harness.feed([], [Tokens("r", [], "error", "engine grpc://10.0.0.9:50051 is unreachable")])
+    last = harness.last("r")
+    assert (last.finish, last.error) == ("error", "engine grpc://10.0.0.9:50051 is unreachable")
+    assert harness.text("r") == qwen3.decode(ids[:2])
+
+
 def test_unknown_rid_is_counted_and_skipped(qwen3):
     harness = Harness(qwen3)
     assert harness.feed([], [Tokens("never-opened", [1, 2, 3])]) == []
