@@ -2,7 +2,8 @@
 (`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
-model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed.
+model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed; a hermes call
+that ends, breaks or is cut off before it names a function was not one: its marker and text are content.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class TaggedJsonCalls(_JsonCallsStage):
         super().__init__()
         self.open_marker = open_marker
         self.close_marker = close_marker
+        self._unnamed = ""  # the marker and the call's text while it has no name: content if it never gets one
 
     def feed(self, text: str, out: ParsedOutput) -> None:
         buffer = self._held + text
@@ -72,9 +74,10 @@ class TaggedJsonCalls(_JsonCallsStage):
                     self._held = rest
                     return
                 self._start_call()
+                self._unnamed = marker
                 buffer = rest
             elif self._in is _In.CALL:
-                buffer = self._feed_call(buffer, out)
+                buffer = self._feed_unnamed(buffer, out) if self._unnamed else self._feed_call(buffer, out)
             else:
                 before, marker, rest = split_before_marker(buffer, (self.close_marker,))
                 if not marker:
@@ -82,6 +85,26 @@ class TaggedJsonCalls(_JsonCallsStage):
                     return
                 self._in = _In.TEXT
                 buffer = rest
+
+    def _feed_unnamed(self, buffer: str, out: ParsedOutput) -> str:
+        """Feed a call that has no name yet. One that ends (or breaks) before it names a function was not a call:
+        its marker and text are content, like the rest of the output up to the next opening marker."""
+        rest = self._feed_call(buffer, out)
+        assert self._scanner is not None
+        if self._scanner.name is not None:
+            self._unnamed = ""
+        elif self._in is _In.AFTER_CALL:
+            out.content += self._unnamed + buffer[: len(buffer) - len(rest)]
+            self._unnamed, self._in = "", _In.TEXT
+        else:
+            self._unnamed += buffer
+        return rest
+
+    def finish(self, out: ParsedOutput) -> None:
+        if self._in is _In.CALL and self._unnamed:  # the output ended before the call named a function
+            out.content += self._unnamed
+            self._unnamed = ""
+        super().finish(out)
 
 
 class MistralCalls(_JsonCallsStage):

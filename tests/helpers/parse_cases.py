@@ -10,6 +10,7 @@ from typing import Any
 from detok_worker.bus.messages import DetokParams, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
 from detok_worker.parse.base import ParsedOutput
+from detok_worker.parse.registry import create_parser
 from detok_worker.worker.state import WorkerState
 
 
@@ -87,6 +88,14 @@ CASES = [
         tool_calls=[("get_weather", '{"location":"San Francisco, CA"}')], skip_special_tokens=False,
     ),
     OutputCase(
+        "gpt-oss-preamble-tool", "gpt-oss", "<|start|>assistant",
+        "<|channel|>analysis<|message|>Weather needs the tool.<|end|><|start|>assistant<|channel|>commentary"
+        "<|message|>Checking the forecast.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather"
+        ' <|constrain|>json<|message|>{"location":"Paris"}', "<|call|>", "gpt_oss", "gpt_oss",
+        reasoning="Weather needs the tool.", content="Checking the forecast.",
+        tool_calls=[("get_weather", '{"location":"Paris"}')], skip_special_tokens=False,
+    ),
+    OutputCase(
         "llama3-json", "deepseek-v3", "assistant<|end_header_id|>\n\n",
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "time", "parameters": {}}',
         "<｜end▁of▁sentence｜>", "", "llama3_json", reasoning="", content="",
@@ -118,6 +127,26 @@ def params_of(tokenizer: Any, case: OutputCase) -> DetokParams:
         reasoning_parser=case.reasoning_parser,
         tool_call_parser=case.tool_call_parser,
     )
+
+
+def whole_parse(tokenizer: Any, case: OutputCase) -> ParsedOutput:
+    """The parser on the full decode, in one piece (no stop strings: cases with stops check the expected split)."""
+    tail, ids = case_ids(tokenizer, case)
+    parser = create_parser(
+        case.reasoning_parser, case.tool_call_parser, tokenizer.decode(tail, skip_special_tokens=False)
+    )
+    assert parser is not None
+    skip = case.skip_special_tokens
+    text = tokenizer.decode(tail + ids[:-1], skip_special_tokens=skip)[
+        len(tokenizer.decode(tail, skip_special_tokens=skip)) :
+    ]
+    out = parser.feed(text)
+    out.extend(parser.finish())
+    return out
+
+
+def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:
+    return [(piece.name, piece.arguments) for piece in out.tool_calls]
 
 
 @dataclass

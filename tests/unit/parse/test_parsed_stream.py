@@ -5,34 +5,10 @@ reassembles equal the parser applied to the whole decode, and the expected split
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.parse_cases import CASES, OutputCase, case_ids, random_splits, stream_case
-
-from detok_worker.parse.base import ParsedOutput
-from detok_worker.parse.registry import create_parser
-
-
-def whole_parse(tokenizer: Any, case: OutputCase) -> ParsedOutput:
-    """The parser on the full decode, in one piece (no stop strings: cases with stops check the expected split)."""
-    tail, ids = case_ids(tokenizer, case)
-    parser = create_parser(
-        case.reasoning_parser, case.tool_call_parser, tokenizer.decode(tail, skip_special_tokens=False)
-    )
-    assert parser is not None
-    skip = case.skip_special_tokens
-    text = tokenizer.decode(tail + ids[:-1], skip_special_tokens=skip)[
-        len(tokenizer.decode(tail, skip_special_tokens=skip)) :
-    ]
-    out = parser.feed(text)
-    out.extend(parser.finish())
-    return out
-
-
-def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:
-    return [(piece.name, piece.arguments) for piece in out.tool_calls]
+from helpers.parse_cases import CASES, OutputCase, calls_of, case_ids, random_splits, stream_case, whole_parse
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

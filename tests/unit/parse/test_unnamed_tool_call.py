@@ -1,0 +1,40 @@
+"""A hermes `<tool_call>` that never names a function (not JSON, an object without a name, or the output ends
+first) was not a call: its marker and text stay in content, whole and however the text is cut."""
+
+from __future__ import annotations
+
+import pytest
+
+from detok_worker.parse.base import ParsedOutput
+from detok_worker.parse.registry import create_parser
+
+
+def parse_in_pieces(text: str, cuts: list[int]) -> ParsedOutput:
+    parser = create_parser("", "hermes")
+    assert parser is not None
+    out = ParsedOutput()
+    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        out.extend(parser.feed(text[start:end]))
+    out.extend(parser.finish())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("a<tool_call>not json</tool_call> b", "a<tool_call>not json</tool_call> b", []),
+        ('<tool_call>{"arguments": {"x": 1}}</tool_call>', '<tool_call>{"arguments": {"x": 1}}</tool_call>', []),
+        ('x<tool_call>\n{"argu', 'x<tool_call>\n{"argu', []),
+        (
+            '<tool_call>oops</tool_call><tool_call>{"arguments": {"q": 2}, "name": "f"}</tool_call>',
+            "<tool_call>oops</tool_call>",
+            [("f", '{"q": 2}')],
+        ),
+    ],
+)
+def test_a_call_without_a_name_stays_content(text: str, content: str, calls: list[tuple[str, str]]) -> None:
+    whole = parse_in_pieces(text, [])
+    assert (whole.content, [(call.name, call.arguments) for call in whole.tool_calls]) == (content, calls)
+    assert parse_in_pieces(text, list(range(1, len(text)))) == whole  # character by character
+    for cut in range(1, len(text)):
+        assert parse_in_pieces(text, [cut]) == whole
