@@ -219,8 +219,12 @@ def test_streams_finish_exactly_when_a_worker_host_loses_its_link(cluster: Clust
     assert latest_finish < HEARTBEAT_TIMEOUT_S + FAILOVER_BUDGET_S, cluster.logs()
 
     assert "engine: worker w1 missed its heartbeats" in cluster.processes["engine"].log()
+    cluster.wait(  # /stats follows the engine's reports (every engine.stats_interval_s)
+        lambda: cluster.stats()["engine"]["reopened"] - reopened_before >= len(moved),
+        10,
+        f"the engine to report at least {len(moved)} re-opened requests",
+    )
     stats = cluster.stats()
-    assert stats["engine"]["reopened"] - reopened_before >= len(moved)
     assert stats["front"].get("offset_gaps", 0) == 0
     assert set(stats["engine"]["workers"]) == {"w2"}  # the moved streams finished on the only worker left
     cluster.wait(lambda: cluster.stats()["front"]["live_rids"] == 0, 10, "no live request at the front")
