@@ -97,8 +97,11 @@ def http_client(service: ServeProcess, connections: int = 256, timeout: float = 
     return httpx.AsyncClient(base_url=service.url, timeout=timeout, limits=limits)
 
 
-async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
-    """POST /v1/completions with stream: the concatenated text, finish_reason, and an error event if one came."""
+async def stream_completion(
+    client: httpx.AsyncClient, body: dict[str, Any], arrivals: list[float] | None = None
+) -> Outcome:
+    """POST /v1/completions with stream: the concatenated text, finish_reason, and an error event if one came.
+    `arrivals` gets the time.monotonic() of every event that carried text."""
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
         if response.status_code != 200:
             return Outcome(response.status_code, error=json.loads(await response.aread())["error"])
@@ -118,6 +121,8 @@ async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> 
                 continue
             for choice in event["choices"]:
                 parts.append(choice["text"])
+                if arrivals is not None and choice["text"]:
+                    arrivals.append(time.monotonic())
                 outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
         outcome.text = "".join(parts)
         return outcome

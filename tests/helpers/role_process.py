@@ -8,6 +8,7 @@ import resource
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from helpers.serve_helpers import REPO
@@ -24,11 +25,13 @@ class RoleProcess:
         log_name: str | None = None,
         env: dict[str, str] | None = None,
         soft_nofile: int | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
-        """`soft_nofile`: start the process with this soft open-file limit (the hard limit unchanged)."""
+        """`soft_nofile`: start the process with this soft open-file limit (the hard limit unchanged);
+        `launcher`: a command that runs it (e.g. `ip netns exec NS`, which execs, so the pid stays the role's)."""
         self.log_path = Path(runtime_dir) / f"{log_name or role}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        command = [sys.executable, "-m", "detok_worker.cli", role, "--runtime-dir", runtime_dir, *args]
+        command = [*launcher, sys.executable, "-m", "detok_worker.cli", role, "--runtime-dir", runtime_dir, *args]
 
         def limit_files() -> None:
             if soft_nofile is not None:
