@@ -255,7 +255,7 @@ class StopSequenceDecoder:
             return self.process_tokens((token_id,))
         stop_filter = self._filter
         self._num_generated += 1
-        if stop_filter is None:
+        if stop_filter is None or stop_filter.passes(text):
             return text
         text, _, match = stop_filter.feed((text,), self._min_tokens - self._num_generated + 1)
         if match is None:
