@@ -2,7 +2,7 @@
 
 For each worker count, the same requests run twice: through detok's workers and through null workers that forward
 ids without detokenizing (bench/null_worker.py: the transport limit). Reports delivered tokens/s, engine-to-front
-latency p50/p99 per TextBatch, and detok as a fraction of the null run (target: >= 70% with 1 worker).
+latency p50/p99 per TextBatch, and detok as a fraction of the null run (target: >= 85% with 1 worker).
 All processes share this machine's cores: the engine, the workers and this collector compete for them.
 
     python bench/bench_bus.py [--streams 256] [--tokens 2048] [--workers 1 2] [--quick] [--json FILE]
@@ -15,7 +15,7 @@ import argparse
 from bus_run import bench_config, prompt_ids_for, run_bus
 from common import TOKENIZERS, load_tokenizer, machine_line, print_table, tokenizer_spec, write_json
 
-TARGET = 0.70
+TARGET = 0.85  # issue 16 (issue 6 asked 70%)
 
 
 def main() -> None:

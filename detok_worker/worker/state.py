@@ -122,49 +122,75 @@ class WorkerState:
         every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
         The loop over items is the worker's hot path: an item that only adds text is handled inline with
-        counters kept in locals; endings and unknown rids go through _end_item."""
+        counters kept in locals; endings and unknown rids go through _end_item. The usual item (one id, no
+        parser, no stop) takes the fused branch: process_one's text goes straight into a TextDelta, with no
+        per-token object but the delta itself."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
             self._open(open_, deltas, finishes)
             if tick is not None:
                 tick()
-        live = self.live
-        tokens_in = consumed_total = chars_out = holds = 0
-        for index, item in enumerate(batch.items):
-            if tick is not None and index % TICK_EVERY_ITEMS == TICK_EVERY_ITEMS - 1:
+        live_get = self.live.get
+        append = deltas.append
+        tokens_in = chars_out = holds = single = 0
+        items = batch.items
+        for start in range(0, len(items), TICK_EVERY_ITEMS):
+            if tick is not None and start:
                 tick()
-            state = live.get(item.rid)
-            if state is None or item.finish is not None:
-                self._end_item(item, state, deltas, finishes)
-                continue
-            ids = item.ids
-            tokens_in += len(ids)
-            try:
-                out = state.decoder.process_tokens(ids)
-            except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                self._end_with_error(item.rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                continue
-            consumed = out.consumed
-            state.n_tokens += consumed
-            consumed_total += consumed
-            text = out.text
-            if state.parsing is not None:
-                chars_out += self._parsed_step(item.rid, state, out, deltas, finishes)
-            elif out.stopped or out.error is not None:
-                self._end_decoded(item.rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
-            elif text:
-                deltas.append(TextDelta(item.rid, state.offset, text, state.n_tokens))
-                state.offset += len(text)
-                chars_out += len(text)
-            elif ids:
-                holds += 1
-        self.tokens_in += tokens_in
-        self.tokens_consumed += consumed_total
+            for item in items[start : start + TICK_EVERY_ITEMS]:
+                rid = item.rid
+                state = live_get(rid)
+                if state is None or item.finish is not None:
+                    self._end_item(item, state, deltas, finishes)
+                    continue
+                ids = item.ids
+                try:
+                    if len(ids) == 1 and state.parsing is None:
+                        out = state.decoder.process_one(ids[0])
+                        if type(out) is str:  # the fused branch
+                            single += 1
+                            n_tokens = state.n_tokens = state.n_tokens + 1
+                            if out:
+                                append(TextDelta(rid, state.offset, out, n_tokens))
+                                state.offset += len(out)
+                                chars_out += len(out)
+                            else:
+                                holds += 1
+                            continue
+                    else:
+                        out = state.decoder.process_tokens(ids)
+                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                    tokens_in += len(ids)
+                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                    continue
+                tokens_in += len(ids)
+                self._item_output(rid, state, ids, out, deltas, finishes)
+        self.tokens_in += tokens_in + single
+        self.tokens_consumed += single
         self.chars_out += chars_out
         self.holds += holds
         text_batch = TextBatch(worker=self.worker_id, sent_ns=batch.sent_ns, step=batch.step, items=deltas)
         return BatchResult(text_batch, finishes)
+
+    def _item_output(
+        self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]
+    ) -> None:
+        """The output of an item the fused branch did not take (several ids, a parser, a stop, an error)."""
+        consumed = out.consumed
+        state.n_tokens += consumed
+        self.tokens_consumed += consumed
+        text = out.text
+        if state.parsing is not None:
+            self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
+        elif out.stopped or out.error is not None:
+            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+        elif text:
+            deltas.append(TextDelta(rid, state.offset, text, state.n_tokens))
+            state.offset += len(text)
+            self.chars_out += len(text)
+        elif ids:
+            self.holds += 1
 
     def drop_all(self) -> list[str]:
         """Forget every live rid (worker shutting down); returns them."""

@@ -242,6 +242,27 @@ class StopSequenceDecoder:
         self._stop_reason = match.stop
         return StopBatchOutput(text, True, match.stop, index + 1)
 
+    def process_one(self, token_id: int) -> str | StopBatchOutput:
+        """process_tokens((token_id,)) without building a StopBatchOutput in the common case (the worker's one id
+        per request per step): the text released (maybe ""), or a StopBatchOutput when the request stops or the
+        id is bad. A stop token, a stopped request or a bad id go through process_tokens unchanged; stop strings
+        are only scanned by the filter when the text could start or complete one (its root passthrough)."""
+        if self._stop_reason is not None or token_id in self._stop_tokens:
+            return self.process_tokens((token_id,))
+        try:
+            text = self._stream.step(token_id) or ""
+        except InvalidTokenIdError:  # the stream is unchanged: process_tokens reports it
+            return self.process_tokens((token_id,))
+        stop_filter = self._filter
+        self._num_generated += 1
+        if stop_filter is None or stop_filter.passes(text):
+            return text
+        text, _, match = stop_filter.feed((text,), self._min_tokens - self._num_generated + 1)
+        if match is None:
+            return text
+        self._stop_reason = match.stop
+        return StopBatchOutput(text, True, match.stop, 1)
+
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""
         if self._stop_reason is not None:

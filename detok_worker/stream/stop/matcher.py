@@ -227,6 +227,11 @@ class StopStringFilter:
     def reset(self) -> None:
         self._state = ROOT
 
+    def passes(self, text: str) -> bool:
+        """True when `text`, fed now, is released whole and leaves nothing held (no stop string can start or end
+        in it): feed((text,)) would return it unchanged. The worker's per-token check before a full feed."""
+        return self._state == ROOT and text in self._automaton.root_passthrough
+
     def feed_one(self, text: str, check: bool = True) -> tuple[str, StopStringMatch | None]:
         """Feed one token's text; `check` False means matches ending in it are ignored."""
         released, _, match = self.feed((text,), 0 if check else 1)

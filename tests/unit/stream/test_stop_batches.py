@@ -30,6 +30,34 @@ def test_process_tokens_equals_process_token(tokenizer_name: str) -> None:
         assert all(b.stopped and not b.text and b.consumed == 0 for b in batches[stopped_at + 1 :])
 
 
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+@pytest.mark.parametrize("min_tokens", [0, 9])
+def test_process_one_equals_process_tokens_of_one(tokenizer_name: str, min_tokens: int) -> None:
+    """The worker's fused call: same text, stop and count per id as process_tokens((id,)), through a stop string
+    held over several ids, a stop token (EOS) and a bad id."""
+    tokenizer = load_fixture_tokenizer(tokenizer_name)
+    text = "The quick 🫨 brown fox jumps; over the lazy dog. THE END and more"
+    eos = min(tokenizer.eos_token_ids)
+    ids = tokenizer.encode(text).ids
+    bad = tokenizer.vocab_size + 7
+    cases = (((), [eos, *ids], eos), (("lazy dog",), ids, "lazy dog"), (("zzz", "fox x"), [bad, *ids], None))
+    for stops, tail, reason in cases:
+        config = StopSequenceConfig(stop_tokens=[eos], stop_sequences=stops)
+        fused = StopSequenceDecoder(tokenizer, config, min_tokens=min_tokens)
+        plain = StopSequenceDecoder(tokenizer, config, min_tokens=min_tokens)
+        errors = 0
+        for token_id in [*ids, *tail]:
+            got, want = fused.process_one(token_id), plain.process_tokens((token_id,))
+            if isinstance(got, str):
+                assert (got, False, None) == (want.text, want.stopped, want.error)
+            else:
+                assert got == want
+                errors += got.error is not None
+        assert fused.stop_reason == plain.stop_reason == reason
+        assert errors == (reason is None)
+        assert fused.num_generated == plain.num_generated
+
+
 def test_invalid_id_mid_batch() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     ids = tokenizer.encode("good text").ids
