@@ -70,11 +70,15 @@ def test_a_new_registry_never_inherits_a_collected_registrys_collector() -> None
     import gc
 
     tokenizer = load_fixture_tokenizer("qwen3")
-    for _ in range(50):
-        registry = CollectorRegistry()
-        cache = CachedTokenizer(tokenizer, l0_max_entries=10)
-        export_encode_cache_metrics(cache, registry)
-        cache.encode("hello")
-        assert sample(registry, "detok_encode_cache_misses_total", tokenizer="qwen3", level="l0") == 1
-        del registry, cache
-        gc.collect()
+    gc.freeze()  # collect only what the loop makes (a full collection in a big test session takes ~1 s)
+    try:
+        for _ in range(50):
+            registry = CollectorRegistry()
+            cache = CachedTokenizer(tokenizer, l0_max_entries=10)
+            export_encode_cache_metrics(cache, registry)
+            cache.encode("hello")
+            assert sample(registry, "detok_encode_cache_misses_total", tokenizer="qwen3", level="l0") == 1
+            del registry, cache
+            gc.collect()
+    finally:
+        gc.unfreeze()
