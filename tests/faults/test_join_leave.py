@@ -44,11 +44,18 @@ def engine_workers(service: ServeProcess) -> dict[str, int]:
     return service.stats()["engine"]["workers"]
 
 
-async def staggered_load(service: ServeProcess, cases: list[EchoCase], gap_s: float) -> list[Any]:
+async def staggered_load(
+    service: ServeProcess, cases: list[EchoCase], gap_s: float, second_half_after: asyncio.Event
+) -> list[Any]:
+    """Send the cases `gap_s` apart; the second half only once `second_half_after` is set (so a machine too busy
+    to finish the first event in time cannot run out of load before it)."""
+    half = len(cases) // 2
     async with http_client(service) as client:
 
         async def one(index: int, case: EchoCase) -> Any:
-            await asyncio.sleep(index * gap_s)
+            if index >= half:
+                await second_half_after.wait()
+            await asyncio.sleep((index - half if index >= half else index) * gap_s)
             return await stream_completion(client, case.body(True))
 
         return await asyncio.gather(*(bounded(one(i, case)) for i, case in enumerate(cases)))
@@ -57,13 +64,18 @@ async def staggered_load(service: ServeProcess, cases: list[EchoCase], gap_s: fl
 async def load_with_events(
     service: ServeProcess, cases: list[EchoCase], gap_s: float, events: list[Callable[[], None]]
 ) -> list[Any]:
-    """Run the load; meanwhile run each (blocking) event in turn, in a thread."""
+    """Run the load; meanwhile run each (blocking) event in turn, in a thread. The second half of the load starts
+    when the first event is done."""
+    first_event_done = asyncio.Event()
 
     async def run_events() -> None:
-        for event in events:
+        for index, event in enumerate(events):
             await asyncio.to_thread(event)
+            if index == 0:
+                first_event_done.set()
+        first_event_done.set()
 
-    outcomes, _ = await asyncio.gather(staggered_load(service, cases, gap_s), run_events())
+    outcomes, _ = await asyncio.gather(staggered_load(service, cases, gap_s, first_event_done), run_events())
     return outcomes
 
 
