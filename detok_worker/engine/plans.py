@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, Reject, RequestParams, TokenBatch, Tokens
+from detok_worker.bus.messages import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    DetokParams,
+    Reject,
+    RequestParams,
+    TokenBatch,
+    TokenLogprob,
+    Tokens,
+)
 
 
 @dataclass(slots=True)
@@ -24,6 +33,7 @@ class Request:
     opened: bool = False  # the current worker has had its Open
     orphan_since: float | None = None
     ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
+    logprobs: list[TokenLogprob] | None = None  # aligned with planned, when the request asked for logprobs
 
 
 @dataclass(slots=True)

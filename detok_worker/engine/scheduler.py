@@ -34,6 +34,7 @@ from detok_worker.bus.messages import (
     Reject,
     RequestParams,
     TokenBatch,
+    TokenLogprob,
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
@@ -103,9 +104,11 @@ class Scheduler:
         finish: str | None = None,
         *,
         pushed: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> Reject | None:
         """Queue a request whose output ids are `planned` (or, with pushed, come by `push`). Returns a Reject
-        when it cannot be taken; a duplicate live rid is ignored."""
+        when it cannot be taken; a duplicate live rid is ignored. `logprobs`: one entry per planned id, for a
+        request that asked for them (a pushed one that asked gets them by `push`)."""
         if self.has_rid(rid):
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
@@ -131,20 +134,27 @@ class Scheduler:
             pushed=pushed,
             open_ended=pushed and params.max_tokens > 0,
         )
+        if params.sampling.logprobs is not None:
+            request.logprobs = [] if pushed else _aligned(logprobs, len(ids))
         self.waiting.append(request)
         self._waiting_by_rid[rid] = request
         return None
 
-    def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
+    def push(
+        self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
+    ) -> bool:
         """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
-        aborted, unknown): the engine should stop generating it."""
+        aborted, unknown): the engine should stop generating it. `logprobs` (one per id) are kept only for a
+        request that asked for them."""
         self.generated += len(ids)
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
         if request is None or not request.open_ended:
             return False
         room = request.max_tokens - len(request.planned)
         request.planned.extend(ids[:room])
+        if request.logprobs is not None:
+            request.logprobs.extend(_aligned(logprobs, len(ids))[:room])
         if len(ids) > room:
             finish = FINISH_LENGTH
         if finish is not None:
@@ -268,7 +278,16 @@ class Scheduler:
             if not request.opened:
                 group[0].append(Open(request.rid, request.prompt_tail, request.detok))
                 cursor = 0  # a (re-)open carries the full history
-            group[1].append(Tokens(request.rid, planned[cursor:end], request.finish if ends else None))
+            logprobs = request.logprobs
+            group[1].append(
+                Tokens(
+                    request.rid,
+                    planned[cursor:end],
+                    request.finish if ends else None,
+                    None,
+                    None if logprobs is None else logprobs[cursor:end],
+                )
+            )
             group[2].append((request, end, ends))
         for worker, extra in self._pending.items():
             if worker in self.registry and extra and worker not in groups:
@@ -394,3 +413,12 @@ class Scheduler:
     def _reject(self, rid: str, error: str) -> Reject:
         self.rejected += 1
         return Reject(rid, error)
+
+
+NO_LOGPROB = TokenLogprob(float("nan"))  # stands for an entry the engine did not give (the client sees null)
+
+
+def _aligned(logprobs: list[TokenLogprob] | None, count: int) -> list[TokenLogprob]:
+    """`count` entries: the engine's, padded with NO_LOGPROB where it gave fewer (so entries stay aligned with ids)."""
+    given = list(logprobs or ())[:count]
+    return given + [NO_LOGPROB] * (count - len(given))
