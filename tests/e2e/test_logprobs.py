@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import ServeProcess, healthy_serve
 
 from engine_stub.fake_logprobs import fake_value
 
@@ -23,13 +23,8 @@ MESSAGES = [{"role": "user", "content": TEXT}]
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    process = ServeProcess("--workers", "1", "--source", "echo", "--step-interval-ms", "2")
-    try:
-        wait_for(lambda: process.health() == 200, 30, what="a healthy service")
+    with healthy_serve("--workers", "1", "--source", "echo", "--step-interval-ms", "2") as process:
         yield process
-    finally:
-        process.stop()
-        process.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +49,16 @@ def check_values(ids: list[int], logprobs: list[float | None], tops: list[list[f
     for position, (token_id, logprob, values) in enumerate(zip(ids, logprobs, tops, strict=True)):
         assert logprob == fake_value(position, token_id)
         assert len(values) == top and values == sorted(values, reverse=True)
+
+
+def streamed_logprobs(stream: Any) -> tuple[list[Any], Any]:
+    """The `logprobs` of every streamed chunk that has them, and the usage chunk's usage."""
+    pieces: list[Any] = []
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage if chunk.usage is not None else usage
+        pieces += [choice.logprobs for choice in chunk.choices if choice.logprobs is not None]
+    return pieces, usage
 
 
 def model(client: Any) -> str:
@@ -81,17 +86,10 @@ def test_completions(client: Any, qwen3: Any) -> None:
         stream=True,
         stream_options={"include_usage": True},
     )
-    tokens: list[str] = []
-    offsets: list[int] = []
-    usage = None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.logprobs is not None:
-                tokens += choice.logprobs.tokens
-                offsets += choice.logprobs.text_offset
+    pieces, usage = streamed_logprobs(stream)
     assert usage is not None and usage.completion_tokens == count
+    tokens = [token for piece in pieces for token in piece.tokens]
+    offsets = [offset for piece in pieces for offset in piece.text_offset]
     assert (tokens, offsets) == (logprobs.tokens, logprobs.text_offset)
 
 
@@ -136,15 +134,9 @@ def test_chat(client: Any, service: ServeProcess, qwen3: Any) -> None:
         stream=True,
         stream_options={"include_usage": True},
     )
-    streamed: list[Any] = []
-    usage = None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for choice in chunk.choices:
-            if choice.logprobs is not None:
-                streamed += choice.logprobs.content
+    pieces, usage = streamed_logprobs(stream)
     assert usage is not None and usage.completion_tokens == count
+    streamed = [entry for piece in pieces for entry in piece.content]
     assert [entry.model_dump() for entry in streamed] == [entry.model_dump() for entry in entries]
 
 
