@@ -5,12 +5,14 @@ character for tokens that split one), top candidates most likely first, one entr
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
+from helpers.grpc_engine_server import EngineServer
 from helpers.serve_helpers import ServeProcess, healthy_serve
 
 from engine_stub.fake_logprobs import fake_value
@@ -27,9 +29,13 @@ def service() -> Iterator[ServeProcess]:
         yield process
 
 
+def api_client(service: ServeProcess) -> Any:
+    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def client(service: ServeProcess) -> Iterator[Any]:
-    with openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=30) as api:
+    with api_client(service) as api:
         yield api
 
 
@@ -45,9 +51,16 @@ def echoed(qwen3: Any, prompt_ids: list[int], count: int) -> list[int]:
     return output[:count]
 
 
-def check_values(ids: list[int], logprobs: list[float | None], tops: list[list[float]], top: int) -> None:
+def as_float32(value: float) -> float:
+    """A value as it comes through gRPC (protobuf `float`)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def check_values(
+    ids: list[int], logprobs: list[float | None], tops: list[list[float]], top: int, precision: Any = float
+) -> None:
     for position, (token_id, logprob, values) in enumerate(zip(ids, logprobs, tops, strict=True)):
-        assert logprob == fake_value(position, token_id)
+        assert logprob == precision(fake_value(position, token_id))
         assert len(values) == top and values == sorted(values, reverse=True)
 
 
@@ -65,7 +78,8 @@ def model(client: Any) -> str:
     return client.models.list().data[0].id
 
 
-def test_completions(client: Any, qwen3: Any) -> None:
+def whole_completion(client: Any, qwen3: Any, precision: Any = float) -> Any:
+    """A non-streamed completion echoing TEXT with logprobs=3, checked; returns it."""
     prompt = qwen3.encode(TEXT).ids
     whole = client.completions.create(model=model(client), prompt=prompt, max_tokens=100, logprobs=3)
     logprobs = whole.choices[0].logprobs
@@ -75,8 +89,14 @@ def test_completions(client: Any, qwen3: Any) -> None:
     assert any("\ufffd" in token for token in logprobs.tokens), "a token that splits a character"
     assert logprobs.text_offset == [sum(len(token) for token in logprobs.tokens[:k]) for k in range(count)]
     tops = [list(candidates.values()) for candidates in logprobs.top_logprobs]
-    check_values(ids, logprobs.token_logprobs, tops, 3)
+    check_values(ids, logprobs.token_logprobs, tops, 3, precision)
     assert whole.choices[0].text == TEXT
+    return whole
+
+
+def test_completions(client: Any, qwen3: Any) -> None:
+    whole = whole_completion(client, qwen3)
+    prompt, logprobs, count = qwen3.encode(TEXT).ids, whole.choices[0].logprobs, whole.usage.completion_tokens
 
     stream = client.completions.create(
         model=model(client),
@@ -98,7 +118,7 @@ def chat_ids(service: ServeProcess, qwen3: Any, count: int) -> list[int]:
     return echoed(qwen3, prompt, count)
 
 
-def check_chat_entries(entries: list[Any], ids: list[int], qwen3: Any, top: int) -> None:
+def check_chat_entries(entries: list[Any], ids: list[int], qwen3: Any, top: int, precision: Any = float) -> None:
     assert [entry.token for entry in entries] == [qwen3.decode([token_id]) for token_id in ids]
     joined = b"".join(bytes(entry.bytes) for entry in entries)
     assert joined.decode("utf-8") == qwen3.decode(ids)  # every token's own bytes, special tokens' text included
@@ -108,7 +128,7 @@ def check_chat_entries(entries: list[Any], ids: list[int], qwen3: Any, top: int)
         with pytest.raises(UnicodeDecodeError):
             bytes(entry.bytes).decode("utf-8")  # a piece of a character: its raw bytes, not U+FFFD's
     tops = [[candidate.logprob for candidate in entry.top_logprobs] for entry in entries]
-    check_values(ids, [entry.logprob for entry in entries], tops, top)
+    check_values(ids, [entry.logprob for entry in entries], tops, top, precision)
     for entry in entries:
         for candidate in entry.top_logprobs:
             assert bytes(candidate.bytes).decode("utf-8", errors="replace") == candidate.token or "\ufffd" in (
@@ -168,3 +188,26 @@ def test_limits_name_the_parameter(client: Any, endpoint: str, extra: dict[str, 
         else:
             client.completions.create(model=model(client), prompt="Hello", max_tokens=5, extra_body=extra)
     assert caught.value.body["param"] == param
+
+
+def test_through_the_grpc_gateway(qwen3: Any) -> None:
+    """`detok serve --source grpc` in front of `detok engine-server` (echo, fake logprobs in output_logprobs)."""
+    engine = EngineServer("--source", "echo", "--step-interval-ms", "2")
+    try:
+        args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "2")
+        with healthy_serve(*args) as process, api_client(process) as client:
+            whole_completion(client, qwen3, as_float32)
+            stream = client.chat.completions.create(
+                model=model(client),
+                messages=MESSAGES,
+                max_tokens=100,
+                logprobs=True,
+                top_logprobs=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            pieces, usage = streamed_logprobs(stream)
+            entries = [entry for piece in pieces for entry in piece.content]
+            check_chat_entries(entries, chat_ids(process, qwen3, usage.completion_tokens), qwen3, 2, as_float32)
+    finally:
+        engine.cleanup()
