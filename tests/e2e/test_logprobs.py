@@ -136,15 +136,8 @@ def check_chat_entries(entries: list[Any], ids: list[int], qwen3: Any, top: int,
             )
 
 
-def test_chat(client: Any, service: ServeProcess, qwen3: Any) -> None:
-    whole = client.chat.completions.create(
-        model=model(client), messages=MESSAGES, max_tokens=100, logprobs=True, top_logprobs=2
-    )
-    count = whole.usage.completion_tokens
-    ids = chat_ids(service, qwen3, count)
-    entries = whole.choices[0].logprobs.content
-    check_chat_entries(entries, ids, qwen3, 2)
-
+def streamed_chat(client: Any) -> tuple[list[Any], int]:
+    """A streamed chat with logprobs and top_logprobs=2: every chunk's entries, and usage.completion_tokens."""
     stream = client.chat.completions.create(
         model=model(client),
         messages=MESSAGES,
@@ -155,8 +148,21 @@ def test_chat(client: Any, service: ServeProcess, qwen3: Any) -> None:
         stream_options={"include_usage": True},
     )
     pieces, usage = streamed_logprobs(stream)
-    assert usage is not None and usage.completion_tokens == count
-    streamed = [entry for piece in pieces for entry in piece.content]
+    assert usage is not None
+    return [entry for piece in pieces for entry in piece.content], usage.completion_tokens
+
+
+def test_chat(client: Any, service: ServeProcess, qwen3: Any) -> None:
+    whole = client.chat.completions.create(
+        model=model(client), messages=MESSAGES, max_tokens=100, logprobs=True, top_logprobs=2
+    )
+    count = whole.usage.completion_tokens
+    ids = chat_ids(service, qwen3, count)
+    entries = whole.choices[0].logprobs.content
+    check_chat_entries(entries, ids, qwen3, 2)
+
+    streamed, streamed_count = streamed_chat(client)
+    assert streamed_count == count
     assert [entry.model_dump() for entry in streamed] == [entry.model_dump() for entry in entries]
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
 from detok_worker.engine.limits import SubmitLimits
-from detok_worker.engine.plans import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
+from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
 from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
     BAD_STRAY_FINISH,
-    NO_LOGPROB,
     ORPHAN_GRACE_S,
     Scheduler,
     StepPlan,
