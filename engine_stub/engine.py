@@ -12,7 +12,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
+from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit, TokenLogprob
 from detok_worker.config import DetokConfig
 from detok_worker.engine.generators import GeneratorEngine
 from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
@@ -20,6 +20,7 @@ from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
+from engine_stub.fake_logprobs import fake_logprobs
 from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class EngineProcess:
     ) -> None:
         engine = config.engine
         self.config = config
+        self.tokenizer = tokenizer
         eos_ids = set(tokenizer.eos_token_ids)
         self.planner: TokenSource | None = None
         self.generator: GeneratorEngine | None = None
@@ -159,7 +161,7 @@ class EngineProcess:
         if plan.offsets_ns is not None:
             now_ns = time.monotonic_ns()
             release = [now_ns + offset for offset in plan.offsets_ns]
-        self.link.accept(message, plan.ids, release_ns=release)
+        self.link.accept(message, plan.ids, release_ns=release, logprobs=self._logprobs(message, plan.ids))
 
     def _submit_generated(self, message: Submit, generator: GeneratorEngine) -> None:
         detok = self.link.accept(message)
@@ -178,7 +180,20 @@ class EngineProcess:
         for request in self.replay.due(time.monotonic_ns()):
             submit = Submit(request.rid, request.prompt_ids, request.params)
             release = self.replay.release_times(request)
-            self.link.accept(submit, request.output_ids, release_ns=release, finish=request.finish or FINISH_STOP)
+            self.link.accept(
+                submit,
+                request.output_ids,
+                release_ns=release,
+                finish=request.finish or FINISH_STOP,
+                logprobs=self._logprobs(submit, request.output_ids),
+            )
+
+    def _logprobs(self, message: Submit, ids: list[int]) -> list[TokenLogprob] | None:
+        """Fake logprobs (engine_stub/fake_logprobs.py) for a request that asked for them."""
+        top = message.params.sampling.logprobs
+        if top is None:
+            return None
+        return fake_logprobs(ids[: message.params.max_tokens], top, self.tokenizer)
 
     def _poll_timeout_ms(self) -> int:
         """Sleep until the next step, stats or replay arrival; after a step that could emit nothing (paced ids

@@ -4,8 +4,10 @@ and benches of detok's gateway (`--source grpc`) and of other gateways (SMG).
 
 Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
 engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
-GenerateComplete with every output id. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the
-request's stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
+GenerateComplete with every output id. A request that asks for logprobs gets the planning sources'
+deterministic fake ones (engine_stub/fake_logprobs.py) in each chunk's and the GenerateComplete's
+output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the request's
+stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
 ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
 responsive; each step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a
 generation is cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten
@@ -43,11 +45,12 @@ from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, RequestParams
+from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, RequestParams, TokenLogprob
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from detok_worker.tokenizer.protocol import Tokenizer
+from engine_stub.fake_logprobs import fake_logprobs
 from engine_stub.grpc_generation import Generation, GenerationRuns
 from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
@@ -68,6 +71,14 @@ def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) 
     if len(ids) > params.max_tokens:
         return ids[: params.max_tokens], "length", None
     return ids, "stop", None
+
+
+def proto_logprobs(entries: list[TokenLogprob]) -> Any:
+    """Bus logprob entries as the engine's OutputLogProbs (the planning sources' fake ones: fake_logprobs.py)."""
+    return pb2.OutputLogProbs(
+        token_logprobs=[entry.logprob for entry in entries],
+        top_logprobs=[pb2.TopLogProbs(values=entry.top_logprobs, token_ids=entry.top_ids) for entry in entries],
+    )
 
 
 def tokenizer_dir(config: DetokConfig) -> Path:
@@ -123,6 +134,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         assert self.planner is not None
         plan = self.planner.plan(rid, prompt_ids, params)
         ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
+        asked = sampling.logprobs if sampling.HasField("logprobs") else None
+        logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
         self.counts["requests"] += 1
         # what the gateway asked for beyond the ids (sampling, constraint): the stub cannot honour it, tests read it
         self.last_sampling = MessageToDict(sampling, preserving_proto_field_name=True)
@@ -144,6 +157,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
                 chunk = pb2.GenerateStreamChunk(
                     token_ids=ids[start:end], prompt_tokens=len(prompt_ids), completion_tokens=min(end, len(ids))
                 )
+                if logprobs is not None:
+                    chunk.output_logprobs.CopyFrom(proto_logprobs(logprobs[start:end]))
                 yield pb2.GenerateResponse(chunk=chunk)
                 sent = min(end, len(ids))
             complete = pb2.GenerateComplete(
@@ -154,6 +169,8 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             )
             if matched is not None and finish == "stop":
                 complete.matched_token_id = matched
+            if logprobs is not None and finish != "abort":
+                complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
             yield pb2.GenerateResponse(complete=complete)
             done = True
             self.counts["completed" if finish != "abort" else "aborted_streams"] += 1

@@ -134,16 +134,27 @@ class Open(msgspec.Struct, tag="open", array_like=True, gc=False):
     params: DetokParams
 
 
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """The engine's log-probability of one output id (Tokens.logprobs[i] is about Tokens.ids[i]), and its top
+    candidates at that position: top_ids[j] with top_logprobs[j] (SamplingParams.logprobs of them)."""
+
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class Tokens(msgspec.Struct, tag="tokens", array_like=True, gc=False):
     """New output ids of one rid for this step. finish is set on the rid's last item (EOS, max_tokens, abort,
     engine error); the worker then flushes and frees the rid. `error`: with finish "error", the engine's message
     for the client (the worker's final delta carries it, so the client reads the cause whichever of that delta
-    and the engine's Reject reaches the front first)."""
+    and the engine's Reject reaches the front first). `logprobs`: only for a request that asked for them (None
+    otherwise), one entry per id."""
 
     rid: str
     ids: list[int]
     finish: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):
@@ -218,11 +229,24 @@ class ParsedDelta(msgspec.Struct, array_like=True, gc=False):
     tool_calls: list[ToolCallDelta] = []
 
 
+class LogprobText(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """One output token's logprob as the client sees it: `token` is the tokenizer's decode of the id alone (special
+    tokens kept), `token_bytes` the token's own bytes in the output (a piece of a character for a token that
+    splits one), `top` the engine's top candidates, most likely first (their `top` is empty)."""
+
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top: list[LogprobText] = []
+
+
 class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     """New text of one rid. offset: character offset in the rid's output text at which `text` starts.
     n_tokens: output tokens consumed so far for this rid (cumulative, so re-sent deltas do not double count).
     finish / stop_reason / error are set on the rid's last delta. parsed: the split of the text into channels
-    when the request names a parser (None otherwise)."""
+    when the request names a parser (None otherwise). logprobs: for a request that asked for them, the entries
+    of the tokens consumed since the rid's previous delta, i.e. of tokens n_tokens - len(logprobs) .. n_tokens - 1
+    (the receiver drops re-sent ones by that index)."""
 
     rid: str
     offset: int
@@ -232,6 +256,7 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     stop_reason: str | int | None = None
     error: str | None = None
     parsed: ParsedDelta | None = None
+    logprobs: list[LogprobText] | None = None
 
 
 class TextBatch(msgspec.Struct, tag="text_batch", array_like=True, gc=False):

@@ -21,7 +21,7 @@ import grpc
 from smg_grpc_proto import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams
+from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams, TokenLogprob
 from detok_worker.engine.grpc_sampling import request_fields, sampling_fields
 from detok_worker.errors import OperatorError
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -192,3 +192,20 @@ def new_ids_of_complete(output_ids: list[int], received: int) -> list[int]:
     if received == 0 or len(output_ids) > received:
         return output_ids[received:]
     return []
+
+
+def output_logprobs(message: Any, skip: int = 0) -> list[TokenLogprob] | None:
+    """The bus entries of a chunk's or a GenerateComplete's `output_logprobs` (both dialects share its shape:
+    token_logprobs[i] with top_logprobs[i].token_ids / .values), from position `skip` on (a GenerateComplete's are
+    cumulative); None when the message has none (the request did not ask, or the engine does not give them)."""
+    if not message.HasField("output_logprobs"):
+        return None
+    output = message.output_logprobs
+    values = list(output.token_logprobs)
+    tops = output.top_logprobs
+    entries = []
+    for position in range(skip, len(values)):
+        top = tops[position] if position < len(tops) else None
+        top_ids = list(top.token_ids) if top is not None else []
+        entries.append(TokenLogprob(values[position], top_ids, list(top.values) if top is not None else []))
+    return entries or None

@@ -29,6 +29,7 @@ from detok_worker.engine.grpc_api import (
     connect_engine,
     engine_failure,
     new_ids_of_complete,
+    output_logprobs,
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
@@ -130,7 +131,7 @@ class GrpcGateway:
                 if kind == "chunk":
                     ids = list(response.chunk.token_ids)
                     received += len(ids)
-                    if not link.push(rid, ids):
+                    if not link.push(rid, ids, None, output_logprobs(response.chunk)):
                         return
                     while link.backlog(rid) > BACKLOG_LIMIT:
                         await asyncio.sleep(self.tick_s or 0.001)
@@ -140,7 +141,8 @@ class GrpcGateway:
                     if finish is None:
                         link.fail(rid, f"the gRPC engine at {api.url} ended the request: {complete.finish_reason}")
                     else:
-                        link.push(rid, new_ids_of_complete(list(complete.output_ids), received), finish)
+                        new_ids = new_ids_of_complete(list(complete.output_ids), received)
+                        link.push(rid, new_ids, finish, output_logprobs(complete, received) if new_ids else None)
                     return
             link.fail(rid, f"the gRPC engine at {api.url} ended the stream without GenerateComplete")
         except grpc.aio.AioRpcError as exc:

@@ -49,6 +49,7 @@ from detok_worker.bus.messages import (
     Reject,
     Shutdown,
     Submit,
+    TokenLogprob,
 )
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
@@ -155,6 +156,7 @@ class EngineLink:
         *,
         release_ns: list[int] | None = None,
         finish: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> DetokParams | None:
         """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
         stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
@@ -163,7 +165,9 @@ class EngineLink:
         if planned is None:
             reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
         else:
-            reject = self.scheduler.submit(rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish)
+            reject = self.scheduler.submit(
+                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
+            )
         if reject is not None:
             self._to_front(reject)
             return None
@@ -171,10 +175,13 @@ class EngineLink:
             self.recorder.request(rid, prompt_ids, params)
         return self.scheduler.detok_params(rid)
 
-    def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
+    def push(
+        self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
+    ) -> bool:
         """New ids of an accepted request (sent at the next step); `finish` ends it. False when the rid no longer
-        generates (stopped, aborted, unknown): stop generating it."""
-        return self.scheduler.push(rid, ids, finish)
+        generates (stopped, aborted, unknown): stop generating it. `logprobs`: one per id, for a request that asked
+        for them (SamplingParams.logprobs set); ignored otherwise."""
+        return self.scheduler.push(rid, ids, finish, logprobs)
 
     def backlog(self, rid: str) -> int:
         """Ids pushed for `rid` that its worker has not taken yet (backpressure: pause a rid with a big one)."""

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, Reject, RequestParams, TokenBatch, Tokens
+from detok_worker.bus.messages import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    DetokParams,
+    Reject,
+    RequestParams,
+    TokenBatch,
+    TokenLogprob,
+    Tokens,
+)
 
 
 @dataclass(slots=True)
@@ -24,6 +33,36 @@ class Request:
     opened: bool = False  # the current worker has had its Open
     orphan_since: float | None = None
     ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
+    logprobs: list[TokenLogprob] | None = None  # aligned with planned, when the request asked for logprobs
+
+    def extend(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> int:
+        """Pushed ids (and their logprobs, when the request asked) up to max_tokens; returns the room there was."""
+        room = self.max_tokens - len(self.planned)
+        self.planned.extend(ids[:room])
+        if self.logprobs is not None:
+            self.logprobs += aligned_logprobs(logprobs, min(len(ids), room))
+        return room
+
+
+NO_LOGPROB = TokenLogprob(float("nan"))  # stands for an entry the engine did not give (the client sees null)
+
+
+def aligned_logprobs(logprobs: list[TokenLogprob] | None, count: int) -> list[TokenLogprob]:
+    """`count` entries: the engine's, padded with NO_LOGPROB where it gave fewer (so entries stay aligned with ids)."""
+    given = list(logprobs or ())[:count]
+    return given + [NO_LOGPROB] * (count - len(given))
+
+
+def step_tokens(request: Request, cursor: int, end: int, ends: bool) -> Tokens:
+    """The Tokens item of ids cursor..end (their logprobs too, when the request asked), with the finish if `ends`."""
+    logprobs = request.logprobs
+    return Tokens(
+        request.rid,
+        request.planned[cursor:end],
+        request.finish if ends else None,
+        None,
+        None if logprobs is None else logprobs[cursor:end],
+    )
 
 
 @dataclass(slots=True)

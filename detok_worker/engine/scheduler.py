@@ -3,9 +3,9 @@
 Continuous batching: at most max_batch requests generate at once, the rest wait in arrival order. A request's
 ids are either planned at submit (the stub's sources) or pushed as a real engine generates them (`open` +
 `push`). Each step takes the next ids of every generating request (tokens_per_step of a planned one, or, when
-replaying a trace at recorded speed, every id whose time has come; every id pushed so far of a pushed one),
-groups them by owning worker and builds one TokenBatch per worker. A step is
-only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a worker
+replaying a trace at recorded speed, every id whose time has come; every id pushed so far of a pushed one, with
+their logprobs when the request asked), groups them by owning worker and builds one TokenBatch per worker. A step
+is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a worker
 could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow worker,
 that worker's requests just pause.
 
@@ -34,11 +34,12 @@ from detok_worker.bus.messages import (
     Reject,
     RequestParams,
     TokenBatch,
+    TokenLogprob,
     Tokens,
 )
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
-from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output, prompt_tail
+from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output, prompt_tail, step_tokens
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
@@ -103,9 +104,10 @@ class Scheduler:
         finish: str | None = None,
         *,
         pushed: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> Reject | None:
-        """Queue a request whose output ids are `planned` (or, with pushed, come by `push`). Returns a Reject
-        when it cannot be taken; a duplicate live rid is ignored."""
+        """Queue a request whose output ids are `planned` (or, with pushed, come by `push`; `logprobs` likewise).
+        Returns a Reject when it cannot be taken; a duplicate live rid is ignored."""
         if self.has_rid(rid):
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
@@ -124,27 +126,30 @@ class Scheduler:
             rid=rid,
             prompt_tail=prompt_tail(prompt_ids, self.special_ids),
             detok=rules.worker_params(),
-            planned=ids,
+            planned=[],
             finish=end,
             release_ns=release_ns[: len(ids)] if release_ns is not None else None,
             max_tokens=params.max_tokens,
             pushed=pushed,
             open_ended=pushed and params.max_tokens > 0,
+            logprobs=None if params.sampling.logprobs is None else [],  # only when the request asked for them
         )
+        request.extend(ids, logprobs)  # ids are within max_tokens already
         self.waiting.append(request)
         self._waiting_by_rid[rid] = request
         return None
 
-    def push(self, rid: str, ids: list[int], finish: str | None = None) -> bool:
+    def push(
+        self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
+    ) -> bool:
         """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
-        aborted, unknown): the engine should stop generating it."""
+        aborted, unknown): the engine should stop generating it. `logprobs`: one per id."""
         self.generated += len(ids)
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
         if request is None or not request.open_ended:
             return False
-        room = request.max_tokens - len(request.planned)
-        request.planned.extend(ids[:room])
+        room = request.extend(ids, logprobs)
         if len(ids) > room:
             finish = FINISH_LENGTH
         if finish is not None:
@@ -170,8 +175,7 @@ class Scheduler:
         return False
 
     def drop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
-        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish, error)); not counted as an
-        abort."""
+        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish, error)), not an abort."""
         self.delivering.forget(rid)
         return self._stop(rid, finish, error)
 
@@ -268,7 +272,7 @@ class Scheduler:
             if not request.opened:
                 group[0].append(Open(request.rid, request.prompt_tail, request.detok))
                 cursor = 0  # a (re-)open carries the full history
-            group[1].append(Tokens(request.rid, planned[cursor:end], request.finish if ends else None))
+            group[1].append(step_tokens(request, cursor, end, ends))
             group[2].append((request, end, ends))
         for worker, extra in self._pending.items():
             if worker in self.registry and extra and worker not in groups:

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from detok_worker.bus.messages import LogprobText
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
 from detok_worker.front.api_key import resolve_api_key
@@ -180,7 +181,7 @@ class Front:
         rid = request_rid(request, id_kind, body.request_id)
         stream = self.dispatcher.submit(ids, params, checked.stop_rules, rid)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
-        formatter = formatter_type(stream.rid, model, checked.include_usage)
+        formatter = formatter_type(stream.rid, model, checked.include_usage, params.sampling.logprobs is not None)
         if body.stream:
             events = self._events(stream, formatter, checked.include_usage)
             return sse.EventStreamResponse(events, on_close=lambda: self._release(stream))
@@ -256,8 +257,9 @@ class Front:
             while True:
                 text = await stream.wait()
                 done = stream.done
-                if text:
-                    yield sse.event(formatter.text_chunk(text))
+                logprobs = stream.take_logprobs()
+                if text or logprobs:
+                    yield sse.event(formatter.text_chunk(text, logprobs))
                 if done:
                     break
             if stream.failure is not None:
@@ -274,9 +276,11 @@ class Front:
     async def _collect(self, request: Request, stream: RequestStream, formatter: Formatter) -> Response:
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
         pieces: list[str | ParsedOutput] = []
+        logprobs: list[LogprobText] = []
         try:
             while True:
                 pieces.append(await stream.wait())
+                logprobs += stream.take_logprobs()
                 if stream.done:
                     break
         finally:
@@ -284,7 +288,7 @@ class Front:
             self._release(stream)
         if stream.failure is not None:
             return error_response(stream.failure)
-        return Response(formatter.whole(pieces, stream), media_type=JSON)
+        return Response(formatter.whole(pieces, stream, logprobs), media_type=JSON)
 
     async def _abort_on_disconnect(self, request: Request, stream: RequestStream) -> None:
         while True:

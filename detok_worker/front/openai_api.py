@@ -60,9 +60,10 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     spaces_between_special_tokens: bool | None = None  # only true (the default) is supported
     truncate_prompt_tokens: int | None = None  # keep the last k prompt ids
     request_id: str | None = None  # like the X-Request-Id header
+    # completions: top candidates per token (int); chat: bool (with top_logprobs). Checked in sampling.py.
+    logprobs: Any = None
     # refused when set (validation.py): detok cannot honour them (yet)
     echo: Any = None
-    logprobs: Any = None
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -131,12 +132,39 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
+class CompletionLogprobs(msgspec.Struct):
+    """The legacy completions shape: parallel lists, one entry per output token. text_offset: character offset of
+    each token in the text, counted as vLLM does (the lengths of the `tokens` strings before it)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class TopLogprobOut(msgspec.Struct):
+    token: str
+    logprob: float | None
+    bytes: list[int]
+
+
+class TokenLogprobOut(msgspec.Struct):
+    token: str
+    logprob: float | None
+    bytes: list[int]
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[TokenLogprobOut]
 
 
 class CompletionResponse(msgspec.Struct):
@@ -177,7 +205,7 @@ class ChatChoice(msgspec.Struct):
     message: ChatMessageOut
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct):
@@ -201,7 +229,7 @@ class ChatChunkChoice(msgspec.Struct):
     delta: ChatDelta
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):

@@ -6,6 +6,7 @@ import asyncio
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
+    LogprobText,
     ParsedDelta,
     TextDelta,
 )
@@ -35,6 +36,8 @@ class RequestStream:
         "tool_calls_seen",
         "_stop_rules",
         "_wakeup",
+        "_logprobs",
+        "logprobs_delivered",
     )
 
     def __init__(
@@ -57,6 +60,8 @@ class RequestStream:
         self.tool_calls_seen = False
         self._stop_rules = stop_rules
         self._wakeup = asyncio.Event()
+        self._logprobs: list[LogprobText] = []  # entries not yet taken by the handler
+        self.logprobs_delivered = 0  # entries accepted so far (tokens 0 .. logprobs_delivered - 1)
 
     def accept(self, delta: TextDelta) -> str | None:
         """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
@@ -70,6 +75,8 @@ class RequestStream:
         elif text:
             self._pieces.append(text)
             self.pending_chars += len(text)
+        if delta.logprobs and not self._accept_logprobs(delta, delta.logprobs):
+            return None
         self.n_tokens = max(self.n_tokens, delta.n_tokens)
         if delta.finish is not None:
             if delta.finish == FINISH_ERROR:
@@ -81,6 +88,22 @@ class RequestStream:
             self.done = True
         self._wakeup.set()
         return text
+
+    def _accept_logprobs(self, delta: TextDelta, entries: list[LogprobText]) -> bool:
+        """A delta's entries are of tokens n_tokens - len(entries) onwards: keep those not delivered yet."""
+        skip = self.logprobs_delivered - (delta.n_tokens - len(entries))
+        if skip < 0:
+            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            return False
+        fresh = entries[skip:]
+        self._logprobs += fresh
+        self.logprobs_delivered += len(fresh)
+        return True
+
+    def take_logprobs(self) -> list[LogprobText]:
+        """The logprob entries not taken yet (with the text `wait` returned), in token order."""
+        entries, self._logprobs = self._logprobs, []
+        return entries
 
     def _accept_parsed(self, delta: TextDelta) -> bool:
         assert self.parsed_reassembly is not None and self._parsed is not None
@@ -116,7 +139,7 @@ class RequestStream:
     async def wait(self) -> str | ParsedOutput:
         """Wait until there is text or the stream is done; returns (and releases) all text not taken yet (for a
         request with parsers: the channels' news). When it returns with `done` set, no more text will come."""
-        while not (self._pieces or self._parsed) and not self.done:
+        while not (self._pieces or self._parsed or self._logprobs) and not self.done:
             self._wakeup.clear()
             await self._wakeup.wait()
         if self._parsed is not None:

@@ -38,6 +38,7 @@ SAMPLING_RANGES = (
     ("repetition_penalty", 0.0, 100.0, False),
 )
 LOGIT_BIAS_LIMIT = 100.0
+MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs (OpenAI: 20 for chat, 5 for completions)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # structured_outputs keys that select the constraint -> its kind; the others are backend options detok cannot pass
 _STRUCTURED_KINDS = {
@@ -54,7 +55,7 @@ _STRUCTURED_OPTIONS = frozenset(
 
 
 def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> SamplingParams:
-    """The request's SamplingParams (n=1, no logprobs: validation.py refuses the others)."""
+    """The request's SamplingParams (n=1: validation.py refuses the others)."""
     _check_ranges(request)
     return SamplingParams(
         temperature=request.temperature,
@@ -66,8 +67,30 @@ def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_si
         repetition_penalty=request.repetition_penalty,
         seed=request.seed,
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
+        logprobs=logprobs_of(request),
         constraint=constraint_of(request),
     )
+
+
+def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many top candidates per output token the client wants (None: no logprobs). Completions: `logprobs` is
+    that number; chat: `logprobs: true` with `top_logprobs` (default 0), which needs logprobs true (as vLLM)."""
+    if isinstance(request, CompletionRequest):
+        top, name = request.logprobs, "logprobs"
+        if top is None:
+            return None
+    else:
+        if request.logprobs not in (None, True, False):
+            raise bad_request("logprobs must be true or false", "logprobs")
+        top, name = request.top_logprobs, "top_logprobs"
+        if not request.logprobs:
+            if top not in (None, 0):
+                raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+            return None
+        top = 0 if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})", name)
+    return top
 
 
 def _check_ranges(request: GenerationRequest) -> None:

@@ -175,13 +175,10 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "spaces_between_special_tokens": _not(None, True),
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _is_set,
     "suffix": _is_set,
     "prompt_embeds": _is_set,
 }
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _truthy,
-    "top_logprobs": _not(None, 0),
     "chat_template": _is_set,
     "audio": _is_set,
     "functions": _is_set,

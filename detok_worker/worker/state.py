@@ -8,6 +8,10 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
   engine gets a Finish; a bad token id ends only that rid with finish "error". A Tokens item with finish set
   (EOS/max_tokens/abort decided by the engine) flushes and ends the rid with that finish.
 - Tokens for a rid that ended recently are dropped silently; for a rid never opened they are counted as bad.
+- Tokens with logprobs (only for requests that asked) take a slower path beside the hot loop: the item is handled
+  as if it had none, then the entries of the ids it consumed ride on the delta it produced, or wait for the rid's
+  next delta while its text is held back (an unfinished character, a possible stop string). So each delta carries
+  the entries of the tokens consumed since the previous one, and their count is the rid's n_tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from detok_worker.bus.messages import (
     FINISH_REASONS,
     FINISH_STOP,
     Finish,
+    LogprobText,
     Open,
     ParsedDelta,
     TextBatch,
@@ -34,6 +39,7 @@ from detok_worker.bus.messages import (
 from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.parsing import RidParsing, parsing_for
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class RidState:
     n_tokens: int = 0  # output tokens consumed (cumulative)
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
+    logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
 
 
 @dataclass(slots=True)
@@ -96,6 +103,7 @@ class WorkerState:
         max_live_stop_chars: int = DEFAULT_MAX_LIVE_STOP_CHARS,
     ) -> None:
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)
         self.worker_id = worker_id
         self.stop_limits = stop_limits
         # Stop-matching memory of a rid grows with the text it scans, up to linear in its stop strings' length:
@@ -141,8 +149,14 @@ class WorkerState:
             for item in items[start : start + TICK_EVERY_ITEMS]:
                 rid = item.rid
                 state = live_get(rid)
+                if item.logprobs is not None and state is not None:
+                    self._logprobs_item(item, state, deltas, finishes)
+                    continue
                 if state is None or item.finish is not None:
-                    self._end_item(item, state, deltas, finishes)
+                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
+                        self._logprobs_item(item, state, deltas, finishes)
+                    else:
+                        self._end_item(item, state, deltas, finishes)
                     continue
                 ids = item.ids
                 try:
@@ -218,6 +232,27 @@ class WorkerState:
         deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
         state.offset += len(text)
         return len(text)
+
+    def _logprobs_item(self, item: Tokens, state: RidState, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+        """An item of a rid with logprobs: handled as one without them, then its consumed ids' entries (and any
+        held ones) go on the delta it produced, or are held for the next."""
+        try:
+            entries = self.token_texts.texts(item.ids, item.logprobs) if item.logprobs is not None else []
+        except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
+            self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", deltas, finishes)
+            return
+        held, state.logprobs = state.logprobs or [], None
+        before = state.n_tokens
+        plain = TokenBatch(0, 0, [], [Tokens(item.rid, item.ids, item.finish, item.error)])
+        result = self.handle_batch(plain)
+        finishes.extend(result.finishes)
+        held += entries[: state.n_tokens - before]
+        produced = result.text_batch.items
+        if produced:
+            produced[-1].logprobs = held
+            deltas.extend(produced)
+        else:
+            state.logprobs = held
 
     # ---- per message ----------------------------------------------------------------------------------
 

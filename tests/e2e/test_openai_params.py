@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, healthy_serve, http_json
 
 from detok_worker.bus.messages import Constraint
 from detok_worker.trace.format import read_trace
@@ -22,19 +22,17 @@ ALLOWED = "https://app.example.com"
 MESSAGES = [{"role": "user", "content": "Name a colour. 😀"}]
 
 
+SERVE_ARGS = ("--workers", "1", "--source", "echo", "--step-interval-ms", "2")
+
+
 def serve(*extra: str) -> ServeProcess:
-    return ServeProcess("--workers", "1", "--source", "echo", "--step-interval-ms", "2", *extra)
+    return ServeProcess(*SERVE_ARGS, *extra)
 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    process = serve("--set", f'front.cors_allowed_origins=["{ALLOWED}"]')
-    try:
-        wait_for(lambda: process.health() == 200, 30, what="a healthy service")
+    with healthy_serve(*SERVE_ARGS, "--set", f'front.cors_allowed_origins=["{ALLOWED}"]') as process:
         yield process
-    finally:
-        process.stop()
-        process.cleanup()
 
 
 @pytest.fixture

@@ -112,7 +112,9 @@ COMPLETION_BODIES: list[tuple[bytes, int]] = [
     (b'{"prompt": "x", "stop_token_ids": [-5]}', 400),
     (b'{"prompt": "x", "max_tokens": 4, "min_tokens": 5}', 400),
     (b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400),
-    (b'{"prompt": "x", "logprobs": 5}', 400),
+    (b'{"prompt": "x", "logprobs": 21}', 400),
+    (b'{"prompt": "x", "logprobs": -1}', 400),
+    (b'{"prompt": "x", "logprobs": true}', 400),
     (b'{"prompt": "x", "echo": true}', 400),
     (b'{"prompt": "x", "stream": "yes"}', 400),
     (b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400),
@@ -135,6 +137,9 @@ CHAT_BODIES: list[tuple[Any, int]] = [
     ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"}, 400),
     ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, 400),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400),
     ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4o"}, 404),
     (
         {

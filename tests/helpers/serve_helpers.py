@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +163,15 @@ class ServeProcess:
         shutil.rmtree(self.xdg_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.log_path.unlink()
+
+
+@contextlib.contextmanager
+def healthy_serve(*args: str, timeout: float = 30.0) -> Iterator[ServeProcess]:
+    """A `detok serve` with `args`, once /health says 200; stopped and cleaned up on exit."""
+    process = ServeProcess(*args)
+    try:
+        wait_for(lambda: process.health() == 200, timeout, what="a healthy service")
+        yield process
+    finally:
+        process.stop()
+        process.cleanup()

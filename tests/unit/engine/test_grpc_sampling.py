@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, SamplingParams
-from detok_worker.engine.grpc_api import DIALECTS
+from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, SamplingParams, TokenLogprob
+from detok_worker.engine.grpc_api import DIALECTS, output_logprobs
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 
 SAMPLING = SamplingParams(
@@ -102,3 +102,15 @@ def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: 
     with pytest.raises(UnsupportedParameter) as raised:
         generate(dialect, sampling)
     assert raised.value.param == param
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+def test_output_logprobs_become_bus_entries(dialect: str) -> None:
+    module = DIALECTS[dialect].pb2
+    top = [module.TopLogProbs(values=[-0.5, -1.5], token_ids=[7, 9]), module.TopLogProbs(values=[-0.25], token_ids=[8])]
+    logprobs = module.OutputLogProbs(token_logprobs=[-0.5, -0.25], token_ids=[7, 8], top_logprobs=top)
+    chunk = module.GenerateStreamChunk(token_ids=[7, 8], output_logprobs=logprobs)
+    assert output_logprobs(chunk) == [TokenLogprob(-0.5, [7, 9], [-0.5, -1.5]), TokenLogprob(-0.25, [8], [-0.25])]
+    complete = module.GenerateComplete(output_ids=[7, 8], finish_reason="stop", output_logprobs=logprobs)
+    assert output_logprobs(complete, skip=1) == [TokenLogprob(-0.25, [8], [-0.25])]  # cumulative: past the streamed
+    assert output_logprobs(module.GenerateStreamChunk(token_ids=[7])) is None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from detok_worker.bus.messages import DetokParams, Open, RequestParams, Tokens
+from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
 from detok_worker.engine.limits import SubmitLimits
-from detok_worker.engine.plans import MAX_PROMPT_TAIL, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
+from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
 from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
     BAD_STRAY_FINISH,
@@ -337,3 +337,35 @@ def test_the_engine_checks_submit_limits() -> None:
     assert "max_tokens" in scheduler.submit("a", [1], RequestParams(max_tokens=2**40), []).error
     assert "the prompt has 5 tokens" in scheduler.submit("b", [1] * 5, RequestParams(max_tokens=1), []).error
     assert scheduler.submit("c", [1] * 4, RequestParams(max_tokens=100), []) is None
+
+
+def _logprob(value: float) -> TokenLogprob:
+    return TokenLogprob(value, [5], [value])
+
+
+def test_logprobs_go_with_their_ids_and_with_a_reopen():
+    scheduler = _scheduler()
+    scheduler.hello("w1", 1, 0.0)
+    params = RequestParams(max_tokens=3, sampling=SamplingParams(logprobs=1))
+    entries = [_logprob(-0.1 * k) for k in range(5)]
+    scheduler.submit("r1", [1], params, [5, 6, 7, 8, EOS], logprobs=entries)
+    assert _items(_step(scheduler, 0.1)) == {"w1": [Tokens("r1", [5], None, None, entries[:1])]}
+    scheduler.hello("w1", 2, 0.2)  # restarted: the re-open carries the history's entries too
+    assert _items(_step(scheduler, 0.2)) == {"w1": [Tokens("r1", [5, 6], None, None, entries[:2])]}
+    # max_tokens cuts the plan and its entries alike
+    assert _items(_step(scheduler, 0.3)) == {"w1": [Tokens("r1", [7], "length", None, entries[2:3])]}
+
+
+def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
+    scheduler = _scheduler()
+    scheduler.hello("w1", 1, 0.0)
+    scheduler.submit("asked", [1], RequestParams(max_tokens=3, sampling=SamplingParams(logprobs=0)), [], pushed=True)
+    scheduler.submit("plain", [1], RequestParams(max_tokens=3), [], pushed=True)
+    assert scheduler.push("asked", [5, 6], None, [_logprob(-1.0)])  # one entry short: padded
+    assert scheduler.push("plain", [5], None, [_logprob(-1.0)])  # not asked: dropped
+    items = {item.rid: item for item in _items(_step(scheduler))["w1"]}
+    assert items["plain"].logprobs is None
+    (first, second) = items["asked"].logprobs
+    assert first == _logprob(-1.0) and second is NO_LOGPROB
+    assert scheduler.push("asked", [7, 8], "stop", [_logprob(-2.0), _logprob(-3.0)])  # past max_tokens: cut
+    assert _items(_step(scheduler))["w1"] == [Tokens("asked", [7], "length", None, [_logprob(-2.0)])]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detok_worker.bus.messages import DetokParams, TextDelta
+from detok_worker.bus.messages import DetokParams, LogprobText, TextDelta
 from detok_worker.bus.reassembly import GAP_ERROR
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.stream.stop.rules import StopLimits, StopRules
@@ -29,3 +29,25 @@ def test_a_gap_fails_the_stream_and_keeps_only_text_in_place() -> None:
     assert stream.done and stream.failure is not None
     assert (stream.failure.status, stream.failure.message) == (502, GAP_ERROR)
     assert "".join(stream._pieces) == "ab"
+
+
+def _entry(token: str) -> LogprobText:
+    return LogprobText(token, token.encode(), -1.0)
+
+
+def test_resent_logprobs_are_delivered_once_by_token_index() -> None:
+    stream = make_stream()
+    stream.accept(TextDelta("r", 0, "Hel", 2, logprobs=[_entry("He"), _entry("l")]))
+    assert [entry.token for entry in stream.take_logprobs()] == ["He", "l"]
+    # a re-open replays from token 0; held entries arrive with the later text
+    stream.accept(TextDelta("r", 0, "Hello", 3, logprobs=[_entry("He"), _entry("l"), _entry("lo")]))
+    stream.accept(TextDelta("r", 5, "!", 5, "length", logprobs=[_entry("\ufffd"), _entry("!")]))
+    assert [entry.token for entry in stream.take_logprobs()] == ["lo", "\ufffd", "!"]
+    assert stream.logprobs_delivered == 5 == stream.n_tokens and stream.failure is None
+
+
+def test_a_logprobs_gap_fails_the_stream() -> None:
+    stream = make_stream()
+    stream.accept(TextDelta("r", 0, "a", 1, logprobs=[_entry("a")]))
+    assert stream.accept(TextDelta("r", 1, "b", 3, logprobs=[_entry("b")])) is None  # token 1 never came
+    assert stream.failure is not None and stream.failure.message == GAP_ERROR

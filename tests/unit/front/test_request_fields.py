@@ -204,7 +204,6 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 2}, Prompt(lambda t, s: len(s.prompt_ids) == 2)),
     "request_id": ({"request_id": "my id/1"}, Response(lambda r: "-my_id_1-" in r.json()["id"])),
     "echo": ({"echo": True}, REFUSED),
-    "logprobs": ({"logprobs": True}, REFUSED),
     "best_of": ({"best_of": 2}, REFUSED),
     "use_beam_search": ({"use_beam_search": True}, REFUSED),
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
@@ -252,7 +251,8 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         template_kwarg("continue_final_message", True),
     ),
     "reasoning_effort": ({"reasoning_effort": "low"}, template_kwarg("reasoning_effort", "low")),
-    "top_logprobs": ({"top_logprobs": 2}, REFUSED),
+    "logprobs": ({"logprobs": True}, Engine(lambda p: p.sampling.logprobs == 0)),
+    "top_logprobs": ({"logprobs": True, "top_logprobs": 2}, Engine(lambda p: p.sampling.logprobs == 2)),
     "metadata": ({"metadata": {"team": "a"}}, INFORMATIONAL),
     "safety_identifier": ({"safety_identifier": "hash-1"}, INFORMATIONAL),
     "prompt_cache_key": ({"prompt_cache_key": "conversation-7"}, INFORMATIONAL),
@@ -274,7 +274,7 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
 COMPLETION_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     **SHARED_CASES,
     "prompt": ({"prompt": [9707, 11]}, Prompt(lambda t, s: s.prompt_ids == [9707, 11])),
-    "logprobs": ({"logprobs": 1}, REFUSED),
+    "logprobs": ({"logprobs": 1}, Engine(lambda p: p.sampling.logprobs == 1)),
     "suffix": ({"suffix": "x"}, REFUSED),
     "prompt_embeds": ({"prompt_embeds": "AAAA"}, REFUSED),
 }

@@ -1,0 +1,65 @@
+"""Token strings and bytes for the logprobs a request asked for (the engine sends ids and values only).
+
+Per id, as the client sees it (docs/http_api.md, "logprobs"):
+- `token`: the tokenizer's decode of that id alone, special tokens kept (vLLM's rule). A token that holds only
+  part of a character decodes to U+FFFD.
+- `bytes`: the token's own bytes as they appear in the output (OpenAI's rule): the piece of a character for a
+  token that splits one, so the bytes of consecutive tokens join into the output's UTF-8. They come from the
+  tokenizer's verified byte table (detok_worker/stream/decode/fast_path.py); a tokenizer without one gives the
+  UTF-8 of `token` (vLLM's rule).
+Both are cached per id: a request with logprobs decodes each distinct id once per worker.
+"""
+
+from __future__ import annotations
+
+from detok_worker.bus.messages import LogprobText, TokenLogprob
+from detok_worker.stream.decode.fast_path import byte_decoding_for
+from detok_worker.tokenizer.protocol import Tokenizer
+
+
+class TokenTexts:
+    """id -> (token string, token bytes) of one tokenizer, built lazily (only requests with logprobs use it)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, bytes]] = {}
+        self._pieces: list[bytes | None] | None = None
+        self._byte_values: list[int] | None = None
+        self._loaded = False
+
+    def _load_table(self) -> None:
+        decoding = byte_decoding_for(self.tokenizer)
+        if decoding is not None:
+            self._pieces = decoding.keep.pieces
+            self._byte_values = decoding.keep.byte_values
+        self._loaded = True
+
+    def of(self, token_id: int) -> tuple[str, bytes]:
+        found = self._cache.get(token_id)
+        if found is not None:
+            return found
+        if not self._loaded:
+            self._load_table()
+        token = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        data: bytes | None = None
+        if self._byte_values is not None and self._byte_values[token_id] >= 0:
+            data = bytes([self._byte_values[token_id]])
+        elif self._pieces is not None:
+            data = self._pieces[token_id]
+        found = (token, data if data is not None else token.encode("utf-8"))
+        self._cache[token_id] = found
+        return found
+
+    def texts(self, ids: list[int], logprobs: list[TokenLogprob]) -> list[LogprobText]:
+        """The client's entries for `ids` (aligned with `logprobs`); top candidates sorted most likely first."""
+        entries = []
+        for token_id, entry in zip(ids, logprobs, strict=True):
+            token, data = self.of(token_id)
+            ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
+            top = [LogprobText(*self.of(top_id), value) for value, top_id in ranked]
+            entries.append(LogprobText(token, data, entry.logprob, top))
+        return entries
+
+
+def _by_value(pair: tuple[float, int]) -> float:
+    return pair[0]

@@ -1,0 +1,219 @@
+"""logprobs end to end: a real `detok serve` (echo engine stub, whose fake logprobs are a pure function of the
+output position and id: engine_stub/fake_logprobs.py) and the official `openai` client, chat and completions,
+streamed and not. Token strings are the tokenizer's decode of each id, bytes the token's own bytes (pieces of a
+character for tokens that split one), top candidates most likely first, one entry per completion token."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from helpers.fixtures import load_fixture_tokenizer
+from helpers.grpc_engine_server import EngineServer
+from helpers.serve_helpers import ServeProcess, healthy_serve
+
+from engine_stub.fake_logprobs import fake_value
+
+openai = pytest.importorskip("openai")
+
+TEXT = "Jellyfish 🪼, family 👨‍👩‍👧, 今天的天气很好。"
+MESSAGES = [{"role": "user", "content": TEXT}]
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[ServeProcess]:
+    with healthy_serve("--workers", "1", "--source", "echo", "--step-interval-ms", "2") as process:
+        yield process
+
+
+def api_client(service: ServeProcess) -> Any:
+    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(service: ServeProcess) -> Iterator[Any]:
+    with api_client(service) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Any:
+    return load_fixture_tokenizer("qwen3")  # the embedded default `detok serve` runs
+
+
+def echoed(qwen3: Any, prompt_ids: list[int], count: int) -> list[int]:
+    """The first `count` output ids of the echo source (the prompt, then EOS); the last is where it stopped."""
+    output = [*prompt_ids, min(qwen3.eos_token_ids)]
+    assert output[count - 1] in qwen3.eos_token_ids, "the output ends at the first EOS id"
+    return output[:count]
+
+
+def as_float32(value: float) -> float:
+    """A value as it comes through gRPC (protobuf `float`)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def check_values(
+    ids: list[int], logprobs: list[float | None], tops: list[list[float]], top: int, precision: Any = float
+) -> None:
+    for position, (token_id, logprob, values) in enumerate(zip(ids, logprobs, tops, strict=True)):
+        assert logprob == precision(fake_value(position, token_id))
+        assert len(values) == top and values == sorted(values, reverse=True)
+
+
+def streamed_logprobs(stream: Any) -> tuple[list[Any], Any]:
+    """The `logprobs` of every streamed chunk that has them, and the usage chunk's usage."""
+    pieces: list[Any] = []
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage if chunk.usage is not None else usage
+        pieces += [choice.logprobs for choice in chunk.choices if choice.logprobs is not None]
+    return pieces, usage
+
+
+def model(client: Any) -> str:
+    return client.models.list().data[0].id
+
+
+def whole_completion(client: Any, qwen3: Any, precision: Any = float) -> Any:
+    """A non-streamed completion echoing TEXT with logprobs=3, checked; returns it."""
+    prompt = qwen3.encode(TEXT).ids
+    whole = client.completions.create(model=model(client), prompt=prompt, max_tokens=100, logprobs=3)
+    logprobs = whole.choices[0].logprobs
+    count = whole.usage.completion_tokens
+    ids = echoed(qwen3, prompt, count)
+    assert logprobs.tokens == [qwen3.decode([token_id]) for token_id in ids]
+    assert any("\ufffd" in token for token in logprobs.tokens), "a token that splits a character"
+    assert logprobs.text_offset == [sum(len(token) for token in logprobs.tokens[:k]) for k in range(count)]
+    tops = [list(candidates.values()) for candidates in logprobs.top_logprobs]
+    check_values(ids, logprobs.token_logprobs, tops, 3, precision)
+    assert whole.choices[0].text == TEXT
+    return whole
+
+
+def test_completions(client: Any, qwen3: Any) -> None:
+    whole = whole_completion(client, qwen3)
+    prompt, logprobs, count = qwen3.encode(TEXT).ids, whole.choices[0].logprobs, whole.usage.completion_tokens
+
+    stream = client.completions.create(
+        model=model(client),
+        prompt=prompt,
+        max_tokens=100,
+        logprobs=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = streamed_logprobs(stream)
+    assert usage is not None and usage.completion_tokens == count
+    tokens = [token for piece in pieces for token in piece.tokens]
+    offsets = [offset for piece in pieces for offset in piece.text_offset]
+    assert (tokens, offsets) == (logprobs.tokens, logprobs.text_offset)
+
+
+def chat_ids(service: ServeProcess, qwen3: Any, count: int) -> list[int]:
+    prompt = httpx.post(f"{service.url}/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    return echoed(qwen3, prompt, count)
+
+
+def check_chat_entries(entries: list[Any], ids: list[int], qwen3: Any, top: int, precision: Any = float) -> None:
+    assert [entry.token for entry in entries] == [qwen3.decode([token_id]) for token_id in ids]
+    joined = b"".join(bytes(entry.bytes) for entry in entries)
+    assert joined.decode("utf-8") == qwen3.decode(ids)  # every token's own bytes, special tokens' text included
+    partial = [entry for entry in entries if "\ufffd" in entry.token]
+    assert len(partial) >= 2, "the emoji split into byte-level tokens"
+    for entry in partial:
+        with pytest.raises(UnicodeDecodeError):
+            bytes(entry.bytes).decode("utf-8")  # a piece of a character: its raw bytes, not U+FFFD's
+    tops = [[candidate.logprob for candidate in entry.top_logprobs] for entry in entries]
+    check_values(ids, [entry.logprob for entry in entries], tops, top, precision)
+    for entry in entries:
+        for candidate in entry.top_logprobs:
+            assert bytes(candidate.bytes).decode("utf-8", errors="replace") == candidate.token or "\ufffd" in (
+                candidate.token
+            )
+
+
+def streamed_chat(client: Any) -> tuple[list[Any], int]:
+    """A streamed chat with logprobs and top_logprobs=2: every chunk's entries, and usage.completion_tokens."""
+    stream = client.chat.completions.create(
+        model=model(client),
+        messages=MESSAGES,
+        max_tokens=100,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = streamed_logprobs(stream)
+    assert usage is not None
+    return [entry for piece in pieces for entry in piece.content], usage.completion_tokens
+
+
+def test_chat(client: Any, service: ServeProcess, qwen3: Any) -> None:
+    whole = client.chat.completions.create(
+        model=model(client), messages=MESSAGES, max_tokens=100, logprobs=True, top_logprobs=2
+    )
+    count = whole.usage.completion_tokens
+    ids = chat_ids(service, qwen3, count)
+    entries = whole.choices[0].logprobs.content
+    check_chat_entries(entries, ids, qwen3, 2)
+
+    streamed, streamed_count = streamed_chat(client)
+    assert streamed_count == count
+    assert [entry.model_dump() for entry in streamed] == [entry.model_dump() for entry in entries]
+
+
+def test_chat_logprobs_without_top(client: Any, service: ServeProcess, qwen3: Any) -> None:
+    whole = client.chat.completions.create(model=model(client), messages=MESSAGES, max_tokens=100, logprobs=True)
+    entries = whole.choices[0].logprobs.content
+    check_chat_entries(entries, chat_ids(service, qwen3, whole.usage.completion_tokens), qwen3, 0)
+
+
+def test_without_logprobs_none_come(client: Any) -> None:
+    whole = client.chat.completions.create(model=model(client), messages=MESSAGES, max_tokens=5)
+    assert whole.choices[0].logprobs is None
+    completion = client.completions.create(model=model(client), prompt="Hello", max_tokens=5)
+    assert completion.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "param"),
+    [
+        ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs"),
+        ("completions", {"logprobs": 21}, "logprobs"),
+    ],
+)
+def test_limits_name_the_parameter(client: Any, endpoint: str, extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        if endpoint == "chat":
+            client.chat.completions.create(model=model(client), messages=MESSAGES, max_tokens=5, extra_body=extra)
+        else:
+            client.completions.create(model=model(client), prompt="Hello", max_tokens=5, extra_body=extra)
+    assert caught.value.body["param"] == param
+
+
+def test_through_the_grpc_gateway(qwen3: Any) -> None:
+    """`detok serve --source grpc` in front of `detok engine-server` (echo, fake logprobs in output_logprobs)."""
+    engine = EngineServer("--source", "echo", "--step-interval-ms", "2")
+    try:
+        args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "2")
+        with healthy_serve(*args) as process, api_client(process) as client:
+            whole_completion(client, qwen3, as_float32)
+            stream = client.chat.completions.create(
+                model=model(client),
+                messages=MESSAGES,
+                max_tokens=100,
+                logprobs=True,
+                top_logprobs=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            pieces, usage = streamed_logprobs(stream)
+            entries = [entry for piece in pieces for entry in piece.content]
+            check_chat_entries(entries, chat_ids(process, qwen3, usage.completion_tokens), qwen3, 2, as_float32)
+    finally:
+        engine.cleanup()
