@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.fault_helpers import serving
 from helpers.metrics_scrape import scrape, total, wait_for_value
 from helpers.serve_helpers import ServeProcess, wait_for
 
@@ -30,11 +31,8 @@ def service() -> Iterator[ServeProcess]:
         "--workers", "1", "--source", "echo", "--step-interval-ms", "2",
         "--set", "worker.max_live_stop_chars=8", "--set", "front.max_tokens_limit=4096",
     )  # fmt: skip
-    try:
+    with serving(serve):
         yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def access_lines(service: ServeProcess, request_id: str) -> list[dict[str, str]]:
