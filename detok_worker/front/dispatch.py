@@ -6,9 +6,10 @@ request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
 bounded; so is one that outlives front.request_timeout_s. Over all streams, untaken text is bounded by
 front.max_total_pending_chars, counting finished requests whose handler has not taken their text yet (a client
-that stopped reading a short answer) until the handler releases them: past it a stream holding more than its fair
-share (the budget over the streams holding text) is failed like a slow client (a live one as its text arrives, a
-finished one when a new request comes), and the new request gets a 503 (front_overloaded). When the engine goes
+that stopped reading a short answer) until the handler releases them. Past it, a live stream holding more than
+the budget over the live streams is failed like a slow client as its text arrives; a new request gets a 503
+(front_overloaded) and the finished ones holding more than the budget over all streams holding text are failed
+the same way, so the requests after it are served. When the engine goes
 away (its connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
 `engine_lost` error: the new engine that may come up does not know them.
 
