@@ -119,6 +119,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     body_timeout_s: float = 60.0  # a request body not complete this long after its head: connection closed
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
     max_connections: int = 10_000  # open HTTP connections; beyond it 503 (also kept below the fd limit)
+    access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -103,6 +103,7 @@ class Front:
         """Stop taking requests, let live ones finish for up to front.drain_timeout_s, then end the rest with an
         error (an SSE error event and [DONE]) and give their handlers a moment to send it."""
         self.draining = True
+        self.dispatcher.metrics.draining.set(1)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.front.drain_timeout_s
         log.info(
@@ -180,6 +181,7 @@ class Front:
         ids = truncate_prompt(await self._off_loop(prompt_ids, body), body)  # chat template + tokenizing: off loop
         rid = request_rid(request, id_kind, body.request_id)
         stream = self.dispatcher.submit(ids, params, checked.stop_rules, rid)
+        request.state.stream = stream  # for the access log and the TTFT / latency metrics (request_log.py)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
         formatter = formatter_type(stream.rid, model, checked.include_usage, params.sampling.logprobs is not None)
         if body.stream:
@@ -245,6 +247,7 @@ class Front:
     def _release(self, stream: RequestStream) -> None:
         if not stream.done:  # the client went away (or the server is stopping) before the end
             self.dispatcher.abort(stream)
+        self.dispatcher.release(stream)
 
     async def _events(self, stream: RequestStream, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
         clients = self.dispatcher.metrics.sse_clients
@@ -343,7 +346,7 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=middleware_for(config),
+        middleware=middleware_for(config, front.dispatcher.metrics),
         lifespan=front.lifespan,
         exception_handlers={
             APIError: _api_error_handler,

@@ -5,9 +5,12 @@ request's end state. Deltas go through bus/reassembly.py (each character exactly
 request). A stream whose untaken text passes
 front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
 bounded; so is one that outlives front.request_timeout_s. Over all streams, untaken text is bounded by
-front.max_total_pending_chars: past it new requests get a 503 (front_overloaded), and a stream holding more than
-its fair share (the budget over the live streams) is failed like a slow client. When the engine goes away (its
-connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
+front.max_total_pending_chars, counting finished requests whose handler has not taken their text yet (a client
+that stopped reading a short answer) until the handler releases them. Past it, a live stream holding more than
+the budget over the live streams is failed like a slow client as its text arrives; a new request gets a 503
+(front_overloaded) and the finished ones holding more than the budget over all streams holding text are failed
+the same way, so the requests after it are served. When the engine goes
+away (its connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
 `engine_lost` error: the new engine that may come up does not know them.
 
 Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
@@ -64,6 +67,7 @@ class Dispatcher:
     def __init__(self, config: DetokConfig) -> None:
         self.config = config
         self._streams: dict[str, RequestStream] = {}
+        self._unread: dict[str, RequestStream] = {}  # finished, with text its handler has not taken yet
         self._decoder = front_decoder()
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
@@ -126,6 +130,7 @@ class Dispatcher:
         budget = self.config.front.max_total_pending_chars
         if self.pending_total > budget and self._recount_pending() > budget:
             self.counters["overloaded"] += 1
+            self._cut_unread_over_share(budget)
             message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
             raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
         rid = rid or f"cmpl-{uuid.uuid4().hex}"
@@ -156,6 +161,10 @@ class Dispatcher:
         if error is not None:
             stream.fail(error, drop_text=drop_text)
 
+    def release(self, stream: RequestStream) -> None:
+        """The handler of `stream` is done with it (response sent, or its client gone): its text leaves the budget."""
+        self._unread.pop(stream.rid, None)
+
     def fail_all(self, error: APIError, cause: str) -> int:
         """End every live request with `error` (shutdown, engine lost); returns how many there were."""
         streams = list(self._streams.values())
@@ -185,6 +194,7 @@ class Dispatcher:
         now = time.monotonic()
         front = {
             "live_rids": self.live_rids,
+            "pending_chars": self._recount_pending(),  # untaken text over live and finished-but-unread requests
             "outbox": self._outbox.qsize(),
             "bad_frames": dict(self._decoder.bad_frames),
             **self.counters,
@@ -265,23 +275,41 @@ class Dispatcher:
                 self.counters["duplicate_chars_dropped"] += stream.reassembly.duplicate_chars - duplicates
             if stream.done:
                 del self._streams[delta.rid]
+                if stream.pending_chars:
+                    self._unread[delta.rid] = stream
                 self._outbox.put_nowait(encode(Delivered(delta.rid)))  # the engine may now forget the rid
                 self.counters["failed" if stream.failure else "completed"] += 1
                 tokens += stream.n_tokens
             elif stream.pending_chars > limit or (
                 self.pending_total > budget and stream.pending_chars > budget // len(self._streams)
             ):
-                self.counters["client_too_slow"] += 1
-                message = f"the client did not read the stream fast enough ({stream.pending_chars} characters buffered)"
-                error = APIError(503, message, type=SERVICE_UNAVAILABLE, code="client_too_slow")
-                self.abort(stream, error, drop_text=True, cause="client_too_slow")
+                self.abort(stream, self._too_slow(stream), drop_text=True, cause="client_too_slow")
         if chars:
             self.metrics.front_chars.inc(chars)
         if tokens:
             self.metrics.front_tokens.inc(tokens)
 
+    def _too_slow(self, stream: RequestStream) -> APIError:
+        self.counters["client_too_slow"] += 1
+        message = f"the client did not read the stream fast enough ({stream.pending_chars} characters buffered)"
+        return APIError(503, message, type=SERVICE_UNAVAILABLE, code="client_too_slow")
+
+    def _cut_unread_over_share(self, budget: int) -> None:
+        """Over the budget: drop the text of finished requests holding more than their fair share, so clients
+        that stopped reading cannot keep the front refusing requests (their stream ends with client_too_slow)."""
+        share = budget // (len(self._streams) + len(self._unread))
+        for rid, stream in list(self._unread.items()):
+            if stream.pending_chars > share:
+                del self._unread[rid]
+                self.metrics.aborted("client_too_slow")
+                stream.fail(self._too_slow(stream), drop_text=True)
+        self._recount_pending()
+
     def _recount_pending(self) -> int:
-        self.pending_total = sum(stream.pending_chars for stream in self._streams.values())
+        for rid in [rid for rid, stream in self._unread.items() if not stream.pending_chars]:
+            del self._unread[rid]
+        streams = (*self._streams.values(), *self._unread.values())
+        self.pending_total = sum(stream.pending_chars for stream in streams)
         return self.pending_total
 
     async def _engine_watch_loop(self, monitor: zmq.asyncio.Socket) -> None:

@@ -1,4 +1,5 @@
-"""ASGI middleware of the front: X-Request-Id (honoured, echoed, the base of the request's rid) and CORS.
+"""ASGI middleware of the front: X-Request-Id (honoured, echoed, the base of the request's rid), CORS, and the
+access log with the per-request metrics (request_log.py).
 
 X-Request-Id: the client's value is echoed unchanged on the response; without one the front makes one (a uuid
 hex) and echoes that. Generation requests use it in their rid (`request_rid`), sanitised, so logs, traces and
@@ -18,6 +19,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from detok_worker.config import DetokConfig
+from detok_worker.front.request_log import RequestLogMiddleware
+from detok_worker.metrics import FrontMetrics
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 64
@@ -61,9 +64,11 @@ def request_rid(request: Request, kind: str, body_request_id: str | None = None)
     return f"{kind}-{safe}-{uuid.uuid4().hex[:12]}"
 
 
-def middleware_for(config: DetokConfig) -> list[Middleware]:
+def middleware_for(config: DetokConfig, metrics: FrontMetrics) -> list[Middleware]:
+    """The stack, outermost first: the access log and per-request metrics see every response (CORS preflights
+    too), then CORS, then X-Request-Id."""
     front = config.front
-    stack = []
+    stack = [Middleware(RequestLogMiddleware, metrics=metrics, log_requests=front.access_log)]
     if front.cors_allowed_origins:
         stack.append(
             Middleware(

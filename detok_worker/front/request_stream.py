@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
@@ -38,6 +39,9 @@ class RequestStream:
         "_wakeup",
         "_logprobs",
         "logprobs_delivered",
+        "first_output_at",
+        "first_output_tokens",
+        "ended_at",
     )
 
     def __init__(
@@ -62,6 +66,10 @@ class RequestStream:
         self._wakeup = asyncio.Event()
         self._logprobs: list[LogprobText] = []  # entries not yet taken by the handler
         self.logprobs_delivered = 0  # entries accepted so far (tokens 0 .. logprobs_delivered - 1)
+        # for TTFT and inter-token latency (time.monotonic(); 0.0 = not yet): two clock reads per request
+        self.first_output_at = 0.0
+        self.first_output_tokens = 0
+        self.ended_at = 0.0
 
     def accept(self, delta: TextDelta) -> str | None:
         """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
@@ -77,8 +85,12 @@ class RequestStream:
             self.pending_chars += len(text)
         if delta.logprobs and not self._accept_logprobs(delta, delta.logprobs):
             return None
+        if not self.first_output_at and delta.n_tokens:
+            self.first_output_at = time.monotonic()
+            self.first_output_tokens = delta.n_tokens
         self.n_tokens = max(self.n_tokens, delta.n_tokens)
         if delta.finish is not None:
+            self.ended_at = time.monotonic()
             if delta.finish == FINISH_ERROR:
                 message = delta.error or "the detokenizer failed on this request"
                 self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
@@ -124,8 +136,22 @@ class RequestStream:
         )
         return True
 
+    def ttft_s(self, started: float) -> float | None:
+        """Seconds from `started` (the request's arrival, time.monotonic()) to its first output delta."""
+        return self.first_output_at - started if self.first_output_at else None
+
+    def mean_itl_s(self) -> float | None:
+        """Mean seconds per output token after the first delta, for a request that finished normally with output
+        after its first delta (per request, not per token: deltas carry several tokens)."""
+        later_tokens = self.n_tokens - self.first_output_tokens
+        if self.failure is not None or not self.ended_at or not self.first_output_at or later_tokens <= 0:
+            return None
+        return (self.ended_at - self.first_output_at) / later_tokens
+
     def fail(self, error: APIError, *, drop_text: bool) -> None:
-        if self.done:
+        """End the stream with `error`. A stream that already ended keeps its end, unless drop_text: then the text
+        its handler has not taken is dropped (the front's output budget) and the error replaces the end."""
+        if self.done and not drop_text:
             return
         self.failure = error
         self.done = True

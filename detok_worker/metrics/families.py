@@ -16,6 +16,8 @@ _LATENCY_SECONDS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0
 _LOAD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _SIZES = (16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+_TTFT_SECONDS = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_REQUEST_SECONDS = (1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class Metrics:
@@ -115,6 +117,37 @@ class Metrics:
         self.sse_clients = Gauge("detok_sse_clients", "Open SSE streams", multiprocess_mode="livesum", **kw)
         self.front_tokens = Counter("detok_front_tokens", "Output tokens of requests that ended at the front", **kw)
         self.front_chars = Counter("detok_front_chars", "Characters of text the front accepted from workers", **kw)
+        self.http_responses = Counter(
+            "detok_http_responses",
+            "HTTP responses of the front (endpoint: the route template, or 'unmatched'; status: the HTTP status)",
+            ["endpoint", "status"],
+            **kw,
+        )
+        self.request_seconds = Histogram(
+            "detok_request_duration_seconds",
+            "HTTP request arrival -> response end at the front (a stream: its last byte)",
+            ["endpoint"],
+            buckets=_REQUEST_SECONDS,
+            **kw,
+        )
+        self.ttft_seconds = Histogram(
+            "detok_time_to_first_token_seconds",
+            "Generation requests: HTTP request arrival -> the first output delta at the front",
+            ["endpoint"],
+            buckets=_TTFT_SECONDS,
+            **kw,
+        )
+        self.itl_seconds = Histogram(
+            "detok_inter_token_latency_seconds",
+            "Generation requests that finished with output after their first delta: the mean time per output "
+            "token from the first delta to the last (one observation per request)",
+            ["endpoint"],
+            buckets=_LATENCY_SECONDS,
+            **kw,
+        )
+        self.draining = Gauge(
+            "detok_front_draining", "1 while the front drains (SIGTERM), else 0", multiprocess_mode="livemax", **kw
+        )
         self.bus_latency = Histogram(
             "detok_bus_latency_seconds",
             "Engine-to-front latency of a TextBatch (TokenBatch sent by the engine -> TextBatch at the front)",

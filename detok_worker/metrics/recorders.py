@@ -96,6 +96,8 @@ class FrontMetrics:
     def __init__(self) -> None:
         m = metrics()
         self.m = m
+        self.draining = m.draining
+        self.draining.set(0)
         self._live = m.live_rids.labels("front", "")
         self._bad = CounterSync(m.bad_frames, "front", "")
         self.sse_clients = m.sse_clients
@@ -110,6 +112,18 @@ class FrontMetrics:
 
     def aborted(self, cause: str) -> None:
         self.m.aborted.labels(cause).inc()
+
+    def response(self, endpoint: str, status: int, seconds: float) -> None:
+        """One HTTP response: its status by endpoint (a route template) and its duration."""
+        self.m.http_responses.labels(endpoint, str(status)).inc()
+        self.m.request_seconds.labels(endpoint).observe(seconds)
+
+    def generation(self, endpoint: str, ttft_s: float | None, itl_s: float | None) -> None:
+        """One generation request's time to first token and mean inter-token latency (None: not measured)."""
+        if ttft_s is not None:
+            self.m.ttft_seconds.labels(endpoint).observe(ttft_s)
+        if itl_s is not None:
+            self.m.itl_seconds.labels(endpoint).observe(itl_s)
 
     def sync(self, *, live_rids: int, bad_frames: Mapping[str, int]) -> None:
         self._live.set(live_rids)

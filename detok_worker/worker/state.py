@@ -381,7 +381,10 @@ class WorkerState:
         finishes: list[Finish],
         kind: str = BAD_RID_ERROR,
     ) -> None:
-        self._count_bad(kind, f"{rid}: {message}")
+        self.bad[kind] += 1
+        # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
+        # the client's X-Request-Id, so a request can be followed from the front's access log to here
+        log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
         self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
         finishes.append(Finish(rid, FINISH_ERROR))
 

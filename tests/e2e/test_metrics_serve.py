@@ -17,10 +17,8 @@ from typing import Any
 import httpx
 import pytest
 import zmq
+from helpers.metrics_scrape import present, scrape, total, wait_for_value
 from helpers.serve_helpers import ServeProcess, wait_for
-from prometheus_client.parser import text_string_to_metric_families
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 COMPLETION_PROMPTS = [f"The quick brown fox number {i} jumps over the lazy dog. Done." for i in range(3)]
 STOP_PROMPTS = [f"Count {i}: one two three STOP four five" for i in range(2)]
@@ -47,41 +45,6 @@ def service() -> Iterator[ServeProcess]:
     finally:
         serve.stop()
         serve.cleanup()
-
-
-def scrape(url: str) -> Samples:
-    response = httpx.get(f"{url}/metrics", timeout=5.0)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    samples: Samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(value for (sample, keys), value in samples.items() if sample == name and wanted <= set(keys))
-
-
-def present(samples: Samples, name: str) -> bool:
-    return any(sample == name for sample, _ in samples)
-
-
-def wait_for_value(url: str, name: str, expected: float, timeout: float = 10.0, **labels: str) -> Samples:
-    last: list[float] = []
-
-    def matches() -> Samples | None:
-        samples = scrape(url)
-        last[:] = [total(samples, name, **labels)]
-        return samples if last[0] == expected else None
-
-    try:
-        return wait_for(matches, timeout, interval=0.1, what=f"{name}{labels} == {expected}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; last value {last}") from None
 
 
 def complete(url: str, model: str, prompt: str, **extra: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
 from helpers.role_process import RoleProcess
 from helpers.serve_helpers import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 STEP_MS = 20
 DRAIN_S = 5.0
@@ -51,6 +52,12 @@ def passage_ids(tokenizer: Any, tokens: int, seed: int) -> list[int]:
     """`tokens` ids of plain text (a different start per seed), so the echo source generates them back."""
     text = " ".join(f"Line {seed}.{i}: the keeper wrote down the wind and the colour of the sea." for i in range(400))
     return tokenizer.encode(text).ids[:tokens]
+
+
+def draining_gauge(metrics_text: str) -> float:
+    """detok_front_draining in a /metrics page."""
+    family = next(f for f in text_string_to_metric_families(metrics_text) if f.name == "detok_front_draining")
+    return family.samples[0].value
 
 
 def check_cut_short(outcome: Outcome, expected: str, code: str) -> None:
@@ -75,14 +82,17 @@ async def sigterm_under_live_streams(tokenizer: Any, streams: int) -> None:
             await asyncio.to_thread(
                 wait_for, lambda: service.stats()["front"]["live_rids"] == streams, 60, what="every stream live"
             )
+            serving_gauge = draining_gauge((await client.get("/metrics")).text)
             service.proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(wait_for, lambda: service.health() == 503, 5, what="/health not ready")
             refused = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 5})
             health = (await client.get("/health")).json()
+            drain_gauge = draining_gauge((await client.get("/metrics")).text)
             outcomes = await asyncio.gather(*tasks)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
         assert refused.json()["error"]["code"] == "shutdown"
         assert health["status"] == "draining"
+        assert (serving_gauge, drain_gauge) == (0.0, 1.0)
         for case, outcome in zip(cases, outcomes, strict=True):
             expected, _ = reference(tokenizer, case)
             if len(case.ids) == 40:

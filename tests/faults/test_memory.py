@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,10 +26,12 @@ from helpers.fault_helpers import (
     echo_service,
     http_client,
     live_counts,
+    read_sse_events,
     reference,
     rss_kb,
     service_pids,
     serving,
+    stalled_stream,
     stream_completion,
 )
 from helpers.fixtures import load_fixture_tokenizer
@@ -66,15 +67,8 @@ def test_stalled_client_is_cut_off_and_generation_stops(service: ServeProcess) -
     rss_before = rss_kb(front_pid)
     before = service.stats()
     tokens_before = sum(worker["tokens_in"] for worker in before["workers"].values())
-    body = json.dumps({"prompt": [LONG_TOKEN] * FLOOD_TOKENS, "max_tokens": FLOOD_TOKENS + 1, "stream": True})
-    with socket.socket() as raw:
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read: the kernel buffers fill up
-        raw.connect(("127.0.0.1", int(service.url.rsplit(":", 1)[1])))
-        raw.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body.encode()
-        )
+    body = {"prompt": [LONG_TOKEN] * FLOOD_TOKENS, "max_tokens": FLOOD_TOKENS + 1, "stream": True}
+    with stalled_stream(service, body) as raw:
         wait_for(lambda: service.stats()["front"].get("client_too_slow", 0) == 1, 60, what="the front to give up")
         wait_for(lambda: all_idle(service), 2, what="live rids 0 everywhere after the cut")
         stats = service.stats()
@@ -87,15 +81,7 @@ def test_stalled_client_is_cut_off_and_generation_stops(service: ServeProcess) -
         print(f"stalled client: cut off after {generated} tokens; front RSS growth {front_growth} KiB")
         assert front_growth < RSS_GROWTH_LIMIT_KB
 
-        raw.settimeout(10)  # the client reads again: the stream it gets ends with the error event and [DONE]
-        received = b""
-        while not received.endswith(b"0\r\n\r\n"):
-            chunk = raw.recv(1 << 20)
-            if not chunk:
-                break
-            received += chunk
-    # one SSE event per HTTP chunk: the data lines are whole between the chunk-size lines
-    events = [line[len(b"data: ") :].strip() for line in received.split(b"\n") if line.startswith(b"data: ")]
+        events = read_sse_events(raw)  # the client reads again: the stream ends with the error event and [DONE]
     assert events[-1] == b"[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "client_too_slow"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -193,3 +194,31 @@ def serving(serve: ServeProcess) -> Iterator[ServeProcess]:
     finally:
         serve.stop()
         serve.cleanup()
+
+
+def stalled_stream(service: ServeProcess, body: dict[str, Any]) -> socket.socket:
+    """POST /v1/completions on a raw socket with a tiny receive buffer, then (until the caller reads) no reading:
+    the kernel buffers fill up and the front has to hold the rest of the output."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", int(service.url.rsplit(":", 1)[1])))
+    payload = json.dumps(body).encode()
+    raw.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return raw
+
+
+def read_sse_events(raw: socket.socket, timeout: float = 10.0) -> list[bytes]:
+    """Read a stalled stream to its end; its SSE data payloads (one event per HTTP chunk, so data lines are whole
+    between the chunk-size lines)."""
+    raw.settimeout(timeout)
+    received = b""
+    while not received.endswith(b"0\r\n\r\n"):
+        chunk = raw.recv(1 << 20)
+        if not chunk:
+            break
+        received += chunk
+    return [line[len(b"data: ") :].strip() for line in received.split(b"\n") if line.startswith(b"data: ")]

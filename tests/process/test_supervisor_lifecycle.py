@@ -83,7 +83,7 @@ def test_restart_scale_and_sigterm() -> None:
         )
         new_pid = next(pid for pid in replacement if pid not in before.values())
         wait_for(lambda: worker_pids_in_stats(serve).get(victim_id) == new_pid, 10, what="the new pid in /stats")
-        assert "restarting" in serve.log()
+        assert "restarting" in serve.log(tail=None)
         check_corpus_streams(serve)
 
         # scale at runtime: SIGTTIN adds a worker, SIGTTOU retires one
@@ -122,7 +122,7 @@ def test_other_tokenizer_json_logs_and_sigkilled_supervisor_leaves_no_orphans() 
         ids = tokenizer.encode(prompt, add_special_tokens=True).ids
         choice = complete(serve, prompt, max_tokens=100)["choices"][0]
         assert choice["text"] == tokenizer.decode(ids, skip_special_tokens=True)
-        wait_for(lambda: serve.health() == 200 and "worker:" in serve.log(), 10, what="every process logging")
+        wait_for(lambda: serve.health() == 200 and "worker:" in serve.log(tail=None), 10, what="every process logging")
         records = [json.loads(line) for line in serve.log(tail=None).splitlines() if line.strip()]
         roles = {record["role"].split(":")[0] for record in records}
         assert roles == {"serve", "engine", "worker", "front"}
