@@ -8,7 +8,6 @@ from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags, add_engine_flags
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
-from engine_stub.engine import run_engine
 
 
 def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +16,13 @@ def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
     add_engine_flags(parser)
     parser.add_argument("--replay", metavar="FILE", help="generate the requests of this trace (no front needed)")
     parser.add_argument("--exit-after-replay", action="store_true", help="exit once the replayed requests ended")
+
+
+def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of `detok engine-server` / engine_stub.grpc_server (here: parsing them must not import grpc)."""
+    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
+    parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
+    parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
 
 
 def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
@@ -28,5 +34,7 @@ def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
 
         run_gateway(config)
         return 0
+    from engine_stub.engine import run_engine
+
     run_engine(config, args.replay, exit_after_replay=args.exit_after_replay)
     return 0

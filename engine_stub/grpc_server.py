@@ -315,12 +315,6 @@ def write_stats(path: str, stats: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
-    parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
-    parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
-
-
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
     asyncio.run(serve_engine(config, args.listen, args.stats_file, args.requests_log))
     return 0
@@ -329,6 +323,7 @@ def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from detok_worker.config.flags import add_config_flags, add_engine_flags, config_from_args
     from detok_worker.process.logs import setup_logging
+    from engine_stub.command import add_engine_server_flags
 
     parser = argparse.ArgumentParser(prog="engine-server", description=__doc__.split("\n\n")[0])
     add_config_flags(parser)

@@ -21,6 +21,7 @@ SCENARIOS = {
     "memory": ("bench_memory.py", "worker state bytes per live rid, short vs 32k-token requests"),
     "scaling": ("bench_scaling.py", "throughput with 1, 2, 4 workers"),
     "load": ("bench_load.py", "tokenizer create + fast-path tables (cold/warm disk cache), detok serve to healthy"),
+    "startup": ("bench_startup.py", "detok serve to healthy, and each role's start-up steps in a fresh process"),
     "chart": ("bench_chart.py", "PNG chart from the JSON results (needs the bench extra: matplotlib)"),
 }
 

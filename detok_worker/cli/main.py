@@ -31,8 +31,7 @@ from detok_worker.config.flags import (
 )
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
-from engine_stub.command import add_engine_command_flags, run_engine_command
-from engine_stub.grpc_server import add_engine_server_flags
+from engine_stub.command import add_engine_command_flags, add_engine_server_flags, run_engine_command
 
 log = logging.getLogger("detok")
 

@@ -18,17 +18,21 @@ from pathlib import Path
 
 from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags, add_engine_flags, add_front_flags, add_worker_count_flag
-from detok_worker.tokenizer import load_configured_tokenizer
-from detok_worker.trace.format import export_jsonl, read_trace, write_trace
-from detok_worker.trace.summary import trace_summary
-from detok_worker.trace.synth import corpus_pairs, sharegpt_pairs, synth_trace
-from engine_stub.sources import load_corpus, primary_eos_id
 
 # ---- synth -----------------------------------------------------------------------------------------
 
 
+# The trace, tokenizer and engine modules are imported by the commands that use them: every detok process
+# builds this parser, and most never run a trace command.
+
+
 def cmd_synth(args: argparse.Namespace, config: DetokConfig) -> int:
     from tqdm import tqdm
+
+    from detok_worker.tokenizer import load_configured_tokenizer
+    from detok_worker.trace.format import write_trace
+    from detok_worker.trace.synth import corpus_pairs, sharegpt_pairs, synth_trace
+    from engine_stub.sources import load_corpus, primary_eos_id
 
     tokenizer = load_configured_tokenizer(config)
     rng = random.Random(args.seed)
@@ -60,6 +64,10 @@ def cmd_synth(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, config: DetokConfig) -> int:
+    from detok_worker.tokenizer import load_configured_tokenizer
+    from detok_worker.trace.format import export_jsonl, read_trace
+    from detok_worker.trace.summary import trace_summary
+
     trace = read_trace(args.trace_file)
     summary = trace_summary(trace)
     if args.json:

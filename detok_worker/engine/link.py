@@ -289,9 +289,11 @@ class EngineLink:
             elif isinstance(message, Hello):
                 log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
                 scheduler.hello(worker, message.pid, now)
+                self.next_stats = now  # the front learns of a new worker now, not at the next stats interval
             elif isinstance(message, Goodbye):
                 log.info("engine: worker %s leaves", worker)
                 scheduler.goodbye(worker)
+                self.next_stats = now
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
 

@@ -29,13 +29,14 @@ from pathlib import Path
 
 import msgspec
 
+from detok_worker.tokenizer.loading.load_cache import CACHE_DIR_ENV as CACHE_DIR_ENV  # where it was defined first
+from detok_worker.tokenizer.loading.load_cache import cache_root
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-CACHE_DIR_ENV = "DETOK_CACHE_DIR"
 _SUBDIR = "fast-path"
 _PACKAGE = Path(__file__).resolve().parents[2]  # detok_worker/
 # The code a cached verdict depends on: the tables, streams and verification, and the backends' decode and tables.
@@ -69,11 +70,8 @@ _decoder = msgspec.msgpack.Decoder(CachedFastPath)
 
 def cache_dir() -> Path | None:
     """The directory of the fast-path cache files, or None when caching is disabled."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit is not None:
-        return Path(explicit).expanduser() / _SUBDIR if explicit.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "detok" / _SUBDIR
+    root = cache_root()
+    return root / _SUBDIR if root is not None else None
 
 
 @cache

@@ -10,7 +10,10 @@ offset 0 — so "prepend on the first piece" rules (Metaspace prepend_scheme=fir
 encode. `split_safety` checks the identity per tokenizer by test encodes before this module is used.
 
 Entries form chains: each cached boundary stores only the tokens between it and its parent (the previous cached
-boundary of the same text), so caching every boundary of a long chat costs memory linear in its length. Every
+boundary of the same text), so caching every boundary of a long chat costs memory linear in its length. A node is
+keyed by (its parent, the text between the parent's boundary and its own): a lookup walks the chain from the start
+of the text, each character is hashed once (Python's string hash, cached on the segment), and a match compares
+the text itself, so a hit is exact without a digest of every prefix. Every
 use or insert refreshes a node's whole chain from the leaf up to the root, so a node is always more recently used
 than any of its descendants and LRU eviction only ever removes leaves: a cached node's ancestors are cached too,
 and the byte count covers everything the cache keeps alive.
@@ -18,7 +21,7 @@ and the byte count covers everything the cache keeps alive.
 
 from __future__ import annotations
 
-import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -39,21 +42,24 @@ from detok_worker.tokenizer.protocol import Encoding, Tokenizer
 # a 2-tuple and two int objects. Deliberately the unshared worst case, so the real footprint stays below the count.
 BYTES_PER_TOKEN_ID = 8 + 32
 BYTES_PER_TOKEN_OFFSETS = 8 + 64 + 2 * 32
-# Node object, its key (32-byte digest), two list headers and the ordered-dict slot.
-BYTES_PER_NODE = 64 + 72 + 2 * 56 + 120
+# Node object, its key tuple, two tuple headers and the ordered-dict slot (its segment string is counted apart).
+BYTES_PER_NODE = 64 + 56 + 2 * 56 + 120
+
+# A node's key: (parent node, or the add_special_tokens flag for a chain's first node; the text of its segment)
+_Key = tuple["_Node | bool", str]
 
 
 class _Node:
     __slots__ = ("key", "parent", "ids", "offsets", "n_bytes", "n_tokens")
 
-    def __init__(self, key: bytes, parent: _Node | None, ids: list[int], offsets: Offsets) -> None:
+    def __init__(self, key: _Key, parent: _Node | None, ids: list[int], offsets: Offsets) -> None:
         self.key = key
         self.parent = parent
         # tuples, not lists: the garbage collector stops scanning them after one pass (lists it scans forever)
         self.ids = tuple(ids)
         self.offsets = tuple(offsets)
         per_token = BYTES_PER_TOKEN_ID + (BYTES_PER_TOKEN_OFFSETS if offsets else 0)
-        self.n_bytes = BYTES_PER_NODE + per_token * len(ids)
+        self.n_bytes = BYTES_PER_NODE + sys.getsizeof(key[1]) + per_token * len(ids)
         self.n_tokens = len(ids) + (parent.n_tokens if parent is not None else 0)
 
     def chain(self) -> list[_Node]:
@@ -79,13 +85,13 @@ class PrefixStoreCounters:
 
 
 class PrefixStore:
-    """Thread-safe, byte-bounded LRU of prefix chains keyed by a digest of (add_special_tokens, prefix bytes)."""
+    """Thread-safe, byte-bounded LRU of prefix chains, each node keyed by (parent, text of its segment)."""
 
     def __init__(self, max_memory_bytes: int) -> None:
         if max_memory_bytes <= 0:
             raise ValueError(f"L1 max memory must be > 0 bytes, got {max_memory_bytes}")
         self.max_memory_bytes = max_memory_bytes
-        self._nodes: OrderedDict[bytes, _Node] = OrderedDict()
+        self._nodes: OrderedDict[_Key, _Node] = OrderedDict()
         self._lock = threading.Lock()
         self._memory_bytes = 0
         self._hits = 0
@@ -94,45 +100,52 @@ class PrefixStore:
         self._hit_tokens = 0
         self._unaligned = 0
 
-    def lookup(self, keys: Sequence[bytes]) -> tuple[int, _Node] | None:
-        """The last (longest) of `keys` that is cached, with its index; counts a hit or a miss."""
+    def lookup(self, add_special_tokens: bool, segments: Sequence[str]) -> tuple[int, _Node] | None:
+        """The deepest cached node along `segments` (the text cut after each boundary), with the index of its
+        segment; counts a hit or a miss."""
         with self._lock:
             nodes = self._nodes
-            for index in range(len(keys) - 1, -1, -1):
-                node = nodes.get(keys[index])
-                if node is not None:
-                    self._touch(node)
-                    self._hits += 1
-                    self._hit_tokens += node.n_tokens
-                    return index, node
-            self._misses += 1
-            return None
+            node: _Node | None = None
+            index = -1
+            parent: _Node | bool = add_special_tokens
+            for segment in segments:
+                child = nodes.get((parent, segment))
+                if child is None:
+                    break
+                node = parent = child
+                index += 1
+            if node is None:
+                self._misses += 1
+                return None
+            self._touch(node)
+            self._hits += 1
+            self._hit_tokens += node.n_tokens
+            return index, node
 
     def insert(
-        self, parent: _Node | None, keys: Sequence[bytes], segments: Sequence[tuple[list[int], Offsets]]
+        self,
+        parent: _Node | None,
+        add_special_tokens: bool,
+        segments: Sequence[str],
+        token_segments: Sequence[tuple[list[int], Offsets]],
     ) -> None:
         """Cache a chain of prefixes under `parent` (None = from the start of the text), then evict to the bound."""
         with self._lock:
             nodes = self._nodes
             if parent is not None and nodes.get(parent.key) is not parent:
-                return  # evicted (or replaced) since it was looked up: its chain is gone
+                return  # evicted since it was looked up: its chain is gone
             leaf = parent
-            leaves: list[_Node] = []  # nodes left without a child in this chain, touched like the final leaf
-            for key, (ids, offsets) in zip(keys, segments, strict=True):
+            for segment, (ids, offsets) in zip(segments, token_segments, strict=True):
+                key: _Key = (leaf if leaf is not None else add_special_tokens, segment)
                 existing = nodes.get(key)
                 if existing is not None:
-                    # same key, same prefix, same tokens: reuse it so chains stay shared
-                    if leaf is not None and leaf is not existing.parent:
-                        leaves.append(leaf)
-                    leaf = existing
+                    leaf = existing  # same parent, same text, same tokens: chains stay shared
                     continue
                 leaf = _Node(key, leaf, ids, offsets)
                 nodes[key] = leaf
                 self._memory_bytes += leaf.n_bytes
             if leaf is not None:
-                leaves.append(leaf)
-            for node in leaves:
-                self._touch(node)
+                self._touch(leaf)
             while self._memory_bytes > self.max_memory_bytes and nodes:
                 _, evicted = nodes.popitem(last=False)
                 self._memory_bytes -= evicted.n_bytes
@@ -172,16 +185,14 @@ class PrefixStore:
                 nodes.move_to_end(member.key)
 
 
-def prefix_keys(text: str, boundaries: Sequence[Boundary], add_special_tokens: bool) -> list[bytes]:
-    """Digest of (add_special_tokens, UTF-8 of text[:end]) for every boundary, hashing the text once."""
-    digest = hashlib.blake2b(b"\x01" if add_special_tokens else b"\x00", digest_size=32)
-    keys: list[bytes] = []
+def text_segments(text: str, boundaries: Sequence[Boundary]) -> list[str]:
+    """The text up to the first boundary, then between each boundary and the next (the chain's node texts)."""
+    segments: list[str] = []
     position = 0
     for _, end, _ in boundaries:
-        digest.update(text[position:end].encode("utf-8", "surrogatepass"))
+        segments.append(text[position:end])
         position = end
-        keys.append(digest.digest())
-    return keys
+    return segments
 
 
 def _segments(
@@ -251,18 +262,25 @@ class PrefixEncoder:
             return self._tokenizer.encode(text, add_special_tokens), None
         if len(boundaries) > MAX_BOUNDARIES_PER_TEXT:
             boundaries = boundaries[-MAX_BOUNDARIES_PER_TEXT:]
-        keys = prefix_keys(text, boundaries, add_special_tokens)
-        found = self.store.lookup(keys)
+        segments = text_segments(text, boundaries)
+        found = self.store.lookup(add_special_tokens, segments)
         if found is not None:
-            hit = self._encode_from(text, boundaries, keys, found[0], found[1], framing)
+            hit = self._encode_from(text, boundaries, segments, found, add_special_tokens, framing)
             if hit is not None:
                 ids, offsets = hit.build()
                 return Encoding(ids=ids, offsets=offsets), hit
-        return self._encode_full(text, boundaries, keys, add_special_tokens, framing), None
+        return self._encode_full(text, boundaries, segments, add_special_tokens, framing), None
 
     def _encode_from(
-        self, text: str, boundaries: list[Boundary], keys: list[bytes], index: int, node: _Node, framing: Framing
+        self,
+        text: str,
+        boundaries: list[Boundary],
+        segments: list[str],
+        found: tuple[int, _Node],
+        add_special_tokens: bool,
+        framing: Framing,
     ) -> PrefixHit | None:
+        index, node = found
         boundary = boundaries[index]
         if boundary[1] == len(text):
             rest_ids: list[int] = []
@@ -279,11 +297,17 @@ class PrefixEncoder:
             if positions is None:
                 self.store.count_unaligned()
             else:
-                self.store.insert(node, keys[index + 1 :], _segments(rest_ids, rest_offsets, 0, positions))
+                later_tokens = _segments(rest_ids, rest_offsets, 0, positions)
+                self.store.insert(node, add_special_tokens, segments[index + 1 :], later_tokens)
         return PrefixHit(node, tuple(rest_ids), tuple(rest_offsets), framing)
 
     def _encode_full(
-        self, text: str, boundaries: list[Boundary], keys: list[bytes], add_special_tokens: bool, framing: Framing
+        self,
+        text: str,
+        boundaries: list[Boundary],
+        segments: list[str],
+        add_special_tokens: bool,
+        framing: Framing,
     ) -> Encoding:
         encoding = self._tokenizer.encode(text, add_special_tokens)
         if not framing.split(encoding):
@@ -295,5 +319,5 @@ class PrefixEncoder:
         if positions is None:
             self.store.count_unaligned()
         else:
-            self.store.insert(None, keys, _segments(ids, offsets, 0, positions))
+            self.store.insert(None, add_special_tokens, segments, _segments(ids, offsets, 0, positions))
         return encoding

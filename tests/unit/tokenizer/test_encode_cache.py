@@ -170,6 +170,28 @@ def test_l1_counts_hits_misses_and_served_tokens() -> None:
     assert 0 < stats.memory_bytes <= stats.max_memory_bytes
 
 
+def test_a_segment_is_reused_only_under_the_same_parent() -> None:
+    # L1 keys a node by (parent, text since the parent's boundary): the same turn after another system prompt, or
+    # the same segments with one left out, must not be taken for a cached prefix
+    tokenizer = load_fixture_tokenizer("qwen3")
+    turn = "<|im_start|>user\nSame question<|im_end|>\n"
+    first = "<|im_start|>system\nAlpha<|im_end|>\n" + turn
+    other = "<|im_start|>system\nBeta 你好<|im_end|>\n" + turn
+    skipped = "<|im_start|>\n" + turn  # first's nodes 1, 3 and 4 without node 2: same segments, other parents
+    cached = CachedTokenizer(tokenizer, l1_max_memory=1 << 20)
+    cached.encode(first)
+    for text in (other, skipped):
+        assert as_lists(cached.encode(text)) == as_lists(tokenizer.encode(text))
+    stats = cached.stats().l1
+    # each shares only first's first node, "<|im_start|>" (one token)
+    assert (stats.hits, stats.hit_tokens) == (2, 2)
+    assert as_lists(cached.encode(first + "<|im_start|>assistant\n")) == as_lists(
+        tokenizer.encode(first + "<|im_start|>assistant\n")
+    )
+    # the whole first chain: up to its last special token (the final newline is not a boundary)
+    assert cached.stats().l1.hit_tokens == 2 + len(tokenizer.encode(first.removesuffix("\n")).ids)
+
+
 def test_concurrent_encodes_stay_exact_under_eviction() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     prompts = chat_prompts("qwen3", tokenizer, count=12)

@@ -1,0 +1,105 @@
+"""What loading a Hugging Face tokenizer.json costs besides building it, kept on disk per file content: the
+decompressed JSON of a tokenizer.json.xz (lzma is ~1/5 of loading Qwen3) and the vocabulary facts HFTokenizer
+derives from the whole vocabulary (`get_vocab`, another ~1/5). Every detok process loads the tokenizer; with this
+only the first start after a new file pays for them.
+
+Where: the detok cache directory (`cache_root()`: $DETOK_CACHE_DIR if set, empty disables every disk cache; else
+$XDG_CACHE_HOME/detok or ~/.cache/detok), folder `tokenizer-load/`. Keyed by the sha256 of the file's bytes as
+read (compressed or not) and the `tokenizers` version; written atomically (temporary file renamed over the
+target). A file that is missing, unreadable or not what its key says is ignored and written again; any file may
+be deleted at any time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import __version__ as tokenizers_version
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "DETOK_CACHE_DIR"
+FORMAT_VERSION = 1
+_SUBDIR = "tokenizer-load"
+
+
+def cache_root() -> Path | None:
+    """The detok disk cache directory (every cache has a folder in it), or None when caching is disabled."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit is not None:
+        return Path(explicit).expanduser() if explicit.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "detok"
+
+
+@dataclass(frozen=True, slots=True)
+class VocabFacts:
+    """What HFTokenizer needs from the whole vocabulary: its size (highest id + 1) and the ids in it naming no
+    token."""
+
+    vocab_size: int
+    unknown_ids: frozenset[int]
+
+
+def load_key(source_sha256: str) -> str:
+    return hashlib.sha256(f"{FORMAT_VERSION} tokenizers {tokenizers_version} {source_sha256}".encode()).hexdigest()
+
+
+def _directory() -> Path | None:
+    root = cache_root()
+    return root / _SUBDIR if root is not None else None
+
+
+def cached_json_path(key: str) -> Path | None:
+    """The decompressed tokenizer.json stored under `key`, if there is one."""
+    directory = _directory()
+    path = directory / f"{key}.json" if directory is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def read_vocab_facts(key: str) -> VocabFacts | None:
+    directory = _directory()
+    if directory is None:
+        return None
+    try:
+        data = json.loads((directory / f"{key}.vocab.json").read_text(encoding="utf-8"))
+        if data["key"] != key:
+            return None
+        return VocabFacts(int(data["vocab_size"]), frozenset(int(i) for i in data["unknown_ids"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_entry(key: str, facts: VocabFacts, decompressed: str | None) -> None:
+    """Store the facts (and the decompressed JSON, for a compressed source); a cache that cannot be written is
+    skipped with a debug log: loading works without it."""
+    directory = _directory()
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if decompressed is not None:
+            _write_atomically(directory / f"{key}.json", decompressed)
+        payload = {"key": key, "vocab_size": facts.vocab_size, "unknown_ids": sorted(facts.unknown_ids)}
+        _write_atomically(directory / f"{key}.vocab.json", json.dumps(payload))
+    except OSError as exc:
+        log.debug("tokenizer load cache not written in %s: %s", directory, exc)
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
