@@ -60,8 +60,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     spaces_between_special_tokens: bool | None = None  # only true (the default) is supported
     truncate_prompt_tokens: int | None = None  # keep the last k prompt ids
     request_id: str | None = None  # like the X-Request-Id header
+    echo: bool | None = None  # completions: the prompt before each choice's text; chat: refused
     # refused when set (validation.py): detok cannot honour them (yet)
-    echo: Any = None
     logprobs: Any = None
     best_of: Any = None
     use_beam_search: Any = None
@@ -81,7 +81,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 class CompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):
-    # A string, a list of token ids, or a one-element list of either (OpenAI's batch forms; n=1 only).
+    # A string, a list of token ids, or a one-element list of either (OpenAI's batch forms).
     prompt: str | list[str | int | list[int]]
     suffix: Any = None
     prompt_embeds: Any = None

@@ -38,7 +38,13 @@ class RequestStream:
     )
 
     def __init__(
-        self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules, parsed: bool = False
+        self,
+        rid: str,
+        prompt_tokens: int,
+        deadline: float,
+        stop_rules: StopRules,
+        parsed: bool = False,
+        wakeup: asyncio.Event | None = None,
     ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
@@ -56,7 +62,8 @@ class RequestStream:
         self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
         self.tool_calls_seen = False
         self._stop_rules = stop_rules
-        self._wakeup = asyncio.Event()
+        # the n choices of one HTTP request share one event: their handler waits for news from any of them
+        self._wakeup = wakeup or asyncio.Event()
 
     def accept(self, delta: TextDelta) -> str | None:
         """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
@@ -113,12 +120,16 @@ class RequestStream:
             self.pending_chars = 0
         self._wakeup.set()
 
-    async def wait(self) -> str | ParsedOutput:
-        """Wait until there is text or the stream is done; returns (and releases) all text not taken yet (for a
-        request with parsers: the channels' news). When it returns with `done` set, no more text will come."""
-        while not (self._pieces or self._parsed) and not self.done:
-            self._wakeup.clear()
-            await self._wakeup.wait()
+    @property
+    def wakeup(self) -> asyncio.Event:
+        return self._wakeup
+
+    @property
+    def has_news(self) -> bool:
+        return bool(self._pieces or self._parsed)
+
+    def take(self) -> str | ParsedOutput:
+        """All text not taken yet (for a request with parsers: the channels' news), released."""
         if self._parsed is not None:
             news, self._parsed = self._parsed, ParsedOutput()
             self.pending_chars = 0
@@ -127,3 +138,11 @@ class RequestStream:
         self._pieces.clear()
         self.pending_chars = 0
         return text
+
+    async def wait(self) -> str | ParsedOutput:
+        """Wait until there is text or the stream is done; returns what take() returns. When it returns with
+        `done` set, no more text will come."""
+        while not self.has_news and not self.done:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return self.take()

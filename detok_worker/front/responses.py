@@ -7,6 +7,7 @@ import uuid
 
 import msgspec
 
+from detok_worker.front.choices import Choices
 from detok_worker.front.openai_api import (
     ChatChoice,
     ChatChunkChoice,
@@ -29,65 +30,84 @@ _encode = msgspec.json.encode
 
 
 def usage_of(stream: RequestStream) -> Usage:
+    """One choice's running usage (vLLM's continuous_usage_stats: per choice)."""
     return Usage(stream.prompt_tokens, stream.n_tokens, stream.prompt_tokens + stream.n_tokens)
 
 
-class CompletionFormatter:
-    """/v1/completions: `text_completion` objects, streamed or whole."""
+class ChunkUsage:
+    """What a streamed chunk carries as `usage`: absent; null (include_usage: OpenAI puts "usage": null on
+    every chunk and the totals on one last chunk); or (continuous_usage_stats) the choice's running counts."""
 
-    def __init__(self, rid: str, model: str, include_usage: bool) -> None:
+    def __init__(self, include_usage: bool, continuous: bool) -> None:
+        self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._continuous = continuous
+
+    def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
+        return usage_of(stream) if self._continuous else self._fixed
+
+
+class CompletionFormatter:
+    """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
+    the prompt (streamed: in the choice's first chunk)."""
+
+    def __init__(self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None) -> None:
         self.rid = rid
         self.model = model
         self.created = int(time.time())
-        # OpenAI: with include_usage every chunk carries "usage": null, and one last chunk the totals
-        self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._usage = usage
+        self._echo = echo
 
-    def _chunk(self, choice: CompletionChoice) -> bytes:
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=self._usage))
+    def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
+        usage = self._usage.of(stream)
+        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage))
 
-    def first_chunk(self) -> bytes | None:
-        return None
+    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
+        return None if self._echo is None else self._chunk(CompletionChoice(index, self._echo), stream)
 
-    def text_chunk(self, text: str | ParsedOutput) -> bytes:
+    def text_chunk(self, index: int, text: str | ParsedOutput, stream: RequestStream) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
-        return self._chunk(CompletionChoice(0, text))
+        return self._chunk(CompletionChoice(index, text), stream)
 
-    def final_chunk(self, stream: RequestStream) -> bytes:
-        return self._chunk(CompletionChoice(0, "", stream.finish, stream.stop_reason))
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(CompletionChoice(index, "", stream.finish, stream.stop_reason), stream)
 
-    def usage_chunk(self, stream: RequestStream) -> bytes:
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=usage_of(stream)))
+    def usage_chunk(self, choices: Choices) -> bytes:
+        return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=choices.usage()))
 
-    def whole(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> bytes:
-        text = "".join(piece for piece in pieces if isinstance(piece, str))
-        choice = CompletionChoice(0, text, stream.finish, stream.stop_reason)
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage_of(stream)))
+    def whole(self, pieces: list[list[str | ParsedOutput]], choices: Choices) -> bytes:
+        out = []
+        for index, stream in enumerate(choices.streams):
+            text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
+            out.append(CompletionChoice(index, text, stream.finish, stream.stop_reason))
+        return _encode(CompletionResponse(self.rid, self.created, self.model, out, usage=choices.usage()))
 
 
 class ChatFormatter:
-    """/v1/chat/completions: `chat.completion(.chunk)` objects; the first chunk carries the role."""
+    """/v1/chat/completions: `chat.completion(.chunk)` objects; each choice's first chunk carries the role."""
 
-    def __init__(self, rid: str, model: str, include_usage: bool) -> None:
+    def __init__(self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None) -> None:
         self.rid = rid
         self.model = model
         self.created = int(time.time())
-        self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
-        self._tool_call_ids: dict[int, str] = {}  # tool call index -> its id (made here: the worker has none)
+        self._usage = usage
+        # (choice, tool call index) -> the call's id (made here: the worker has none)
+        self._tool_call_ids: dict[tuple[int, int], str] = {}
 
-    def _tool_call_id(self, index: int) -> str:
-        if index not in self._tool_call_ids:
-            self._tool_call_ids[index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
-        return self._tool_call_ids[index]
+    def _tool_call_id(self, choice: int, index: int) -> str:
+        if (choice, index) not in self._tool_call_ids:
+            self._tool_call_ids[choice, index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
+        return self._tool_call_ids[choice, index]
 
-    def _chunk(self, choice: ChatChunkChoice) -> bytes:
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=self._usage))
+    def _chunk(self, choice: ChatChunkChoice, stream: RequestStream) -> bytes:
+        usage = self._usage.of(stream)
+        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage))
 
-    def first_chunk(self) -> bytes | None:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(role="assistant", content="")))
+    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
+        return self._chunk(ChatChunkChoice(index, ChatDelta(role="assistant", content="")), stream)
 
-    def text_chunk(self, text: str | ParsedOutput) -> bytes:
+    def text_chunk(self, index: int, text: str | ParsedOutput, stream: RequestStream) -> bytes:
         if isinstance(text, str):
-            return self._chunk(ChatChunkChoice(0, ChatDelta(content=text)))
+            return self._chunk(ChatChunkChoice(index, ChatDelta(content=text)), stream)
         delta = ChatDelta()
         if text.reasoning:
             delta.reasoning_content = text.reasoning
@@ -95,26 +115,29 @@ class ChatFormatter:
             delta.content = text.content
         if text.tool_calls:
             delta.tool_calls = [
-                self._tool_call_piece(piece.index, piece.name, piece.arguments) for piece in text.tool_calls
+                self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in text.tool_calls
             ]
-        return self._chunk(ChatChunkChoice(0, delta))
+        return self._chunk(ChatChunkChoice(index, delta), stream)
 
-    def _tool_call_piece(self, index: int, name: str, arguments: str) -> ToolCallOut:
+    def _tool_call_piece(self, choice: int, index: int, name: str, arguments: str) -> ToolCallOut:
         if not name:
             return ToolCallOut(FunctionCallOut(arguments=arguments), index=index)
-        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(index), "function")
+        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(choice, index), "function")
 
-    def final_chunk(self, stream: RequestStream) -> bytes:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(), _finish_reason(stream), stream.stop_reason))
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(ChatChunkChoice(index, ChatDelta(), _finish_reason(stream), stream.stop_reason), stream)
 
-    def usage_chunk(self, stream: RequestStream) -> bytes:
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage_of(stream)))
+    def usage_chunk(self, choices: Choices) -> bytes:
+        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=choices.usage()))
 
-    def whole(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> bytes:
-        choice = ChatChoice(0, self._message(pieces, stream), _finish_reason(stream), stream.stop_reason)
-        return _encode(ChatCompletionResponse(self.rid, self.created, self.model, [choice], usage_of(stream)))
+    def whole(self, pieces: list[list[str | ParsedOutput]], choices: Choices) -> bytes:
+        out = [
+            ChatChoice(index, self._message(index, pieces[index], stream), _finish_reason(stream), stream.stop_reason)
+            for index, stream in enumerate(choices.streams)
+        ]
+        return _encode(ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage()))
 
-    def _message(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
+    def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
         if stream.parsed_reassembly is None:
             return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)))
         total = ParsedOutput()
@@ -122,7 +145,9 @@ class ChatFormatter:
             if isinstance(piece, ParsedOutput):
                 total.extend(piece)
         calls = [
-            ToolCallOut(FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(call.index), type="function")
+            ToolCallOut(
+                FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(choice, call.index), type="function"
+            )
             for call in total.tool_calls
         ]
         return ChatMessageOut(total.content or None, reasoning_content=total.reasoning or None, tool_calls=calls)
