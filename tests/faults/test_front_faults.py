@@ -289,6 +289,27 @@ def test_engine_reject(front: FrontUnderTest, tokenizer: Any) -> None:
         )
 
 
+def test_one_failed_choice_fails_the_request_and_stops_the_others(front: FrontUnderTest) -> None:
+    """n = 3, choice 1 rejected by the engine, the others endless: the request ends with choice 1's error (as
+    vLLM ends it) and the two others are aborted in the engine, streamed or not."""
+    front.set_plan(lambda submit: "choice one failed" if submit.rid.endswith("-1") else endless_plan(submit))
+    for stream in (False, True):
+        for pending in (front.engine.submits, front.engine.aborts):
+            while not pending.empty():
+                pending.get_nowait()
+        response = httpx.post(f"{front.url}/v1/completions", json={"prompt": "x", "n": 3, "stream": stream})
+        if stream:
+            events = [line for line in response.text.split("\n\n") if line]
+            assert events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][len("data: ") :])["error"]["message"].endswith("choice one failed")
+        else:
+            assert response.status_code == 503 and "choice one failed" in response.json()["error"]["message"]
+        submitted = [front.engine.submits.get(timeout=5).rid for _ in range(3)]
+        base = submitted[0][: -len("-0")]
+        assert submitted == [f"{base}-0", f"{base}-1", f"{base}-2"]
+        assert {wait_abort(front)[0].rid for _ in range(2)} == {f"{base}-0", f"{base}-2"}
+
+
 def test_detokenizer_error_mid_stream(front: FrontUnderTest, tokenizer: Any) -> None:
     def failing(submit: Submit) -> list[TextDelta]:
         good = decode_plan(tokenizer, submit.rid, submit.prompt_ids)[:-1]
