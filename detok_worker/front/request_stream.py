@@ -138,11 +138,3 @@ class RequestStream:
         self._pieces.clear()
         self.pending_chars = 0
         return text
-
-    async def wait(self) -> str | ParsedOutput:
-        """Wait until there is text or the stream is done; returns what take() returns. When it returns with
-        `done` set, no more text will come."""
-        while not self.has_news and not self.done:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self.take()
