@@ -138,8 +138,9 @@ def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None
     value = override if override is not None else request.max_tokens
     if value is None:
         return limits.max_tokens_default
-    if value < (0 if echo else 1):
-        raise bad_request(f"{param} must be at least 1 (got {value})", param)
+    least = 0 if echo else 1
+    if value < least:
+        raise bad_request(f"{param} must be at least {least} (got {value})", param)
     if value > limits.max_tokens_limit:
         raise bad_request(f"{param} must be at most {limits.max_tokens_limit} (got {value})", param)
     return value
