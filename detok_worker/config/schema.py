@@ -98,6 +98,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_request_bytes: int = 4 * 1024 * 1024
     max_tokens_default: int = 256
     max_tokens_limit: int = 32_768
+    max_n: int = 16  # choices per request (n); each is one engine request
     max_pending_chars: int = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
     max_total_pending_chars: int = 64_000_000  # over all streams; past it new requests get 503
     max_prompt_chars: int = 1_000_000  # characters of a prompt (all messages), checked before encoding
@@ -195,6 +196,7 @@ def validate(config: DetokConfig) -> None:
         (0 < config.front.port < 65536 or config.front.port == 0, "front.port must be 0..65535"),
         (config.front.max_tokens_default >= 1, "front.max_tokens_default must be >= 1"),
         (config.front.max_tokens_limit >= config.front.max_tokens_default, "front.max_tokens_limit too small"),
+        (config.front.max_n >= 1, "front.max_n must be >= 1"),
         (config.front.max_request_bytes > 0, "front.max_request_bytes must be > 0"),
         (config.front.max_pending_chars > 0, "front.max_pending_chars must be > 0"),
         (config.front.max_total_pending_chars > 0, "front.max_total_pending_chars must be > 0"),

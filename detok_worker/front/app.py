@@ -24,21 +24,22 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from detok_worker.bus.messages import LogprobText
+from detok_worker.bus.messages import LogprobText, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
 from detok_worker.front.api_key import resolve_api_key
+from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import AUTHENTICATION, NOT_FOUND, SERVER_ERROR, APIError, encode_error
 from detok_worker.front.middleware import middleware_for, request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
-from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids
-from detok_worker.front.request_stream import RequestStream
-from detok_worker.front.responses import ChatFormatter, CompletionFormatter, Formatter
+from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text
+from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
 from detok_worker.front.validation import (
+    CheckedParams,
     Limits,
     check_generation,
     check_model,
@@ -179,15 +180,27 @@ class Front:
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
         )
         ids = truncate_prompt(await self._off_loop(prompt_ids, body), body)  # chat template + tokenizing: off loop
+        echo = None
+        if checked.echo and isinstance(body, CompletionRequest):
+            echo = await self._off_loop(echo_text, body, ids, self.tokenizer)
         rid = request_rid(request, id_kind, body.request_id)
-        stream = self.dispatcher.submit(ids, params, checked.stop_rules, rid)
-        request.state.stream = stream  # for the access log and the TTFT / latency metrics (request_log.py)
+        choices = self._submit(ids, params, checked, rid)
+        request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
         self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
-        formatter = formatter_type(stream.rid, model, checked.include_usage, params.sampling.logprobs is not None)
+        usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
+        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
         if body.stream:
-            events = self._events(stream, formatter, checked.include_usage)
-            return sse.EventStreamResponse(events, on_close=lambda: self._release(stream))
-        return await self._collect(request, stream, formatter)
+            events = self._events(choices, formatter, checked.include_usage)
+            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
+        return await self._collect(request, choices, formatter)
+
+    def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
+        """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""
+        rids = choice_rids(rid, checked.n)
+        if params.max_tokens == 0:
+            return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules))
+        requests = list(zip(rids, choice_params(params, checked.n), strict=True))
+        return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
 
     def _model_card(self) -> ModelCard:
         return ModelCard(self.model_name, created=0, root=self.model_name, max_model_len=self.max_model_len)
@@ -244,60 +257,63 @@ class Front:
 
     # ---- generation responses ---------------------------------------------------------------------------
 
-    def _release(self, stream: RequestStream) -> None:
-        if not stream.done:  # the client went away (or the server is stopping) before the end
-            self.dispatcher.abort(stream)
-        self.dispatcher.release(stream)
+    def _release(self, choices: Choices) -> None:
+        for stream in choices.streams:
+            if not stream.done:  # the client went away, the server is stopping, or another choice failed
+                self.dispatcher.abort(stream)
+            self.dispatcher.release(stream)
 
-    async def _events(self, stream: RequestStream, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(self, choices: Choices, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
         clients = self.dispatcher.metrics.sse_clients
         clients.inc()
         self._open_event_streams += 1
         try:
-            first = formatter.first_chunk()
-            if first is not None:
-                yield sse.event(first)
-            while True:
-                text = await stream.wait()
-                done = stream.done
-                logprobs = stream.take_logprobs()
-                if text or logprobs:
-                    yield sse.event(formatter.text_chunk(text, logprobs))
-                if done:
-                    break
-            if stream.failure is not None:
-                yield sse.error_event(stream.failure)
-            else:
-                yield sse.event(formatter.final_chunk(stream))
-                if include_usage:
-                    yield sse.event(formatter.usage_chunk(stream))
+            for index, stream in enumerate(choices.streams):
+                first = formatter.first_chunk(index, stream)
+                if first is not None:
+                    yield sse.event(first)
+            while not choices.finished:
+                for index, news, ended in await choices.changes():
+                    stream = choices.streams[index]
+                    logprobs = stream.take_logprobs()
+                    if news or logprobs:
+                        yield sse.event(formatter.text_chunk(index, news, stream, logprobs))
+                    if ended and stream.failure is None:
+                        yield sse.event(formatter.final_chunk(index, stream))
+            failure = choices.failure
+            if failure is not None:
+                self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
+                yield sse.error_event(failure)
+            elif include_usage:
+                yield sse.event(formatter.usage_chunk(choices))
             yield sse.DONE
         finally:
             clients.dec()
             self._open_event_streams -= 1
 
-    async def _collect(self, request: Request, stream: RequestStream, formatter: Formatter) -> Response:
-        watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
-        pieces: list[str | ParsedOutput] = []
-        logprobs: list[LogprobText] = []
+    async def _collect(self, request: Request, choices: Choices, formatter: Formatter) -> Response:
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
+        logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
         try:
-            while True:
-                pieces.append(await stream.wait())
-                logprobs += stream.take_logprobs()
-                if stream.done:
-                    break
+            while not choices.finished:
+                for index, news, _ in await choices.changes():
+                    pieces[index].append(news)
+                    logprobs[index] += choices.streams[index].take_logprobs()
         finally:
             watcher.cancel()
-            self._release(stream)
-        if stream.failure is not None:
-            return error_response(stream.failure)
-        return Response(formatter.whole(pieces, stream, logprobs), media_type=JSON)
+            self._release(choices)
+        if choices.failure is not None:
+            return error_response(choices.failure)
+        return Response(formatter.whole(pieces, choices, logprobs), media_type=JSON)
 
-    async def _abort_on_disconnect(self, request: Request, stream: RequestStream) -> None:
+    async def _abort_on_disconnect(self, request: Request, choices: Choices) -> None:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                self.dispatcher.abort(stream, APIError(499, "the client closed the connection", code="disconnected"))
+                error = APIError(499, "the client closed the connection", code="disconnected")
+                for stream in choices.streams:
+                    self.dispatcher.abort(stream, error)
                 return
 
 

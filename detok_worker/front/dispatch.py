@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -121,10 +120,15 @@ class Dispatcher:
 
     # ---- requests ---------------------------------------------------------------------------------------
 
-    def submit(
-        self, prompt_ids: list[int], params: RequestParams, stop_rules: StopRules, rid: str | None = None
-    ) -> RequestStream:
-        """Send a request to the engine; `rid` (unique among live requests) defaults to "cmpl-" + a uuid."""
+    def submit_choices(
+        self,
+        prompt_ids: list[int],
+        choices: list[tuple[str, RequestParams]],
+        stop_rules: StopRules,
+        wakeup: asyncio.Event,
+    ) -> list[RequestStream]:
+        """Send one engine request per (rid, params) for the same prompt (the n choices of one HTTP request),
+        all or none; their streams share `wakeup`."""
         if not self.engine_alive():
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
         budget = self.config.front.max_total_pending_chars
@@ -133,14 +137,16 @@ class Dispatcher:
             self._cut_unread_over_share(budget)
             message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
             raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
-        rid = rid or f"cmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + self.config.front.request_timeout_s
-        parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
-        stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed)
-        self._streams[rid] = stream
-        self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns())))
-        self.counters["requests"] += 1
-        return stream
+        streams = []
+        for rid, params in choices:
+            parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
+            stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
+            self._streams[rid] = stream
+            self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns())))
+            self.counters["requests"] += 1
+            streams.append(stream)
+        return streams
 
     def abort(
         self,

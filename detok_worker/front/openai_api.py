@@ -62,8 +62,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     request_id: str | None = None  # like the X-Request-Id header
     # completions: top candidates per token (int); chat: bool (with top_logprobs). Checked in sampling.py.
     logprobs: Any = None
+    echo: bool | None = None  # completions: the prompt before each choice's text; chat: refused
     # refused when set (validation.py): detok cannot honour them (yet)
-    echo: Any = None
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
@@ -82,7 +82,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 class CompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):
-    # A string, a list of token ids, or a one-element list of either (OpenAI's batch forms; n=1 only).
+    # A string, a list of token ids, or a one-element list of either (OpenAI's batch forms).
     prompt: str | list[str | int | list[int]]
     suffix: Any = None
     prompt_embeds: Any = None

@@ -50,10 +50,22 @@ def _non_empty(ids: list[int], param: str) -> list[int]:
     return ids
 
 
-def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+def _single_prompt(request: CompletionRequest) -> Any:
     prompt: Any = request.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # OpenAI's batch form with a single prompt
+        return prompt[0]  # OpenAI's batch form with a single prompt
+    return prompt
+
+
+def echo_text(request: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
+    """What echo prepends: a string prompt as the client sent it (even when truncate_prompt_tokens cut its ids,
+    as vLLM does); a token-id prompt decoded, special tokens included."""
+    prompt = _single_prompt(request)
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+    prompt = _single_prompt(request)
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), limits, "prompt")
         add_special = True if request.add_special_tokens is None else request.add_special_tokens

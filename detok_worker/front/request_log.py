@@ -3,7 +3,7 @@
 RequestLogMiddleware wraps the whole app (outermost), so it sees every response, a stream's included: its work
 is done once, when the response ends (a stream: after its last byte, a client disconnect or an error), never per
 token or per delta. Per request it records the HTTP status by endpoint (the route template) and the duration,
-for generation requests also TTFT and the mean inter-token latency (RequestStream keeps two clock readings), and
+for generation requests also TTFT and the mean inter-token latency (each RequestStream keeps two clock readings), and
 with front.access_log writes one INFO line on the `detok.access` logger, in logfmt:
 
     request_id=<X-Request-Id> rid=<bus rid|-> method=POST path=/v1/completions status=200 prompt_tokens=12
@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from detok_worker.front.request_stream import RequestStream
+from detok_worker.front.choices import Choices
 from detok_worker.metrics import FrontMetrics
 
 access_log = logging.getLogger("detok.access")
@@ -33,8 +33,8 @@ NO_RESPONSE = 499  # the status logged when the app sent no response (the client
 _PLAIN_VALUE = re.compile(r"[!#-~]+")  # printable ASCII without space or '"': logged as is, anything else quoted
 
 
-def stream_of(scope: Scope) -> RequestStream | None:
-    """The generation request's RequestStream, which the handler puts in the request's state."""
+def stream_of(scope: Scope) -> Choices | None:
+    """The generation request's choices (their streams), which the handler puts in the request's state."""
     state: dict[str, Any] = scope.get("state") or {}
     return state.get("stream")
 
@@ -81,7 +81,7 @@ class RequestLogMiddleware:
             access_log.info(access_line(scope, status, duration, stream, ttft))
 
 
-def access_line(scope: Scope, status: int, duration: float, stream: RequestStream | None, ttft: float | None) -> str:
+def access_line(scope: Scope, status: int, duration: float, stream: Choices | None, ttft: float | None) -> str:
     state: dict[str, Any] = scope.get("state") or {}
     client = scope.get("client")
     fields = [
@@ -100,7 +100,7 @@ def access_line(scope: Scope, status: int, duration: float, stream: RequestStrea
     return " ".join(fields)
 
 
-def end_of(stream: RequestStream) -> str:
+def end_of(stream: Choices) -> str:
     if stream.failure is not None:
         return stream.failure.code or stream.failure.type
     if stream.finish is not None:

@@ -45,7 +45,13 @@ class RequestStream:
     )
 
     def __init__(
-        self, rid: str, prompt_tokens: int, deadline: float, stop_rules: StopRules, parsed: bool = False
+        self,
+        rid: str,
+        prompt_tokens: int,
+        deadline: float,
+        stop_rules: StopRules,
+        parsed: bool = False,
+        wakeup: asyncio.Event | None = None,
     ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
@@ -63,7 +69,8 @@ class RequestStream:
         self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
         self.tool_calls_seen = False
         self._stop_rules = stop_rules
-        self._wakeup = asyncio.Event()
+        # the n choices of one HTTP request share one event: their handler waits for news from any of them
+        self._wakeup = wakeup or asyncio.Event()
         self._logprobs: list[LogprobText] = []  # entries not yet taken by the handler
         self.logprobs_delivered = 0  # entries accepted so far (tokens 0 .. logprobs_delivered - 1)
         # for TTFT and inter-token latency (time.monotonic(); 0.0 = not yet): two clock reads per request
@@ -162,12 +169,16 @@ class RequestStream:
             self.pending_chars = 0
         self._wakeup.set()
 
-    async def wait(self) -> str | ParsedOutput:
-        """Wait until there is text or the stream is done; returns (and releases) all text not taken yet (for a
-        request with parsers: the channels' news). When it returns with `done` set, no more text will come."""
-        while not (self._pieces or self._parsed or self._logprobs) and not self.done:
-            self._wakeup.clear()
-            await self._wakeup.wait()
+    @property
+    def wakeup(self) -> asyncio.Event:
+        return self._wakeup
+
+    @property
+    def has_news(self) -> bool:
+        return bool(self._pieces or self._parsed or self._logprobs)
+
+    def take(self) -> str | ParsedOutput:
+        """All text not taken yet (for a request with parsers: the channels' news), released."""
         if self._parsed is not None:
             news, self._parsed = self._parsed, ParsedOutput()
             self.pending_chars = 0

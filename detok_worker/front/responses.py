@@ -8,6 +8,7 @@ import uuid
 import msgspec
 
 from detok_worker.bus.messages import LogprobText
+from detok_worker.front.choices import Choices
 from detok_worker.front.openai_api import (
     ChatChoice,
     ChatChunkChoice,
@@ -34,6 +35,7 @@ _encode = msgspec.json.encode
 
 
 def usage_of(stream: RequestStream) -> Usage:
+    """One choice's running usage (vLLM's continuous_usage_stats: per choice)."""
     return Usage(stream.prompt_tokens, stream.n_tokens, stream.prompt_tokens + stream.n_tokens)
 
 
@@ -75,73 +77,106 @@ class CompletionLogprobsBuilder:
         )
 
 
-class CompletionFormatter:
-    """/v1/completions: `text_completion` objects, streamed or whole."""
+class ChunkUsage:
+    """What a streamed chunk carries as `usage`: absent; null (include_usage: OpenAI puts "usage": null on
+    every chunk and the totals on one last chunk); or (continuous_usage_stats) the choice's running counts."""
 
-    def __init__(self, rid: str, model: str, include_usage: bool, logprobs: bool = False) -> None:
+    def __init__(self, include_usage: bool, continuous: bool) -> None:
+        self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._continuous = continuous
+
+    def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
+        return usage_of(stream) if self._continuous else self._fixed
+
+
+class CompletionFormatter:
+    """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
+    the prompt (streamed: in the choice's first chunk)."""
+
+    def __init__(
+        self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None, logprobs: bool = False
+    ) -> None:
         self.rid = rid
         self.model = model
         self.created = int(time.time())
-        self._logprobs = CompletionLogprobsBuilder() if logprobs else None
-        # OpenAI: with include_usage every chunk carries "usage": null, and one last chunk the totals
-        self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._usage = usage
+        self._echo = echo
+        # per choice: text_offset runs across that choice's chunks
+        self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if logprobs else None
 
-    def _chunk(self, choice: CompletionChoice) -> bytes:
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=self._usage))
+    def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
+        usage = self._usage.of(stream)
+        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage))
 
-    def first_chunk(self) -> bytes | None:
-        return None
+    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
+        return None if self._echo is None else self._chunk(CompletionChoice(index, self._echo), stream)
 
-    def text_chunk(self, text: str | ParsedOutput, logprobs: list[LogprobText] | None = None) -> bytes:
+    def text_chunk(
+        self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
+    ) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
-        return self._chunk(CompletionChoice(0, text, logprobs=self._logprobs_of(logprobs)))
+        return self._chunk(CompletionChoice(index, text, logprobs=self._logprobs_of(index, logprobs)), stream)
 
-    def _logprobs_of(self, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
-        return None if self._logprobs is None else self._logprobs.build(entries or [])
+    def _logprobs_of(self, index: int, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
+        if self._logprobs is None:
+            return None
+        return self._logprobs.setdefault(index, CompletionLogprobsBuilder()).build(entries or [])
 
-    def final_chunk(self, stream: RequestStream) -> bytes:
-        return self._chunk(CompletionChoice(0, "", stream.finish, stream.stop_reason))
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(CompletionChoice(index, "", stream.finish, stream.stop_reason), stream)
 
-    def usage_chunk(self, stream: RequestStream) -> bytes:
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=usage_of(stream)))
+    def usage_chunk(self, choices: Choices) -> bytes:
+        return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=choices.usage()))
 
     def whole(
-        self, pieces: list[str | ParsedOutput], stream: RequestStream, logprobs: list[LogprobText] | None = None
+        self,
+        pieces: list[list[str | ParsedOutput]],
+        choices: Choices,
+        logprobs: list[list[LogprobText]] | None = None,
     ) -> bytes:
-        text = "".join(piece for piece in pieces if isinstance(piece, str))
-        choice = CompletionChoice(0, text, stream.finish, stream.stop_reason, self._logprobs_of(logprobs))
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage_of(stream)))
+        out = []
+        for index, stream in enumerate(choices.streams):
+            text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
+            entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
+            out.append(CompletionChoice(index, text, stream.finish, stream.stop_reason, entries))
+        return _encode(CompletionResponse(self.rid, self.created, self.model, out, usage=choices.usage()))
 
 
 class ChatFormatter:
-    """/v1/chat/completions: `chat.completion(.chunk)` objects; the first chunk carries the role."""
+    """/v1/chat/completions: `chat.completion(.chunk)` objects; each choice's first chunk carries the role."""
 
-    def __init__(self, rid: str, model: str, include_usage: bool, logprobs: bool = False) -> None:
+    def __init__(
+        self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None, logprobs: bool = False
+    ) -> None:
         self.rid = rid
         self.model = model
         self.created = int(time.time())
-        self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._usage = usage
         self._with_logprobs = logprobs
-        self._tool_call_ids: dict[int, str] = {}  # tool call index -> its id (made here: the worker has none)
+        # (choice, tool call index) -> the call's id (made here: the worker has none)
+        self._tool_call_ids: dict[tuple[int, int], str] = {}
 
-    def _tool_call_id(self, index: int) -> str:
-        if index not in self._tool_call_ids:
-            self._tool_call_ids[index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
-        return self._tool_call_ids[index]
+    def _tool_call_id(self, choice: int, index: int) -> str:
+        if (choice, index) not in self._tool_call_ids:
+            self._tool_call_ids[choice, index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
+        return self._tool_call_ids[choice, index]
 
-    def _chunk(self, choice: ChatChunkChoice) -> bytes:
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=self._usage))
+    def _chunk(self, choice: ChatChunkChoice, stream: RequestStream) -> bytes:
+        usage = self._usage.of(stream)
+        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage))
 
-    def first_chunk(self) -> bytes | None:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(role="assistant", content="")))
+    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
+        return self._chunk(ChatChunkChoice(index, ChatDelta(role="assistant", content="")), stream)
 
     def _logprobs_of(self, entries: list[LogprobText] | None) -> ChatLogprobs | None:
         return chat_logprobs(entries or []) if self._with_logprobs else None
 
-    def text_chunk(self, text: str | ParsedOutput, logprobs: list[LogprobText] | None = None) -> bytes:
+    def text_chunk(
+        self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
+    ) -> bytes:
         chosen = self._logprobs_of(logprobs)
         if isinstance(text, str):
-            return self._chunk(ChatChunkChoice(0, ChatDelta(content=text), logprobs=chosen))
+            return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen), stream)
         delta = ChatDelta()
         if text.reasoning:
             delta.reasoning_content = text.reasoning
@@ -149,29 +184,40 @@ class ChatFormatter:
             delta.content = text.content
         if text.tool_calls:
             delta.tool_calls = [
-                self._tool_call_piece(piece.index, piece.name, piece.arguments) for piece in text.tool_calls
+                self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in text.tool_calls
             ]
-        return self._chunk(ChatChunkChoice(0, delta, logprobs=chosen))
+        return self._chunk(ChatChunkChoice(index, delta, logprobs=chosen), stream)
 
-    def _tool_call_piece(self, index: int, name: str, arguments: str) -> ToolCallOut:
+    def _tool_call_piece(self, choice: int, index: int, name: str, arguments: str) -> ToolCallOut:
         if not name:
             return ToolCallOut(FunctionCallOut(arguments=arguments), index=index)
-        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(index), "function")
+        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(choice, index), "function")
 
-    def final_chunk(self, stream: RequestStream) -> bytes:
-        return self._chunk(ChatChunkChoice(0, ChatDelta(), _finish_reason(stream), stream.stop_reason))
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(ChatChunkChoice(index, ChatDelta(), _finish_reason(stream), stream.stop_reason), stream)
 
-    def usage_chunk(self, stream: RequestStream) -> bytes:
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage_of(stream)))
+    def usage_chunk(self, choices: Choices) -> bytes:
+        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=choices.usage()))
 
     def whole(
-        self, pieces: list[str | ParsedOutput], stream: RequestStream, logprobs: list[LogprobText] | None = None
+        self,
+        pieces: list[list[str | ParsedOutput]],
+        choices: Choices,
+        logprobs: list[list[LogprobText]] | None = None,
     ) -> bytes:
-        message = self._message(pieces, stream)
-        choice = ChatChoice(0, message, _finish_reason(stream), stream.stop_reason, self._logprobs_of(logprobs))
-        return _encode(ChatCompletionResponse(self.rid, self.created, self.model, [choice], usage_of(stream)))
+        out = [
+            ChatChoice(
+                index,
+                self._message(index, pieces[index], stream),
+                _finish_reason(stream),
+                stream.stop_reason,
+                self._logprobs_of(logprobs[index] if logprobs else None),
+            )
+            for index, stream in enumerate(choices.streams)
+        ]
+        return _encode(ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage()))
 
-    def _message(self, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
+    def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
         if stream.parsed_reassembly is None:
             return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)))
         total = ParsedOutput()
@@ -179,7 +225,9 @@ class ChatFormatter:
             if isinstance(piece, ParsedOutput):
                 total.extend(piece)
         calls = [
-            ToolCallOut(FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(call.index), type="function")
+            ToolCallOut(
+                FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(choice, call.index), type="function"
+            )
             for call in total.tool_calls
         ]
         return ChatMessageOut(total.content or None, reasoning_content=total.reasoning or None, tool_calls=calls)

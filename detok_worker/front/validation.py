@@ -16,7 +16,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from detok_worker.front.sampling import sampling_params
+from detok_worker.front.sampling import INT64_MAX, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
@@ -32,6 +32,7 @@ class Limits:
     max_tokens_limit: int
     max_prompt_chars: int
     max_prompt_tokens: int
+    max_n: int
     stop: StopLimits
     eos_ids: frozenset[int]
     # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
@@ -47,6 +48,7 @@ class Limits:
             max_tokens_limit=config.front.max_tokens_limit,
             max_prompt_chars=config.front.max_prompt_chars,
             max_prompt_tokens=max_prompt_tokens(config, tokenizer),
+            max_n=config.front.max_n,
             stop=StopLimits.from_config(config),
             eos_ids=frozenset(tokenizer.eos_token_ids),
         )
@@ -130,13 +132,15 @@ def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
         raise bad_request(message, param) from error
 
 
-def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None) -> int:
+def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None, echo: bool) -> int:
+    """max_tokens 0 is allowed with echo (vLLM: the response is the prompt alone)."""
     param = "max_completion_tokens" if override is not None else "max_tokens"
     value = override if override is not None else request.max_tokens
     if value is None:
         return limits.max_tokens_default
-    if value < 1:
-        raise bad_request(f"{param} must be at least 1 (got {value})", param)
+    least = 0 if echo else 1
+    if value < least:
+        raise bad_request(f"{param} must be at least {least} (got {value})", param)
     if value > limits.max_tokens_limit:
         raise bad_request(f"{param} must be at most {limits.max_tokens_limit} (got {value})", param)
     return value
@@ -156,7 +160,6 @@ def _not(*allowed: Any) -> Callable[[Any], bool]:
 
 # field -> "this value asks for something detok cannot honour": a 400 naming the field (never silently dropped).
 _REFUSED: dict[str, Callable[[Any], bool]] = {
-    "echo": _truthy,
     "best_of": _not(None, 1),
     "use_beam_search": _truthy,
     "length_penalty": _not(None, 1, 1.0),
@@ -179,6 +182,7 @@ _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "prompt_embeds": _is_set,
 }
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
+    "echo": _truthy,  # vLLM's chat echo (prepend the last message) is not implemented
     "chat_template": _is_set,
     "audio": _is_set,
     "functions": _is_set,
@@ -202,13 +206,27 @@ def _check_unsupported(request: CompletionRequest | ChatCompletionRequest) -> No
     for name, refused in (*_REFUSED.items(), *own.items()):
         if refused(getattr(request, name)):
             raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
+
+
+def _check_n(request: GenerationRequest, limits: Limits) -> int:
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= limits.max_n:
+        raise bad_request(f"n must be between 1 and {limits.max_n} (got {n})", "n")
+    seed = request.seed
+    if seed is not None and n > 1 and seed + n - 1 > INT64_MAX:  # choice i samples with seed + i
+        raise bad_request("seed + n - 1 must fit in 64 bits (choice i samples with seed + i)", "seed")
+    return n
+
+
+def _continuous_usage(request: GenerationRequest) -> bool:
+    """vLLM's stream_options.continuous_usage_stats: a no-op there without include_usage; a 400 here."""
     options = request.stream_options
-    if options is not None and options.continuous_usage_stats:
-        raise bad_request(
-            "stream_options.continuous_usage_stats is not supported by this server",
-            "stream_options",
-            code="unsupported_parameter",
-        )
+    if options is None or not options.continuous_usage_stats:
+        return False
+    if not options.include_usage:
+        message = "stream_options.continuous_usage_stats needs stream_options.include_usage"
+        raise bad_request(message, "stream_options")
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +234,14 @@ class CheckedParams:
     params: RequestParams
     stop_rules: StopRules
     include_usage: bool
+    continuous_usage: bool
+    n: int
+    echo: bool
 
 
 def check_generation(request: CompletionRequest | ChatCompletionRequest, limits: Limits) -> CheckedParams:
     """Validate everything but the prompt; build the engine's RequestParams."""
-    if request.n not in (None, 1):
-        raise bad_request(f"only n=1 is supported (got n={request.n})", "n", code="unsupported_parameter")
+    n = _check_n(request, limits)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
     _check_unsupported(request)
@@ -229,7 +249,8 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
     sampling = sampling_params(request, limits.vocab_size)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
-    max_tokens = _max_tokens(request, limits, override)
+    echo = isinstance(request, CompletionRequest) and bool(request.echo)
+    max_tokens = _max_tokens(request, limits, override, echo)
     min_tokens = request.min_tokens or 0
     if not 0 <= min_tokens <= max_tokens:
         raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
@@ -249,7 +270,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     check_token_ids(stop_token_ids, limits, "stop_token_ids")
     params = RequestParams(max_tokens=max_tokens, detok=detok, ignore_eos=ignore_eos, sampling=sampling)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return CheckedParams(params, stop_rules, include_usage)
+    return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)
 
 
 def truncate_prompt(ids: list[int], request: CompletionRequest | ChatCompletionRequest) -> list[int]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from helpers.echo_source import chat_prompt_ids, expected_echo
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, http_json, wait_for
 
@@ -58,24 +59,6 @@ def model(service: ServeProcess) -> str:
     status, body = http_json(f"{service.url}/v1/models")
     assert status == 200
     return body["data"][0]["id"]
-
-
-def expected_echo(tokenizer: Any, prompt_ids: list[int], max_tokens: int, stop_ids: set[int] | None = None):
-    """(text, finish_reason, completion_tokens) of the echo source: prompt ids + EOS, cut by max_tokens and the
-    first stop token (the tokenizer's EOS ids, hidden)."""
-    eos_ids = set(tokenizer.eos_token_ids) | (stop_ids or set())
-    from engine_stub.sources import primary_eos_id
-
-    planned = [*prompt_ids, primary_eos_id(tokenizer)]
-    output = planned[:max_tokens]
-    for index, token_id in enumerate(output):
-        if token_id in eos_ids:
-            return tokenizer.decode(output[:index], skip_special_tokens=True), "stop", index + 1
-    return tokenizer.decode(output, skip_special_tokens=True), "length", len(output)
-
-
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True)).ids
 
 
 async def stream_chat(client: Any, model: str, messages: list[dict[str, str]], **kwargs: Any) -> Completion:

@@ -98,7 +98,9 @@ COMPLETION_BODIES: list[tuple[bytes, int]] = [
     (b'{"prompt": "x", "stop": [1, 2]}', 400),
     (b'{"prompt": "\xff\xfe invalid utf-8"}', 400),
     (b'{"prompt": "lone surrogate \\ud800"}', 400),
-    (b'{"prompt": "x", "n": 2}', 400),
+    (b'{"prompt": "x", "n": 0}', 400),
+    (b'{"prompt": "x", "n": 17}', 400),
+    (b'{"prompt": "x", "n": 2, "seed": 9223372036854775807}', 400),
     (b'{"prompt": []}', 400),
     (b'{"prompt": [-1]}', 400),
     (b'{"prompt": [1000000000]}', 400),
@@ -115,7 +117,9 @@ COMPLETION_BODIES: list[tuple[bytes, int]] = [
     (b'{"prompt": "x", "logprobs": 21}', 400),
     (b'{"prompt": "x", "logprobs": -1}', 400),
     (b'{"prompt": "x", "logprobs": true}', 400),
-    (b'{"prompt": "x", "echo": true}', 400),
+    (b'{"prompt": "x", "echo": 5}', 400),
+    (b'{"prompt": "x", "echo": true, "max_tokens": -1}', 400),
+    (b'{"prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": true}}', 400),
     (b'{"prompt": "x", "stream": "yes"}', 400),
     (b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400),
 ]
@@ -289,6 +293,27 @@ def test_engine_reject(front: FrontUnderTest, tokenizer: Any) -> None:
                 model=tokenizer.name, messages=[{"role": "user", "content": "x"}], stream=True
             )
         )
+
+
+def test_one_failed_choice_fails_the_request_and_stops_the_others(front: FrontUnderTest) -> None:
+    """n = 3, choice 1 rejected by the engine, the others endless: the request ends with choice 1's error (as
+    vLLM ends it) and the two others are aborted in the engine, streamed or not."""
+    front.set_plan(lambda submit: "choice one failed" if submit.rid.endswith("-1") else endless_plan(submit))
+    for stream in (False, True):
+        for pending in (front.engine.submits, front.engine.aborts):
+            while not pending.empty():
+                pending.get_nowait()
+        response = httpx.post(f"{front.url}/v1/completions", json={"prompt": "x", "n": 3, "stream": stream})
+        if stream:
+            events = [line for line in response.text.split("\n\n") if line]
+            assert events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][len("data: ") :])["error"]["message"].endswith("choice one failed")
+        else:
+            assert response.status_code == 503 and "choice one failed" in response.json()["error"]["message"]
+        submitted = [front.engine.submits.get(timeout=5).rid for _ in range(3)]
+        base = submitted[0][: -len("-0")]
+        assert submitted == [f"{base}-0", f"{base}-1", f"{base}-2"]
+        assert {wait_abort(front)[0].rid for _ in range(2)} == {f"{base}-0", f"{base}-2"}
 
 
 def test_detokenizer_error_mid_stream(front: FrontUnderTest, tokenizer: Any) -> None:
