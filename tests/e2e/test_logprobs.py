@@ -217,3 +217,26 @@ def test_through_the_grpc_gateway(qwen3: Any) -> None:
             check_chat_entries(entries, chat_ids(process, qwen3, usage.completion_tokens), qwen3, 2, as_float32)
     finally:
         engine.cleanup()
+
+
+def test_each_of_n_choices_has_its_own_logprobs(client: Any, qwen3: Any) -> None:
+    """n = 2 with logprobs: each choice's entries and text offsets are its own (the offsets restart per choice)."""
+    prompt = qwen3.encode(TEXT).ids
+    whole = client.completions.create(model=model(client), prompt=prompt, max_tokens=100, logprobs=2, n=2)
+    per_choice = whole.usage.completion_tokens // 2
+    ids = echoed(qwen3, prompt, per_choice)
+    assert sorted(choice.index for choice in whole.choices) == [0, 1]
+    for choice in whole.choices:
+        assert choice.logprobs.tokens == [qwen3.decode([token_id]) for token_id in ids]
+        assert choice.logprobs.text_offset[0] == 0
+    stream = client.completions.create(model=model(client), prompt=prompt, max_tokens=100, logprobs=2, n=2, stream=True)
+    tokens: dict[int, list[str]] = {0: [], 1: []}
+    offsets: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                tokens[choice.index] += choice.logprobs.tokens
+                offsets[choice.index] += choice.logprobs.text_offset
+    for index in (0, 1):
+        assert tokens[index] == whole.choices[index].logprobs.tokens
+        assert offsets[index] == whole.choices[index].logprobs.text_offset
