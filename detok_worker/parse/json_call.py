@@ -43,6 +43,7 @@ class JsonCallScanner:
         self._streaming = False  # the current value is the arguments
         self._pending_args = ""  # arguments seen before the name
         self._value_chars = 0
+        self._has_args = False  # an arguments value was written
 
     @property
     def done(self) -> bool:
@@ -71,7 +72,16 @@ class JsonCallScanner:
             self._pending_args += fragment
         elif fragment:
             out.add_tool(self.index, arguments=fragment)
+        if self.done or self.broken:
+            self.finish(out)
         return consumed
+
+    def finish(self, out: ParsedOutput) -> None:
+        """The object ended (or the output did): a named call that wrote no arguments has `{}`, as clients
+        json.loads the arguments (vLLM does the same)."""
+        if self.name is not None and not self._has_args:
+            self._has_args = True
+            out.add_tool(self.index, arguments="{}")
 
     def _step(self, char: str, args: list[str]) -> None:
         at = self._at
@@ -127,6 +137,7 @@ class JsonCallScanner:
             self._depth -= 1
         self._value_chars += 1
         if self._streaming:
+            self._has_args = True
             args.append(char)
         elif self._key in NAME_KEYS:
             self._value += char

@@ -2,8 +2,9 @@
 (`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
-model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed; a hermes call
-that ends, breaks or is cut off before it names a function was not one: its marker and text are content.
+model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed; an object that
+ends, breaks or is cut off before it names a function was not a call: its text (with the marker before it when
+no call was made) is content.
 """
 
 from __future__ import annotations
@@ -25,43 +26,61 @@ class _In(Enum):
 
 
 class _JsonCallsStage(TextStage):
-    """What the JSON call stages share: the held text, the call being scanned, the count of calls."""
+    """What the JSON call stages share: the held text, the call being scanned, the count of calls, and the text of
+    a call that has not named a function yet (`_unnamed`, with the markup before it while no call was made): an
+    object that ends, breaks or is cut off before it names one was not a call, so that text is content."""
 
     def __init__(self, start: _In = _In.TEXT) -> None:
         self._in = start
         self._held = ""
         self._calls = 0
         self._scanner: JsonCallScanner | None = None
+        self._unnamed = ""
 
     def _start_call(self) -> None:
         self._scanner = JsonCallScanner(self._calls)
         self._in = _In.CALL
 
+    def _after_unnamed(self) -> _In:
+        """Where the text goes on after an object that was not a call."""
+        return _In.TEXT if self._calls == 0 else _In.AFTER_CALL
+
     def _feed_call(self, buffer: str, out: ParsedOutput) -> str:
         """Feed the call being scanned; returns the text after it (once it ended)."""
         scanner = self._scanner
         assert scanner is not None
-        used = scanner.feed(buffer, out)
-        if scanner.done or scanner.broken:
-            self._calls += scanner.name is not None
-            self._in = _In.AFTER_CALL
-        return buffer[used:]
+        rest = buffer[scanner.feed(buffer, out) :]
+        if scanner.name is not None:
+            self._unnamed = ""
+            if scanner.done or scanner.broken:
+                self._calls += 1
+                self._in = _In.AFTER_CALL
+        elif scanner.done or scanner.broken:
+            out.content += self._unnamed + buffer[: len(buffer) - len(rest)]
+            self._unnamed = ""
+            self._in = self._after_unnamed()
+        else:
+            self._unnamed += buffer
+        return rest
 
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""
-        if self._in in (_In.TEXT, _In.START):
-            out.content += held
+        if self._in is _In.CALL and self._scanner is not None:
+            self._scanner.finish(out)
+        out.content += self._unnamed + (held if self._in in (_In.TEXT, _In.START) else "")
+        self._unnamed = ""
 
 
 class TaggedJsonCalls(_JsonCallsStage):
-    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`. With a list
-    opener (mistral's `[TOOL_CALLS]` followed by `[`), the calls are the elements of one JSON array."""
+    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`."""
 
     def __init__(self, open_marker: str, close_marker: str) -> None:
         super().__init__()
         self.open_marker = open_marker
         self.close_marker = close_marker
-        self._unnamed = ""  # the marker and the call's text while it has no name: content if it never gets one
+
+    def _after_unnamed(self) -> _In:
+        return _In.TEXT  # the closing marker of a call that was none is content too
 
     def feed(self, text: str, out: ParsedOutput) -> None:
         buffer = self._held + text
@@ -77,7 +96,7 @@ class TaggedJsonCalls(_JsonCallsStage):
                 self._unnamed = marker
                 buffer = rest
             elif self._in is _In.CALL:
-                buffer = self._feed_unnamed(buffer, out) if self._unnamed else self._feed_call(buffer, out)
+                buffer = self._feed_call(buffer, out)
             else:
                 before, marker, rest = split_before_marker(buffer, (self.close_marker,))
                 if not marker:
@@ -86,29 +105,11 @@ class TaggedJsonCalls(_JsonCallsStage):
                 self._in = _In.TEXT
                 buffer = rest
 
-    def _feed_unnamed(self, buffer: str, out: ParsedOutput) -> str:
-        """Feed a call that has no name yet. One that ends (or breaks) before it names a function was not a call:
-        its marker and text are content, like the rest of the output up to the next opening marker."""
-        rest = self._feed_call(buffer, out)
-        assert self._scanner is not None
-        if self._scanner.name is not None:
-            self._unnamed = ""
-        elif self._in is _In.AFTER_CALL:
-            out.content += self._unnamed + buffer[: len(buffer) - len(rest)]
-            self._unnamed, self._in = "", _In.TEXT
-        else:
-            self._unnamed += buffer
-        return rest
-
-    def finish(self, out: ParsedOutput) -> None:
-        if self._in is _In.CALL and self._unnamed:  # the output ended before the call named a function
-            out.content += self._unnamed
-            self._unnamed = ""
-        super().finish(out)
-
 
 class MistralCalls(_JsonCallsStage):
-    """`[TOOL_CALLS]` then a JSON array of call objects; text before the marker (and after the array) is content."""
+    """`[TOOL_CALLS]` then a JSON array of call objects; text before the marker (and after the array) is content.
+    When what follows the marker is not a list that starts with a named call, the marker and it are content (as
+    vLLM keeps an output whose calls do not parse)."""
 
     MARKER = "[TOOL_CALLS]"
 
@@ -126,7 +127,7 @@ class MistralCalls(_JsonCallsStage):
                 if not marker:
                     self._held = rest
                     return
-                self._in, self._in_array = _In.AFTER_CALL, False
+                self._in, self._in_array, self._unnamed = _In.AFTER_CALL, False, marker
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
@@ -136,21 +137,26 @@ class MistralCalls(_JsonCallsStage):
     def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
         """After the marker or a call: "[" opens the array, "{" a call, "," separates, "]" ends the calls."""
         char = buffer[0]
-        if char in _SPACE or (char == "," and self._in_array):
-            return buffer[1:]
-        if char == "[" and not self._in_array:
-            self._in_array = True
+        if char in _SPACE or (char == "," and self._in_array and self._calls) or (char == "[" and not self._in_array):
+            self._in_array = self._in_array or char == "["
+            if self._calls == 0:
+                self._unnamed += char
             return buffer[1:]
         if char == "{":
             self._start_call()
             return buffer
         self._in = _In.TEXT
+        if self._calls == 0:
+            out.content += self._unnamed
+            self._unnamed = ""
+            return buffer
         return buffer[1:] if char == "]" else buffer
 
 
 class Llama3JsonCalls(_JsonCallsStage):
     """Llama 3.x JSON calls: the output is calls when it starts with `<|python_tag|>` or `{` (leading whitespace
-    allowed), several separated by `;`; any other output is content."""
+    allowed) and its first object names a function, several separated by `;`; any other output is content (the
+    tag included, as vLLM keeps an output whose calls do not parse)."""
 
     TAG = "<|python_tag|>"
 
@@ -166,23 +172,35 @@ class Llama3JsonCalls(_JsonCallsStage):
                 return
             if self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
-                continue
-            stripped = buffer.lstrip(_SPACE)
-            if self._in is _In.START and self.TAG.startswith(stripped) and len(stripped) < len(self.TAG):
-                self._held = buffer  # it may still become the tag
-                return
-            if self._in is _In.START and stripped.startswith(self.TAG):
-                stripped = stripped[len(self.TAG) :].lstrip(_SPACE)
-                self._in = _In.AFTER_CALL
-            if not stripped:
-                self._held = "" if self._in is _In.AFTER_CALL else buffer
-                return
-            if self._in is _In.AFTER_CALL and stripped[0] == ";":
-                buffer = stripped[1:]
-            elif stripped[0] == "{":
-                self._start_call()
-                buffer = stripped
+            elif self._in is _In.START:
+                buffer = self._opening(buffer)
             else:
-                self._in = _In.TEXT
-                out.content += buffer if self._calls == 0 else stripped
-                return
+                buffer = self._between_calls(buffer, out)
+
+    def _opening(self, buffer: str) -> str:
+        """The output's leading whitespace and `<|python_tag|>`: kept (in `_unnamed`) until a call is named."""
+        stripped = buffer.lstrip(_SPACE)
+        self._unnamed += buffer[: len(buffer) - len(stripped)]
+        if self.TAG.startswith(stripped) and len(stripped) < len(self.TAG):
+            self._held = stripped  # it may still become the tag
+            return ""
+        self._in = _In.AFTER_CALL
+        if stripped.startswith(self.TAG):
+            self._unnamed += self.TAG
+            return stripped[len(self.TAG) :]
+        return stripped
+
+    def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
+        """After the opening or a call: "{" opens a call, ";" separates calls; anything else is content."""
+        char = buffer[0]
+        if char in _SPACE or (char == ";" and self._calls):
+            if self._calls == 0:
+                self._unnamed += char
+            return buffer[1:]
+        if char == "{":
+            self._start_call()
+            return buffer
+        self._in = _In.TEXT
+        out.content += self._unnamed
+        self._unnamed = ""
+        return buffer
