@@ -62,8 +62,8 @@ def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
 def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
     from detok_worker.front.server import run_front
 
-    _start_role("front", config)
-    run_front(config)
+    _start_role(f"front:{args.index}" if args.index else "front", config)
+    run_front(config, index=args.index)
     return 0
 
 
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     front = command("front", cmd_front, "run the OpenAI-compatible HTTP front")
     add_config_flags(front)
     add_front_flags(front)
+    front.add_argument(
+        "--index", type=int, default=0, help="which of the front.processes front processes this is (0 .. N-1)"
+    )
 
     engine = command("engine", run_engine_command, "run the engine stub (same as the engine-stub command)")
     add_engine_command_flags(engine)

@@ -43,6 +43,7 @@ from detok_worker.bus.messages import (
     DetokParams,
     EngineStats,
     Finish,
+    FrontHello,
     Goodbye,
     Heartbeat,
     Hello,
@@ -111,13 +112,15 @@ class EngineLink:
         self.sockets = BusSockets(config)
         self.from_front = self.sockets.engine_pull()
         self.workers = self.sockets.worker_router()
-        self.to_front = self.sockets.front_push()
+        self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
+        self.to_front = self.to_fronts[0]
+        self.rid_fronts: dict[str, int] = {}  # rid -> front index, for rids of fronts other than 0 (their Rejects)
         self.sockets.watch_drops(self.from_front)
         self.sockets.watch_drops(self.workers)
         self.poller = zmq.Poller()
         self.poller.register(self.from_front, zmq.POLLIN)
         self.poller.register(self.workers, zmq.POLLIN)
-        self.front_outbox: deque[bytes] = deque()
+        self.front_outbox: deque[tuple[int, bytes]] = deque()  # (front index, frame)
         self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
         self.blocked_sends = 0
@@ -161,12 +164,14 @@ class EngineLink:
         """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
         stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
         should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
-        rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
+        rid, prompt_ids, params, front = submit.rid, submit.prompt_ids, submit.params, submit.front
+        if front:
+            self.rid_fronts[rid] = front
         if planned is None:
-            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
+            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True, front=front)
         else:
             reject = self.scheduler.submit(
-                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
+                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs, front=front
             )
         if reject is not None:
             self._to_front(reject)
@@ -218,9 +223,10 @@ class EngineLink:
         self._flush_front()
         return sent
 
-    def reject(self, rid: str, error: str) -> None:
-        """Refuse a request that was never accepted (e.g. the token source failed for it)."""
-        self._to_front(Reject(rid, error))
+    def reject(self, rid: str, error: str, *, front: int = 0) -> None:
+        """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
+        Submit.front."""
+        self._to_front(Reject(rid, error), front)
 
     def close(self) -> None:
         self.sockets.close()
@@ -239,6 +245,8 @@ class EngineLink:
             message = self.decoder.decode(frame) if frame is not None else None
             if isinstance(message, Submit):
                 self._news.submitted.append(message)
+            elif isinstance(message, FrontHello):
+                self._front_restarted(message)
             elif isinstance(message, Abort):
                 if scheduler.abort(message.rid):
                     self._news.stopped.append(message.rid)
@@ -250,6 +258,20 @@ class EngineLink:
                 scheduler.delivered(message.rid)
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
+
+    def _front_restarted(self, hello: FrontHello) -> None:
+        """The requests of an earlier process at this front index lost their clients with it: abort them."""
+        rids = self.scheduler.rids_of_front(hello.front)
+        rids += [submit.rid for submit in self._news.submitted if submit.front == hello.front]
+        for rid in rids:
+            if self.scheduler.abort(rid):
+                self._news.stopped.append(rid)
+            else:
+                self._withdraw(rid)
+            self.rid_fronts.pop(rid, None)
+        log.info(
+            "engine: front %d (pid %d) is up; %d requests of its predecessor aborted", hello.front, hello.pid, len(rids)
+        )
 
     def _withdraw(self, rid: str) -> None:
         """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
@@ -310,14 +332,17 @@ class EngineLink:
 
     # ---- to the front -------------------------------------------------------------------------------------
 
-    def _to_front(self, message: object) -> None:
+    def _to_front(self, message: Reject, front: int | None = None) -> None:
         if len(self.front_outbox) < FRONT_OUTBOX_LIMIT:
-            self.front_outbox.append(encode(message))
+            if front is None:
+                front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
+            self.front_outbox.append((front, encode(message)))
 
     def _flush_front(self) -> None:
         while self.front_outbox:
+            front, frame = self.front_outbox[0]
             try:
-                self.to_front.send(self.front_outbox[0], zmq.NOBLOCK)
+                self.to_fronts[front].send(frame, zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.front_outbox.popleft()
@@ -344,5 +369,10 @@ class EngineLink:
             dropped_connections=self.dropped_connections,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
-        with contextlib.suppress(zmq.Again):  # periodic; the next one will do
-            self.to_front.send(encode(stats), zmq.NOBLOCK)
+        frame = encode(stats)
+        for to_front in self.to_fronts:
+            with contextlib.suppress(zmq.Again):  # periodic; the next one will do
+                to_front.send(frame, zmq.NOBLOCK)
+        if self.rid_fronts:  # forget the fronts of rids that ended without a Reject
+            known = scheduler.has_rid
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid)}
