@@ -61,6 +61,7 @@ class WorkerProcess:
         self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
         self.to_front = self.to_fronts[0]
         self.rid_fronts: dict[str, int] = {}  # live rid -> its front, for rids of fronts other than 0
+        self._prune_fronts = False
         self.stopping = False
         self.dropped_to_engine = 0
         self.last_step = -1  # the last TokenBatch handled, reported in heartbeats
@@ -132,6 +133,10 @@ class WorkerProcess:
             self._send_per_front(result.text_batch)
         else:
             self._send_front(encode(result.text_batch))
+        if self._prune_fronts:  # forget the fronts of rids that ended without a final delta (dropped)
+            live = self.state.live
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if rid in live}
+            self._prune_fronts = False
         for finish in result.finishes:
             self._send_engine(finish)
         self.metrics.batch(
@@ -203,9 +208,7 @@ class WorkerProcess:
         for to_front in self.to_fronts:
             with contextlib.suppress(zmq.Again):  # stats are periodic; the next one will do
                 to_front.send(frame, zmq.NOBLOCK)
-        if self.rid_fronts:  # rids that ended without a final delta (dropped)
-            live = self.state.live
-            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if rid in live}
+        self._prune_fronts = bool(self.rid_fronts)  # after the batch being handled, if any (its Opens are in)
         self._sync_metrics(bad)
 
     def _sync_metrics(self, bad: Counter[str] | None = None) -> None:
