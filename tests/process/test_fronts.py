@@ -1,7 +1,8 @@
 """`detok serve --fronts 2`: two front processes on one port (SO_REUSEPORT), each with its own bus PULL, over the
 echo source (every expected text is computable from the tokenizer alone).
 
-- 200 concurrent streams are exact, and both fronts served some (the access log names the front of each line).
+- 200 concurrent streams are exact, both fronts served some (the access log names the front of each line), and
+  /metrics counts the responses of both.
 - SIGKILL of one front under streaming load: its own clients get a connection error (no hang), every stream on
   the other front finishes exact, and the supervisor restarts the front at its index, which serves again."""
 
@@ -29,6 +30,7 @@ from helpers.fault_helpers import (
     serving,
 )
 from helpers.fixtures import load_fixture_tokenizer
+from helpers.metrics_scrape import wait_for_value
 from helpers.serve_helpers import ServeProcess, wait_for
 
 STEP_MS = 4
@@ -136,6 +138,8 @@ def test_two_fronts_serve_200_concurrent_streams_exactly(service: ServeProcess, 
     per_front = {pid: sum(served[o.rid] == pid for o in outcomes) for pid in pids.values()}
     assert all(count > 0 for count in per_front.values()), per_front
     assert sum(per_front.values()) == 200
+    # /metrics, from whichever front answers, counts the responses of both (a fresh service: exactly these 200)
+    wait_for_value(service.url, "detok_http_responses_total", 200, endpoint="/v1/completions", status="200")
     wait_for(lambda: all_idle(service), 10, what="live rids 0 everywhere")
 
 
