@@ -29,6 +29,7 @@ from detok_worker.config.flags import (
     add_worker_count_flag,
     run_with_config,
 )
+from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
 from engine_stub.command import add_engine_command_flags, run_engine_command
@@ -62,6 +63,8 @@ def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
 def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
     from detok_worker.front.server import run_front
 
+    if not 0 <= args.index < config.front.processes:
+        raise OperatorError(f"--index {args.index} is not one of the {config.front.processes} front.processes")
     _start_role(f"front:{args.index}" if args.index else "front", config)
     run_front(config, index=args.index)
     return 0

@@ -114,7 +114,8 @@ class EngineLink:
         self.workers = self.sockets.worker_router()
         self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
         self.to_front = self.to_fronts[0]
-        self.rid_fronts: dict[str, int] = {}  # rid -> front index, for rids of fronts other than 0 (their Rejects)
+        # rid -> front index, for rids of fronts other than 0: set on their Opens, where their Rejects go
+        self.rid_fronts: dict[str, int] = {}
         self.sockets.watch_drops(self.from_front)
         self.sockets.watch_drops(self.workers)
         self.poller = zmq.Poller()
@@ -168,10 +169,10 @@ class EngineLink:
         if front:
             self.rid_fronts[rid] = front
         if planned is None:
-            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True, front=front)
+            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
         else:
             reject = self.scheduler.submit(
-                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs, front=front
+                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
             )
         if reject is not None:
             self._to_front(reject)
@@ -211,7 +212,11 @@ class EngineLink:
         sent = 0
         blocked_before = self.blocked_sends
         recorder = self.recorder
+        rid_fronts = self.rid_fronts
         for worker_plan in plan.workers:
+            if rid_fronts:
+                for open_ in worker_plan.batch.opens:
+                    open_.front = rid_fronts.get(open_.rid, 0)
             if self._send_worker(worker_plan.worker.encode("utf-8"), worker_plan.batch):
                 emitted = self.scheduler.commit(worker_plan, report=recorder is not None)
                 sent += 1
@@ -261,10 +266,12 @@ class EngineLink:
 
     def _front_restarted(self, hello: FrontHello) -> None:
         """The requests of an earlier process at this front index lost their clients with it: abort them."""
-        rids = self.scheduler.rids_of_front(hello.front)
+        scheduler, rid_fronts = self.scheduler, self.rid_fronts
+        live = [r.rid for r in (*scheduler.running.values(), *scheduler.waiting)]
+        rids = [rid for rid in live if rid_fronts.get(rid, 0) == hello.front]
         rids += [submit.rid for submit in self._news.submitted if submit.front == hello.front]
         for rid in rids:
-            if self.scheduler.abort(rid):
+            if scheduler.abort(rid):
                 self._news.stopped.append(rid)
             else:
                 self._withdraw(rid)
@@ -373,6 +380,6 @@ class EngineLink:
         for to_front in self.to_fronts:
             with contextlib.suppress(zmq.Again):  # periodic; the next one will do
                 to_front.send(frame, zmq.NOBLOCK)
-        if self.rid_fronts:  # forget the fronts of rids that ended without a Reject
-            known = scheduler.has_rid
-            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid)}
+        if self.rid_fronts:  # forget the fronts of rids the engine no longer holds
+            known, ended = scheduler.has_rid, scheduler.delivering  # an ended rid may be re-opened
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid) or rid in ended}

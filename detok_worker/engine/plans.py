@@ -34,7 +34,6 @@ class Request:
     orphan_since: float | None = None
     ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
     logprobs: list[TokenLogprob] | None = None  # aligned with planned, when the request asked for logprobs
-    front: int = 0  # the front process that owns the rid (Submit.front)
 
     def extend(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> int:
         """Pushed ids (and their logprobs, when the request asked) up to max_tokens; returns the room there was."""

@@ -105,7 +105,6 @@ class Scheduler:
         *,
         pushed: bool = False,
         logprobs: list[TokenLogprob] | None = None,
-        front: int = 0,
     ) -> Reject | None:
         """Queue a request whose output ids are `planned` (or, with pushed, come by `push`; `logprobs` likewise).
         Returns a Reject when it cannot be taken; a duplicate live rid is ignored."""
@@ -134,7 +133,6 @@ class Scheduler:
             pushed=pushed,
             open_ended=pushed and params.max_tokens > 0,
             logprobs=None if params.sampling.logprobs is None else [],  # only when the request asked for them
-            front=front,
         )
         request.extend(ids, logprobs)  # ids are within max_tokens already
         self.waiting.append(request)
@@ -199,10 +197,6 @@ class Scheduler:
         request.open_ended = False
         self._hold(request)
         return True
-
-    def rids_of_front(self, front: int) -> list[str]:
-        """Live rids (generating or waiting) whose text goes to front process `front`."""
-        return [r.rid for r in (*self.running.values(), *self.waiting) if r.front == front]
 
     def delivered(self, rid: str) -> bool:
         """The front has the rid's final text: forget it. A rid that was re-opened meanwhile (its worker died
@@ -276,7 +270,7 @@ class Scheduler:
             if group is None:
                 group = groups[worker] = ([], [], [])
             if not request.opened:
-                group[0].append(Open(request.rid, request.prompt_tail, request.detok, request.front))
+                group[0].append(Open(request.rid, request.prompt_tail, request.detok))
                 cursor = 0  # a (re-)open carries the full history
             group[1].append(step_tokens(request, cursor, end, ends))
             group[2].append((request, end, ends))

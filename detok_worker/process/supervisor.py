@@ -282,7 +282,7 @@ class Supervisor:
         delay = min(BACKOFF_INITIAL_S * 2 ** (child.failures_in_row - 1), BACKOFF_MAX_S)
         child.restart_at = now + delay
         log.warning(
-            "%s (pid %s) exited with code %s; restarting in %.2f s (restart #%d of this worker, %d in all)",
+            "%s (pid %s) exited with code %s; restarting in %.2f s (restart #%d of this slot, %d in all)",
             child.name,
             child.pid,
             child.proc.returncode if child.proc else None,

@@ -369,15 +369,3 @@ def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
     assert first == _logprob(-1.0) and second is NO_LOGPROB
     assert scheduler.push("asked", [7, 8], "stop", [_logprob(-2.0), _logprob(-3.0)])  # past max_tokens: cut
     assert _items(_step(scheduler))["w1"] == [Tokens("asked", [7], "length", None, [_logprob(-2.0)])]
-
-
-def test_open_names_the_front_of_the_rid_and_rids_of_a_front_are_listed():
-    scheduler = _scheduler()
-    scheduler.hello("w1", 1, 0.0)
-    assert scheduler.submit("r0", [1], RequestParams(max_tokens=4), [5, 6]) is None
-    assert scheduler.submit("r1", [1], RequestParams(max_tokens=4), [5, 6], front=1) is None
-    assert sorted(scheduler.rids_of_front(1)) == ["r1"] and scheduler.rids_of_front(0) == ["r0"]
-    (plan,) = _step(scheduler).workers
-    assert {open_.rid: open_.front for open_ in plan.batch.opens} == {"r0": 0, "r1": 1}
-    assert scheduler.rids_of_front(1) == ["r1"]  # running now
-    assert scheduler.abort("r1") and scheduler.rids_of_front(1) == []
