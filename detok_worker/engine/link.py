@@ -22,6 +22,9 @@ Never blocks on a peer: a TokenBatch a worker cannot take now is planned again a
 the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
 is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
 to live workers. Messages to a stalled front wait in a bounded outbox. Every bad frame is counted and skipped.
+With several front processes (front.processes) the link remembers each rid's Submit.front: it goes into the rid's
+Opens (the worker sends the rid's text there) and the rid's Reject goes there; a FrontHello aborts the rids of
+that front index (its earlier process died with their clients).
 """
 
 from __future__ import annotations
