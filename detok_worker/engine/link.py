@@ -70,6 +70,7 @@ FRAMES_PER_WAKEUP = 1024
 FRONT_OUTBOX_LIMIT = 100_000
 BAD_UNEXPECTED = "unexpected"  # a valid message on the wrong socket (e.g. Hello at the front's PULL)
 BAD_SOURCE = "source_error"
+BAD_FRONT_INDEX = "front_index"  # a Submit/FrontHello naming a front index outside front.processes
 BAD_WORKER_ID = "worker_id"  # a worker message whose routing id is not a UTF-8 worker id
 STALE_WORKER = "you hold requests this engine does not know (declared dead, or the engine restarted)"
 
@@ -251,7 +252,9 @@ class EngineLink:
             except zmq.Again:
                 return
             message = self.decoder.decode(frame) if frame is not None else None
-            if isinstance(message, Submit):
+            if isinstance(message, (Submit, FrontHello)) and not 0 <= message.front < len(self.to_fronts):
+                self.decoder.count_bad(BAD_FRONT_INDEX, message.front)  # no such front: nowhere to answer
+            elif isinstance(message, Submit):
                 self._news.submitted.append(message)
             elif isinstance(message, FrontHello):
                 self._front_restarted(message)

@@ -122,9 +122,9 @@ class WorkerProcess:
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
         tokens_before = self.state.tokens_in
         start = time.perf_counter()
-        if len(self.to_fronts) > 1:
+        if (fronts := len(self.to_fronts)) > 1:
             for open_ in batch.opens:
-                if open_.front:
+                if 0 < open_.front < fronts:  # any other index is front 0 (the engine checks Submit.front)
                     self.rid_fronts[open_.rid] = open_.front
         result = self.state.handle_batch(batch, self._tick)
         self.last_step = batch.step
@@ -158,8 +158,7 @@ class WorkerProcess:
             if delta.finish is not None:
                 rid_fronts.pop(delta.rid, None)
         for front, items in by_front.items():
-            if front < len(self.to_fronts):
-                self._send_front(encode(TextBatch(batch.worker, batch.sent_ns, batch.step, items)), front)
+            self._send_front(encode(TextBatch(batch.worker, batch.sent_ns, batch.step, items)), front)
 
     def _send_front(self, frame: bytes, front: int = 0) -> None:
         """Blocks while the front's queue is full (backpressure), but keeps heartbeating and honours stop."""

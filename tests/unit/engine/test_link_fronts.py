@@ -1,5 +1,6 @@
 """EngineLink with two front processes, over real ipc sockets in a private dir: a rid's Reject reaches only the
-front that submitted it, and a FrontHello aborts the rids its predecessor at that index left."""
+front that submitted it, a FrontHello aborts the rids its predecessor at that index left, and a front index out of
+range is a bad frame."""
 
 from __future__ import annotations
 
@@ -62,5 +63,13 @@ def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
                 _, stopped = poll_until(link, lambda _, stopped: stopped)
                 assert stopped == ["b1"]
                 assert link.scheduler.live_rids == 0 and link.scheduler.aborted == 1
+
+                # a front index outside front.processes has nowhere to be answered: a bad frame, and no crash
+                to_engine.send(encode(Submit("x", [1], RequestParams(max_tokens=4), 0, 2)))
+                to_engine.send(encode(FrontHello(-1, 1)))
+                to_engine.send(encode(Submit("y", [1], RequestParams(max_tokens=4), 0, 1)))
+                submitted, _ = poll_until(link, lambda s, _: s)
+                assert [submit.rid for submit in submitted] == ["y"]
+                assert link.decoder.bad_frames["front_index"] == 2
             finally:
                 link.close()
