@@ -155,7 +155,7 @@ class EngineProcess:
             plan = self.planner.plan(message.rid, message.prompt_ids, message.params)
         except Exception as exc:  # noqa: BLE001 - a source failure rejects this request only
             self.link.decoder.count_bad(BAD_SOURCE, exc)
-            self.link.reject(message.rid, f"the engine's token source failed: {exc}")
+            self.link.reject(message.rid, f"the engine's token source failed: {exc}", front=message.front)
             return
         release = None
         if plan.offsets_ns is not None:

@@ -4,6 +4,9 @@ An explicit `bus.*_endpoint` wins. An empty one becomes `ipc://{runtime_dir}/{en
 runtime_dir is `bus.runtime_dir` or the per-user default `${XDG_RUNTIME_DIR:-/tmp}/detok-{uid}`. The directory
 is created with mode 0700 and refused if it exists with looser permissions or another owner: whoever can reach
 the sockets can inject requests and read every reply.
+
+With `front.processes` N > 1 front i (1 .. N-1) binds its own PULL at `front_endpoint(endpoints, i)`: the front
+endpoint's ipc path with `-i` before `.sock` (`front-1.sock`), or its tcp port plus i.
 """
 
 from __future__ import annotations
@@ -118,3 +121,23 @@ def resolve_endpoints(config: DetokConfig) -> Endpoints:
         front=resolved["front"],
         runtime_dir=str(runtime_dir) if runtime_dir is not None else None,
     )
+
+
+def front_endpoint(endpoints: Endpoints, index: int) -> str:
+    """The PULL endpoint of front process `index` (0 is `endpoints.front`)."""
+    base = endpoints.front
+    if index == 0:
+        return base
+    if base.startswith("ipc://"):
+        stem, dot, suffix = base.rpartition(".")
+        return f"{stem}-{index}.{suffix}" if dot and "/" not in suffix else f"{base}-{index}"
+    host, port = tcp_host_port(base)
+    if not port.isdigit():
+        raise EndpointError(f"with front.processes > 1 the front endpoint {base!r} needs a numeric port")
+    prefix = base[: len(base) - len(port)]
+    return check_endpoint(f"{prefix}{int(port) + index}")
+
+
+def front_endpoints(endpoints: Endpoints, count: int) -> list[str]:
+    """Every front process's PULL endpoint, by index."""
+    return [front_endpoint(endpoints, index) for index in range(count)]

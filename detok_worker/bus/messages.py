@@ -3,7 +3,7 @@ can tell them apart. Per-step messages (TokenBatch, TextBatch and their items) a
 they are created by the thousand per second and hold no reference cycles.
 
 Directions (see docs/protocol.md):
-  front  -> engine : Submit, Abort, Delivered
+  front  -> engine : FrontHello, Submit, Abort, Delivered
   engine -> worker : TokenBatch (opens + items), Shutdown
   worker -> engine : Hello, Heartbeat, Finish, Goodbye
   worker -> front  : TextBatch, WorkerStats
@@ -103,10 +103,21 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 
 class Submit(msgspec.Struct, tag="submit", array_like=True, gc=False):
+    """front: the index of the front process that sent it (front.processes > 1); the rid's text goes to it."""
+
     rid: str
     prompt_ids: list[int]
     params: RequestParams
     sent_ns: int = 0
+    front: int = 0
+
+
+class FrontHello(msgspec.Struct, tag="front_hello", array_like=True, gc=False):
+    """A front process (re)started: the requests of an earlier process with this index lost their clients, so the
+    engine aborts them."""
+
+    front: int
+    pid: int
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, gc=False):
@@ -132,6 +143,7 @@ class Open(msgspec.Struct, tag="open", array_like=True, gc=False):
     rid: str
     prompt_tail: list[int]
     params: DetokParams
+    front: int = 0  # the front process the rid's TextDeltas go to (Submit.front)
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False, frozen=True):
@@ -298,6 +310,6 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     dropped_connections: int = 0
 
 
-ToEngine = Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye
+ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye
 ToWorker = TokenBatch | Shutdown
 ToFront = TextBatch | WorkerStats | Reject | EngineStats

@@ -23,7 +23,7 @@ import zmq
 from zmq.utils import z85
 
 from detok_worker.bus.codec import BAD_MULTIPART, FrameDecoder
-from detok_worker.bus.endpoints import Endpoints, is_loopback_tcp, resolve_endpoints
+from detok_worker.bus.endpoints import Endpoints, front_endpoint, front_endpoints, is_loopback_tcp, resolve_endpoints
 from detok_worker.bus.errors import BindError, CurveKeyError, InsecureEndpointError
 from detok_worker.config import BusConfig, DetokConfig
 
@@ -98,9 +98,9 @@ class BusSockets:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         return self._bind_socket(sock, self.endpoints.workers)
 
-    def front_pull(self) -> zmq.Socket[Any]:
-        """Front (or a collector): TextBatch/WorkerStats from workers, Reject/EngineStats from the engine."""
-        return self._bind(zmq.PULL, self.endpoints.front)
+    def front_pull(self, index: int = 0) -> zmq.Socket[Any]:
+        """Front `index` (or a collector): TextBatch/WorkerStats from workers, Reject/EngineStats from the engine."""
+        return self._bind(zmq.PULL, front_endpoint(self.endpoints, index))
 
     def engine_push(self) -> zmq.Socket[Any]:
         """Front: sends Submit/Abort to the engine."""
@@ -115,6 +115,13 @@ class BusSockets:
     def front_push(self) -> zmq.Socket[Any]:
         """Workers and the engine: send to the front."""
         return self._connect(self._new(zmq.PUSH), self.endpoints.front)
+
+    def front_pushes(self) -> list[zmq.Socket[Any]]:
+        """Workers and the engine: one PUSH per front process (front.processes), by front index."""
+        pushes = [self.front_push()]
+        for endpoint in front_endpoints(self.endpoints, self.config.front.processes)[1:]:
+            pushes.append(self._connect(self._new(zmq.PUSH), endpoint))
+        return pushes
 
     def watch_drops(self, sock: zmq.Socket[Any]) -> None:
         """Count the connections `sock` loses from now on (`dropped_connections`): a frame over
@@ -205,7 +212,8 @@ def check_binds_allowed(config: DetokConfig) -> Endpoints:
     """For a launcher that starts every binding process (`detok serve`): fail before starting any of them."""
     endpoints = resolve_endpoints(config)
     curve = CurveKeys(config.bus)
-    for endpoint in (endpoints.engine, endpoints.workers, endpoints.front):
+    fronts = front_endpoints(endpoints, config.front.processes)
+    for endpoint in (endpoints.engine, endpoints.workers, *fronts):
         check_bind_allowed(endpoint, curve, config.bus)
     return endpoints
 

@@ -29,6 +29,7 @@ from detok_worker.config.flags import (
     add_worker_count_flag,
     run_with_config,
 )
+from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
 from engine_stub.command import add_engine_command_flags, add_engine_server_flags, run_engine_command
@@ -61,8 +62,10 @@ def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
 def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
     from detok_worker.front.server import run_front
 
-    _start_role("front", config)
-    run_front(config)
+    if not 0 <= args.index < config.front.processes:
+        raise OperatorError(f"--index {args.index} is not one of the {config.front.processes} front.processes")
+    _start_role(f"front:{args.index}" if args.index else "front", config)
+    run_front(config, index=args.index)
     return 0
 
 
@@ -101,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     front = command("front", cmd_front, "run the OpenAI-compatible HTTP front")
     add_config_flags(front)
     add_front_flags(front)
+    front.add_argument(
+        "--index", type=int, default=0, help="which of the front.processes front processes this is (0 .. N-1)"
+    )
 
     engine = command("engine", run_engine_command, "run the engine stub (same as the engine-stub command)")
     add_engine_command_flags(engine)

@@ -121,6 +121,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
     max_connections: int = 10_000  # open HTTP connections; beyond it 503 (also kept below the fd limit)
     access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
+    processes: int = 1  # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
 
 
 class LoggingConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -171,6 +172,7 @@ def validate(config: DetokConfig) -> None:
     """Checks msgspec's types cannot express."""
     checks = [
         (config.worker.count >= 1, "worker.count must be >= 1"),
+        (config.front.processes >= 1, "front.processes must be >= 1"),
         (
             config.logging.level.upper() in LOG_LEVELS,
             f"logging.level must be one of {', '.join(LOG_LEVELS)} (got {config.logging.level!r})",

@@ -22,6 +22,9 @@ Never blocks on a peer: a TokenBatch a worker cannot take now is planned again a
 the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
 is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
 to live workers. Messages to a stalled front wait in a bounded outbox. Every bad frame is counted and skipped.
+With several front processes (front.processes) the link remembers each rid's Submit.front: it goes into the rid's
+Opens (the worker sends the rid's text there) and the rid's Reject goes there; a FrontHello aborts the rids of
+that front index (its earlier process died with their clients).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from detok_worker.bus.messages import (
     DetokParams,
     EngineStats,
     Finish,
+    FrontHello,
     Goodbye,
     Heartbeat,
     Hello,
@@ -66,6 +70,7 @@ FRAMES_PER_WAKEUP = 1024
 FRONT_OUTBOX_LIMIT = 100_000
 BAD_UNEXPECTED = "unexpected"  # a valid message on the wrong socket (e.g. Hello at the front's PULL)
 BAD_SOURCE = "source_error"
+BAD_FRONT_INDEX = "front_index"  # a Submit/FrontHello naming a front index outside front.processes
 BAD_WORKER_ID = "worker_id"  # a worker message whose routing id is not a UTF-8 worker id
 STALE_WORKER = "you hold requests this engine does not know (declared dead, or the engine restarted)"
 
@@ -111,13 +116,16 @@ class EngineLink:
         self.sockets = BusSockets(config)
         self.from_front = self.sockets.engine_pull()
         self.workers = self.sockets.worker_router()
-        self.to_front = self.sockets.front_push()
+        self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
+        self.to_front = self.to_fronts[0]
+        # rid -> front index, for rids of fronts other than 0: set on their Opens, where their Rejects go
+        self.rid_fronts: dict[str, int] = {}
         self.sockets.watch_drops(self.from_front)
         self.sockets.watch_drops(self.workers)
         self.poller = zmq.Poller()
         self.poller.register(self.from_front, zmq.POLLIN)
         self.poller.register(self.workers, zmq.POLLIN)
-        self.front_outbox: deque[bytes] = deque()
+        self.front_outbox: deque[tuple[int, bytes]] = deque()  # (front index, frame)
         self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
         self.blocked_sends = 0
@@ -161,7 +169,9 @@ class EngineLink:
         """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
         stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
         should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
-        rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
+        rid, prompt_ids, params, front = submit.rid, submit.prompt_ids, submit.params, submit.front
+        if front:
+            self.rid_fronts[rid] = front
         if planned is None:
             reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
         else:
@@ -206,7 +216,11 @@ class EngineLink:
         sent = 0
         blocked_before = self.blocked_sends
         recorder = self.recorder
+        rid_fronts = self.rid_fronts
         for worker_plan in plan.workers:
+            if rid_fronts:
+                for open_ in worker_plan.batch.opens:
+                    open_.front = rid_fronts.get(open_.rid, 0)
             if self._send_worker(worker_plan.worker.encode("utf-8"), worker_plan.batch):
                 emitted = self.scheduler.commit(worker_plan, report=recorder is not None)
                 sent += 1
@@ -218,9 +232,10 @@ class EngineLink:
         self._flush_front()
         return sent
 
-    def reject(self, rid: str, error: str) -> None:
-        """Refuse a request that was never accepted (e.g. the token source failed for it)."""
-        self._to_front(Reject(rid, error))
+    def reject(self, rid: str, error: str, *, front: int = 0) -> None:
+        """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
+        Submit.front."""
+        self._to_front(Reject(rid, error), front)
 
     def close(self) -> None:
         self.sockets.close()
@@ -237,8 +252,12 @@ class EngineLink:
             except zmq.Again:
                 return
             message = self.decoder.decode(frame) if frame is not None else None
-            if isinstance(message, Submit):
+            if isinstance(message, (Submit, FrontHello)) and not 0 <= message.front < len(self.to_fronts):
+                self.decoder.count_bad(BAD_FRONT_INDEX, message.front)  # no such front: nowhere to answer
+            elif isinstance(message, Submit):
                 self._news.submitted.append(message)
+            elif isinstance(message, FrontHello):
+                self._front_restarted(message)
             elif isinstance(message, Abort):
                 if scheduler.abort(message.rid):
                     self._news.stopped.append(message.rid)
@@ -250,6 +269,22 @@ class EngineLink:
                 scheduler.delivered(message.rid)
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
+
+    def _front_restarted(self, hello: FrontHello) -> None:
+        """The requests of an earlier process at this front index lost their clients with it: abort them."""
+        scheduler, rid_fronts = self.scheduler, self.rid_fronts
+        live = [r.rid for r in (*scheduler.running.values(), *scheduler.waiting)]
+        rids = [rid for rid in live if rid_fronts.get(rid, 0) == hello.front]
+        rids += [submit.rid for submit in self._news.submitted if submit.front == hello.front]
+        for rid in rids:
+            if scheduler.abort(rid):
+                self._news.stopped.append(rid)
+            else:
+                self._withdraw(rid)
+            self.rid_fronts.pop(rid, None)
+        log.info(
+            "engine: front %d (pid %d) is up; %d requests of its predecessor aborted", hello.front, hello.pid, len(rids)
+        )
 
     def _withdraw(self, rid: str) -> None:
         """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
@@ -312,14 +347,17 @@ class EngineLink:
 
     # ---- to the front -------------------------------------------------------------------------------------
 
-    def _to_front(self, message: object) -> None:
+    def _to_front(self, message: Reject, front: int | None = None) -> None:
         if len(self.front_outbox) < FRONT_OUTBOX_LIMIT:
-            self.front_outbox.append(encode(message))
+            if front is None:
+                front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
+            self.front_outbox.append((front, encode(message)))
 
     def _flush_front(self) -> None:
         while self.front_outbox:
+            front, frame = self.front_outbox[0]
             try:
-                self.to_front.send(self.front_outbox[0], zmq.NOBLOCK)
+                self.to_fronts[front].send(frame, zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.front_outbox.popleft()
@@ -346,5 +384,10 @@ class EngineLink:
             dropped_connections=self.dropped_connections,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
-        with contextlib.suppress(zmq.Again):  # periodic; the next one will do
-            self.to_front.send(encode(stats), zmq.NOBLOCK)
+        frame = encode(stats)
+        for to_front in self.to_fronts:
+            with contextlib.suppress(zmq.Again):  # periodic; the next one will do
+                to_front.send(frame, zmq.NOBLOCK)
+        if self.rid_fronts:  # forget the fronts of rids the engine no longer holds
+            known, ended = scheduler.has_rid, scheduler.delivering  # an ended rid may be re-opened
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid) or rid in ended}

@@ -77,14 +77,14 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> Re
 class Front:
     """Request handlers and the state they share."""
 
-    def __init__(self, config: DetokConfig, tokenizer: Tokenizer) -> None:
+    def __init__(self, config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> None:
         self.config = config
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
         self.model_name = config.front.model_name or tokenizer.name
         self.limits = Limits.from_config(config, self.model_name, tokenizer)
         self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
-        self.dispatcher = Dispatcher(config)
+        self.dispatcher = Dispatcher(config, index)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self._api_key = resolve_api_key(config.front).encode("utf-8")
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")
@@ -344,9 +344,10 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
     return error_response(APIError(500, "internal server error", type=SERVER_ERROR))
 
 
-def create_app(config: DetokConfig, tokenizer: Tokenizer) -> Starlette:
-    """The front as an ASGI app; the bus sockets open in its lifespan (so run it with lifespan on)."""
-    front = Front(config, tokenizer)
+def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Starlette:
+    """The front as an ASGI app; the bus sockets open in its lifespan (so run it with lifespan on). `index`: which
+    of the front.processes front processes this is (its bus PULL, the Submit.front of its requests)."""
+    front = Front(config, tokenizer, index)
     routes = [
         Route("/v1/completions", front.completions, methods=["POST"]),
         Route("/v1/chat/completions", front.chat_completions, methods=["POST"]),

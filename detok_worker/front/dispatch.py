@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -37,6 +38,7 @@ from detok_worker.bus.messages import (
     Abort,
     Delivered,
     EngineStats,
+    FrontHello,
     Reject,
     RequestParams,
     Submit,
@@ -63,8 +65,9 @@ _repeated_faults = RateLimiter(interval_s=10.0)  # faults that can repeat per fr
 class Dispatcher:
     """Owns the front's two bus sockets, the rid -> RequestStream table and the latest engine/worker stats."""
 
-    def __init__(self, config: DetokConfig) -> None:
+    def __init__(self, config: DetokConfig, index: int = 0) -> None:
         self.config = config
+        self.index = index  # which front process this is (front.processes > 1)
         self._streams: dict[str, RequestStream] = {}
         self._unread: dict[str, RequestStream] = {}  # finished, with text its handler has not taken yet
         self._decoder = front_decoder()
@@ -86,8 +89,10 @@ class Dispatcher:
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         self._bus = BusSockets(self.config, self._context)
-        pull = self._bus.front_pull()
+        pull = self._bus.front_pull(self.index)
         push = self._bus.engine_push()
+        if self.config.front.processes > 1:  # the engine aborts what a dead predecessor at this index left
+            self._outbox.put_nowait(encode(FrontHello(self.index, os.getpid())))
         self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
@@ -143,7 +148,7 @@ class Dispatcher:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
             stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
             self._streams[rid] = stream
-            self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns())))
+            self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
             self.counters["requests"] += 1
             streams.append(stream)
         return streams
@@ -199,6 +204,8 @@ class Dispatcher:
     def stats(self) -> dict[str, Any]:
         now = time.monotonic()
         front = {
+            "index": self.index,
+            "pid": os.getpid(),
             "live_rids": self.live_rids,
             "pending_chars": self._recount_pending(),  # untaken text over live and finished-but-unread requests
             "outbox": self._outbox.qsize(),

@@ -5,11 +5,15 @@ The first SIGINT/SIGTERM starts a drain (Front.drain): the listener stays open s
 Retry-After and /health says "draining"; live requests may finish for up to front.drain_timeout_s, the rest end
 with an error event; then uvicorn shuts down. A second signal exits at once. HTTP limits (head/body deadlines,
 connection cap, open-file limit): http_guard.py.
+
+With front.processes > 1 each front process binds its own listening socket on host:port with SO_REUSEPORT: Linux
+hashes each new connection to one of the listening sockets, so the fronts share the load with no accept herd.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from types import FrameType
 
@@ -57,13 +61,32 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None) -> None:
-    """Serve the front on config.front.host:port; blocks until SIGINT/SIGTERM (and the drain) end it."""
+def reuse_port_listener(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket on host:port that other front processes can bind too (SO_REUSEPORT)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(address)
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    listener.set_inheritable(True)
+    return listener
+
+
+def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: int = 0) -> None:
+    """Serve the front on config.front.host:port; blocks until SIGINT/SIGTERM (and the drain) end it. `index`:
+    which of the front.processes front processes this is."""
     if tokenizer is None:
         start = time.perf_counter()
         tokenizer = load_configured_tokenizer(config)
         observe_tokenizer_load(tokenizer, time.perf_counter() - start, "front")
-    app = create_app(config, tokenizer)
+    app = create_app(config, tokenizer, index)
     max_connections = connection_cap(config.front, raise_fd_limit())
     server = DrainingServer(
         uvicorn.Config(
@@ -82,5 +105,8 @@ def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None) -> None:
     )
     # uvicorn handles the signals while it runs and re-raises them after its shutdown; catching them here
     # turns that re-raise into a normal return (exit code 0) instead of a death by signal.
+    sockets = None
+    if config.front.processes > 1:
+        sockets = [reuse_port_listener(config.front.host, config.front.port, server.config.backlog)]
     with stop_on_signals(lambda: setattr(server, "should_exit", True)):
-        server.run()
+        server.run(sockets=sockets)

@@ -7,8 +7,10 @@
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
   exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`detok_worker.process.launch`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
-  routing id over). A dead engine or front is fatal: everything stops and the exit code is non-zero, for an
-  outer service manager to act on.
+  routing id over). With front.processes > 1 a dead front is restarted likewise, with its index (its bus PULL;
+  at start it tells the engine, which aborts the requests its predecessor left). A dead engine, or the front when
+  there is only one, is fatal: everything stops and the exit code is non-zero, for an outer service manager to
+  act on.
 - Scaling at runtime: SIGTTIN adds a worker, SIGTTOU retires the oldest one gracefully (SIGTERM: it says
   Goodbye and the engine moves its requests), like gunicorn; TTIN then TTOU replaces the oldest process.
 - SIGINT/SIGTERM/SIGHUP: SIGTERM to the front, which drains (up to front.drain_timeout_s) while the engine and
@@ -36,7 +38,7 @@ from typing import TextIO
 
 import msgspec
 
-from detok_worker.bus.endpoints import ensure_private_dir, resolve_endpoints
+from detok_worker.bus.endpoints import ensure_private_dir, front_endpoints, resolve_endpoints
 from detok_worker.bus.errors import BusError
 from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
@@ -161,7 +163,9 @@ class Supervisor:
         for _ in range(self.config.worker.count):
             self.children.append(self._new_worker_slot())
         if self.with_front:
-            self.children.append(Child("front", "front", child_argv("front", self.config_path)))
+            for index in range(self.config.front.processes):
+                argv = child_argv("front", self.config_path) + (["--index", str(index)] if index else [])
+                self.children.append(Child(f"front {index}" if index else "front", "front", argv))
 
     def _new_worker_slot(self) -> Child:
         assert self.config_path is not None
@@ -219,7 +223,7 @@ class Supervisor:
             if dead is not None:
                 code = dead.proc.returncode if dead.proc else None
                 raise LaunchError(f"{dead.name} exited during startup (exit code {code}); see its log above")
-            if not self.with_front or self.front_healthy():
+            if not self.with_front or (self.front_healthy() and self._fronts_bound()):
                 return
             if time.monotonic() > deadline:
                 raise LaunchError(
@@ -233,6 +237,14 @@ class Supervisor:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
+
+    def _fronts_bound(self) -> bool:
+        """Every front has bound its bus PULL (it is in its lifespan startup, about to accept); checked for ipc
+        endpoints only, and only with several fronts (one front answering /health is the whole service)."""
+        if self.config.front.processes == 1:
+            return True
+        endpoints = front_endpoints(resolve_endpoints(self.config), self.config.front.processes)
+        return all(Path(e[len("ipc://") :]).exists() for e in endpoints if e.startswith("ipc://"))
 
     def supervise(self) -> int:
         """Restart dead workers until a stop signal (EXIT 0) or the death of the engine or front (EXIT_FAILED)."""
@@ -256,7 +268,7 @@ class Supervisor:
             elif child.alive:
                 if child.failures_in_row and now - child.started_at > STABLE_AFTER_S:
                     child.failures_in_row = 0
-            elif child.role != "worker":
+            elif child.role == "engine" or (child.role == "front" and self.config.front.processes == 1):
                 return child
             else:
                 self._schedule_restart(child, now)
@@ -270,7 +282,7 @@ class Supervisor:
         delay = min(BACKOFF_INITIAL_S * 2 ** (child.failures_in_row - 1), BACKOFF_MAX_S)
         child.restart_at = now + delay
         log.warning(
-            "%s (pid %s) exited with code %s; restarting in %.2f s (restart #%d of this worker, %d in all)",
+            "%s (pid %s) exited with code %s; restarting in %.2f s (restart #%d of this slot, %d in all)",
             child.name,
             child.pid,
             child.proc.returncode if child.proc else None,
@@ -346,7 +358,8 @@ class Supervisor:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             return
         endpoints = resolve_endpoints(self.config)
-        for endpoint in (endpoints.engine, endpoints.workers, endpoints.front):
+        fronts = front_endpoints(endpoints, self.config.front.processes)
+        for endpoint in (endpoints.engine, endpoints.workers, *fronts):
             if endpoint.startswith("ipc://"):
                 with contextlib.suppress(OSError):
                     Path(endpoint[len("ipc://") :]).unlink()
@@ -373,7 +386,9 @@ def serve(config: DetokConfig, *, startup_timeout_s: float = 60.0, out: TextIO |
         if supervisor.stopping:
             return 0
         workers = len(supervisor.workers)
-        print(f"detok serving at {supervisor.url} ({workers} workers; Ctrl-C to stop)", file=out, flush=True)
+        fronts = config.front.processes
+        processes = f"{workers} workers" + (f", {fronts} fronts" if fronts > 1 else "")
+        print(f"detok serving at {supervisor.url} ({processes}; Ctrl-C to stop)", file=out, flush=True)
         log.info("runtime dir %s", supervisor.runtime_dir)
         code = supervisor.supervise()
         log.info("stopping (worker restarts during this run: %d)", supervisor.total_restarts)

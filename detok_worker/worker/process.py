@@ -1,7 +1,9 @@
 """The detok worker process: a thin zmq poll loop around WorkerState.
 
 DEALER (routing id = worker id) to the engine: receives TokenBatch/Shutdown, sends Hello, Heartbeat, Finish,
-Goodbye. PUSH to the front: one TextBatch per TokenBatch, WorkerStats every worker.stats_interval_s.
+Goodbye. PUSH to the front: one TextBatch per TokenBatch, WorkerStats every worker.stats_interval_s. With
+front.processes N > 1: one PUSH per front, and a TokenBatch's deltas are split by the front of each rid (Open.front),
+one TextBatch per front that has any; WorkerStats go to every front.
 Backpressure: when the front does not take TextBatches (its queue is at the high-water mark) the worker stops
 reading TokenBatches until it does, so the engine's queue to this worker fills and the engine pauses this
 worker's rids; heartbeats keep flowing meanwhile. SIGINT/SIGTERM or a Shutdown from the engine: Goodbye (the
@@ -21,7 +23,7 @@ from collections import Counter
 import zmq
 
 from detok_worker.bus.codec import encode, worker_decoder
-from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, TokenBatch, WorkerStats
+from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, TextBatch, TextDelta, TokenBatch, WorkerStats
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
@@ -56,7 +58,10 @@ class WorkerProcess:
         self.metrics = WorkerMetrics(worker_id, tokenizer)
         self.sockets = BusSockets(config)
         self.to_engine = self.sockets.worker_dealer(worker_id)
-        self.to_front = self.sockets.front_push()
+        self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
+        self.to_front = self.to_fronts[0]
+        self.rid_fronts: dict[str, int] = {}  # live rid -> its front, for rids of fronts other than 0
+        self._prune_fronts = False
         self.stopping = False
         self.dropped_to_engine = 0
         self.last_step = -1  # the last TokenBatch handled, reported in heartbeats
@@ -107,6 +112,7 @@ class WorkerProcess:
         """The engine does not know our rids (it restarted, or declared us dead and moved them): forget them and
         register again, instead of exiting (nothing restarts a worker started on its own)."""
         dropped = self.state.drop_all()
+        self.rid_fronts.clear()
         log.warning(
             "worker %s: the engine asked to rejoin (%s); %d stale rids dropped", self.worker_id, reason, len(dropped)
         )
@@ -116,10 +122,21 @@ class WorkerProcess:
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
         tokens_before = self.state.tokens_in
         start = time.perf_counter()
+        if (fronts := len(self.to_fronts)) > 1:
+            for open_ in batch.opens:
+                if 0 < open_.front < fronts:  # any other index is front 0 (the engine checks Submit.front)
+                    self.rid_fronts[open_.rid] = open_.front
         result = self.state.handle_batch(batch, self._tick)
         self.last_step = batch.step
         decoded = time.perf_counter()
-        self._send_front(encode(result.text_batch))
+        if self.rid_fronts:
+            self._send_per_front(result.text_batch)
+        else:
+            self._send_front(encode(result.text_batch))
+        if self._prune_fronts:  # forget the fronts of rids that ended without a final delta (dropped)
+            live = self.state.live
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if rid in live}
+            self._prune_fronts = False
         for finish in result.finishes:
             self._send_engine(finish)
         self.metrics.batch(
@@ -131,16 +148,29 @@ class WorkerProcess:
 
     # ---- sending --------------------------------------------------------------------------------------
 
-    def _send_front(self, frame: bytes) -> None:
+    def _send_per_front(self, batch: TextBatch) -> None:
+        """One TextBatch per front with deltas (front 0 always gets one: an empty batch still reports the step)."""
+        rid_fronts = self.rid_fronts
+        by_front: dict[int, list[TextDelta]] = {0: []}
+        for delta in batch.items:
+            front = rid_fronts.get(delta.rid, 0)
+            by_front.setdefault(front, []).append(delta)
+            if delta.finish is not None:
+                rid_fronts.pop(delta.rid, None)
+        for front, items in by_front.items():
+            self._send_front(encode(TextBatch(batch.worker, batch.sent_ns, batch.step, items)), front)
+
+    def _send_front(self, frame: bytes, front: int = 0) -> None:
         """Blocks while the front's queue is full (backpressure), but keeps heartbeating and honours stop."""
+        to_front = self.to_fronts[front]
         while True:
             try:
-                self.to_front.send(frame, zmq.NOBLOCK)
+                to_front.send(frame, zmq.NOBLOCK)
                 return
             except zmq.Again:
                 if self.stopping:
                     return
-                self.to_front.poll(MAX_POLL_MS, zmq.POLLOUT)
+                to_front.poll(MAX_POLL_MS, zmq.POLLOUT)
                 self.blocked_on_front = True  # heartbeats sent meanwhile say so
                 self._tick()
                 self.blocked_on_front = False
@@ -173,8 +203,11 @@ class WorkerProcess:
             tokens_in=self.state.tokens_in,
             chars_out=self.state.chars_out,
         )
-        with contextlib.suppress(zmq.Again):  # stats are periodic; the next one will do
-            self.to_front.send(encode(stats), zmq.NOBLOCK)
+        frame = encode(stats)
+        for to_front in self.to_fronts:
+            with contextlib.suppress(zmq.Again):  # stats are periodic; the next one will do
+                to_front.send(frame, zmq.NOBLOCK)
+        self._prune_fronts = bool(self.rid_fronts)  # after the batch being handled, if any (its Opens are in)
         self._sync_metrics(bad)
 
     def _sync_metrics(self, bad: Counter[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from detok_worker.bus.endpoints import (
     check_endpoint,
     default_runtime_dir,
     ensure_private_dir,
+    front_endpoints,
     is_loopback_tcp,
     resolve_endpoints,
 )
@@ -48,6 +49,22 @@ def test_explicit_endpoints_win_and_need_no_runtime_dir(tmp_path):
     )
     assert endpoints.runtime_dir is None
     assert not (tmp_path / "never-created").exists()
+
+
+def test_each_front_process_has_its_own_endpoint(tmp_path):
+    runtime = tmp_path / "rt"
+    endpoints = resolve_endpoints(_config(runtime_dir=str(runtime)))
+    assert front_endpoints(endpoints, 3) == [
+        f"ipc://{runtime}/front.sock",
+        f"ipc://{runtime}/front-1.sock",
+        f"ipc://{runtime}/front-2.sock",
+    ]
+    tcp = resolve_endpoints(_config(runtime_dir=str(runtime), front_endpoint="tcp://127.0.0.1:7000"))
+    assert front_endpoints(tcp, 2) == ["tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"]
+    assert front_endpoints(tcp, 1) == ["tcp://127.0.0.1:7000"]
+    wildcard = resolve_endpoints(_config(runtime_dir=str(runtime), front_endpoint="tcp://127.0.0.1:*"))
+    with pytest.raises(EndpointError, match="numeric port"):
+        front_endpoints(wildcard, 2)
 
 
 def test_mixed_explicit_and_default(tmp_path):

@@ -1,0 +1,75 @@
+"""EngineLink with two front processes, over real ipc sockets in a private dir: a rid's Reject reaches only the
+front that submitted it, a FrontHello aborts the rids its predecessor at that index left, and a front index out of
+range is a bad frame."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+from helpers.bus_peers import bus_config, short_runtime_dir
+
+from detok_worker.bus.codec import encode, front_decoder
+from detok_worker.bus.messages import FrontHello, Reject, RequestParams, Submit
+from detok_worker.bus.sockets import BusSockets
+from detok_worker.engine.link import EngineLink
+
+
+def poll_until(link: EngineLink, predicate: Any, timeout_s: float = 5.0) -> list[Any]:
+    """Poll the link, collecting its news, until predicate(news so far) holds."""
+    submitted: list[Submit] = []
+    stopped: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        news = link.poll(0.02)
+        submitted += news.submitted
+        stopped += news.stopped
+        if predicate(submitted, stopped):
+            return [submitted, stopped]
+    raise AssertionError(f"no such news within {timeout_s} s: {submitted}, {stopped}")
+
+
+def rejects_at(pull: zmq.Socket[Any]) -> list[str]:
+    decoder = front_decoder()
+    rids = []
+    while pull.poll(200):
+        message = decoder.decode(pull.recv())
+        if isinstance(message, Reject):
+            rids.append(message.rid)
+    return rids
+
+
+def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
+    with short_runtime_dir() as runtime_dir:
+        config = bus_config(runtime_dir, **{"front.processes": 2, "engine.stats_interval_s": 60.0})
+        with BusSockets(config) as fronts:
+            pulls = [fronts.front_pull(0), fronts.front_pull(1)]
+            to_engine = fronts.engine_push()
+            link = EngineLink(config)
+            try:
+                for rid, front in (("a0", 0), ("a1", 1), ("b1", 1)):
+                    to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4), 0, front)))
+                submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
+                for submit in submitted:
+                    assert link.accept(submit, [5, 6]) is not None
+                link.fail("a1", "engine failure")
+                link.fail("a0", "engine failure")
+                assert rejects_at(pulls[1]) == ["a1"]
+                assert rejects_at(pulls[0]) == ["a0"]
+
+                # front 1 restarts: b1 (its predecessor's) is aborted; nothing of front 0 is touched
+                to_engine.send(encode(FrontHello(1, 4242)))
+                _, stopped = poll_until(link, lambda _, stopped: stopped)
+                assert stopped == ["b1"]
+                assert link.scheduler.live_rids == 0 and link.scheduler.aborted == 1
+
+                # a front index outside front.processes has nowhere to be answered: a bad frame, and no crash
+                to_engine.send(encode(Submit("x", [1], RequestParams(max_tokens=4), 0, 2)))
+                to_engine.send(encode(FrontHello(-1, 1)))
+                to_engine.send(encode(Submit("y", [1], RequestParams(max_tokens=4), 0, 1)))
+                submitted, _ = poll_until(link, lambda s, _: s)
+                assert [submit.rid for submit in submitted] == ["y"]
+                assert link.decoder.bad_frames["front_index"] == 2
+            finally:
+                link.close()
