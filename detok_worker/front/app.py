@@ -272,7 +272,7 @@ class Front:
                 first = formatter.first_chunk(index, stream)
                 if first is not None:
                     yield sse.event(first)
-            while not choices.finished:
+            while True:  # after the end (or a failure) one more round: the text that came with it
                 for index, news, ended in await choices.changes():
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()
@@ -280,6 +280,8 @@ class Front:
                         yield sse.event(formatter.text_chunk(index, news, stream, logprobs))
                     if ended and stream.failure is None:
                         yield sse.event(formatter.final_chunk(index, stream))
+                if choices.finished:
+                    break
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
@@ -296,10 +298,12 @@ class Front:
         pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
         logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
         try:
-            while not choices.finished:
+            while True:
                 for index, news, _ in await choices.changes():
                     pieces[index].append(news)
                     logprobs[index] += choices.streams[index].take_logprobs()
+                if choices.finished:
+                    break
         finally:
             watcher.cancel()
             self._release(choices)

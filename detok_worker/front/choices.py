@@ -98,9 +98,9 @@ class Choices:
         return Usage(self.prompt_tokens, completion, self.prompt_tokens + completion)
 
     async def changes(self) -> list[Change]:
-        """Wait for news from any choice (or a choice's end); returns each choice's news in index order. After
-        `finished` it returns [] at once."""
-        while not self.finished:
+        """Wait for news from any choice (or a choice's end); returns each choice's news in index order. Once
+        `finished` it returns what is left (text that came with the end or a failure) at once, then []."""
+        while True:
             changes: list[Change] = []
             for index, stream in enumerate(self.streams):
                 ended = stream.done and index not in self._ended
@@ -108,9 +108,8 @@ class Choices:
                     changes.append((index, stream.take(), ended))
                     if ended:
                         self._ended.add(index)
-            if changes:
+            if changes or self.finished:
                 return changes
             wakeup = self.streams[0].wakeup
             wakeup.clear()
             await wakeup.wait()
-        return []
