@@ -75,9 +75,14 @@ class ReadGuard:
     connections: set[Any]
     loop: asyncio.AbstractEventLoop
 
-    def _init_guard(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._read_deadline: asyncio.TimerHandle | None = None
         self._waiting_for: str | None = None  # HEAD, BODY, or None (nothing due from the client)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _refuse_over_cap(self, transport: asyncio.Transport) -> bool:
         if len(self.connections) <= self.max_connections:
@@ -111,10 +116,6 @@ class GuardedH11Protocol(ReadGuard, H11Protocol):
     """uvicorn's h11 protocol plus a head/body deadline per request and the connection cap. The limits are set
     on the class by `guarded_protocol` (uvicorn builds protocols itself)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_guard()
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if not self._refuse_over_cap(transport):
@@ -126,10 +127,6 @@ class GuardedH11Protocol(ReadGuard, H11Protocol):
         super().data_received(data)
         self._watch_reading()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_deadline()
-        super().connection_lost(exc)
-
     def _watch_reading(self) -> None:
         state = self.conn.their_state
         self._wait_for(HEAD if state is h11.IDLE else BODY if state is h11.SEND_BODY else None)
@@ -138,10 +135,6 @@ class GuardedH11Protocol(ReadGuard, H11Protocol):
 class GuardedHttpToolsProtocol(ReadGuard, HttpToolsProtocol):
     """The same guard on uvicorn's httptools protocol (the default: its parser costs a fraction of h11's per
     request); the parser's callbacks say where the request is."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_guard()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -160,10 +153,6 @@ class GuardedHttpToolsProtocol(ReadGuard, HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._wait_for(None)
         super().on_message_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_deadline()
-        super().connection_lost(exc)
 
 
 def guarded_protocol(front: FrontConfig, max_connections: int) -> type[ReadGuard]:

@@ -31,6 +31,18 @@ from detok_worker.parse.base import ParsedOutput
 FINISH_TOOL_CALLS = "tool_calls"
 
 _encode = msgspec.json.encode
+_TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
+
+
+class ChunkTemplate:
+    """A text chunk pre-encoded around its text: per chunk only the text is encoded (same bytes as encoding
+    the whole chunk)."""
+
+    def __init__(self, encoded_with_mark: bytes) -> None:
+        self._prefix, self._suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
+
+    def fill(self, text: str) -> bytes:
+        return self._prefix + _encode(text) + self._suffix
 
 
 def usage_of(stream: RequestStream) -> Usage:
@@ -85,6 +97,7 @@ class CompletionFormatter:
         self._logprobs = CompletionLogprobsBuilder() if logprobs else None
         # OpenAI: with include_usage every chunk carries "usage": null, and one last chunk the totals
         self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self._text_template = ChunkTemplate(self._chunk(CompletionChoice(0, _TEXT_MARK)))
 
     def _chunk(self, choice: CompletionChoice) -> bytes:
         return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=self._usage))
@@ -94,6 +107,8 @@ class CompletionFormatter:
 
     def text_chunk(self, text: str | ParsedOutput, logprobs: list[LogprobText] | None = None) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
+        if self._logprobs is None:
+            return self._text_template.fill(text)
         return self._chunk(CompletionChoice(0, text, logprobs=self._logprobs_of(logprobs)))
 
     def _logprobs_of(self, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
@@ -123,6 +138,7 @@ class ChatFormatter:
         self._usage: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self._with_logprobs = logprobs
         self._tool_call_ids: dict[int, str] = {}  # tool call index -> its id (made here: the worker has none)
+        self._text_template = ChunkTemplate(self._chunk(ChatChunkChoice(0, ChatDelta(content=_TEXT_MARK))))
 
     def _tool_call_id(self, index: int) -> str:
         if index not in self._tool_call_ids:
@@ -139,6 +155,8 @@ class ChatFormatter:
         return chat_logprobs(entries or []) if self._with_logprobs else None
 
     def text_chunk(self, text: str | ParsedOutput, logprobs: list[LogprobText] | None = None) -> bytes:
+        if isinstance(text, str) and not self._with_logprobs:
+            return self._text_template.fill(text)
         chosen = self._logprobs_of(logprobs)
         if isinstance(text, str):
             return self._chunk(ChatChunkChoice(0, ChatDelta(content=text), logprobs=chosen))
