@@ -9,6 +9,7 @@ shares the machine's cores with the server).
 
     python bench/bench_http.py [--clients 100 1000] [--requests 2] [--max-tokens 128] [--workers 2]
                                [--step-interval-ms 0 20] [--quick] [--json FILE]
+    python bench/bench_http.py --per-chunk [--clients 500 1500] [--runs 3] [--quick]   (http_per_chunk.py)
 """
 
 from __future__ import annotations
@@ -158,8 +159,16 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="50 clients, one stream each, 64 tokens")
     parser.add_argument("--json", default=None, help="result file (default bench/results/http.json)")
+    parser.add_argument("--per-chunk", action="store_true", help="front CPU per chunk vs a bare uvicorn SSE server")
+    parser.add_argument("--runs", type=int, default=3, help="--per-chunk: runs per client count (medians)")
+    parser.add_argument("--http", default="httptools", help="--per-chunk: the bare server's uvicorn HTTP protocol")
     args = parser.parse_args()
-    if args.quick:
+    if args.per_chunk:
+        args.clients = [100] if args.quick else [500, 1500] if args.clients == [100, 1000] else args.clients
+        args.step_interval_ms = [20.0] if args.step_interval_ms == [0.0, 20.0] else args.step_interval_ms
+        args.runs = 1 if args.quick else args.runs
+        args.max_tokens = 32 if args.quick else args.max_tokens
+    elif args.quick:
         args.clients, args.requests, args.max_tokens, args.step_interval_ms = [50], 1, 64, [0.0]
     try:
         import uvloop
@@ -169,6 +178,12 @@ def main() -> None:
         pass
 
     print(machine_line())
+    if args.per_chunk:
+        from http_per_chunk import run_per_chunk
+
+        rows = run_per_chunk(args)
+        print(f"\nwrote {write_json('http_per_chunk', {'max_tokens': args.max_tokens, 'rows': rows}, args.json)}")
+        return
     print(
         f"detok serve: {args.workers} workers, corpus source; {args.requests} stream(s) per client, "
         f"max_tokens {args.max_tokens}\n"

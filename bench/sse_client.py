@@ -27,6 +27,7 @@ class StreamFailedError(Exception):
 class StreamStats:
     tokens: int = 0
     requests: int = 0
+    events: int = 0  # SSE events delivered, [DONE] included
     errors: int = 0
     ttft_ms: list[float] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)
@@ -112,6 +113,7 @@ async def _read_events(
         pending += decoder.feed(data) if decoder is not None else data
         *events, pending = pending.split(b"\n\n")
         now = time.perf_counter()
+        stats.events += len(events)
         if capture is not None:
             capture.extend(events)
         for event in events:

@@ -253,6 +253,7 @@ class Front:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text format; like /health it needs no API key (scrapers rarely carry one)."""
+        self.dispatcher.flush_counters()
         return Response(await self._off_loop(render_latest), media_type=METRICS_CONTENT_TYPE)
 
     # ---- generation responses ---------------------------------------------------------------------------

@@ -32,6 +32,18 @@ from detok_worker.parse.base import ParsedOutput
 FINISH_TOOL_CALLS = "tool_calls"
 
 _encode = msgspec.json.encode
+_TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
+
+
+class ChunkTemplate:
+    """A text chunk pre-encoded around its text: per chunk only the text is encoded (same bytes as encoding
+    the whole chunk)."""
+
+    def __init__(self, encoded_with_mark: bytes) -> None:
+        self._prefix, self._suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
+
+    def fill(self, text: str) -> bytes:
+        return self._prefix + _encode(text) + self._suffix
 
 
 def usage_of(stream: RequestStream) -> Usage:
@@ -85,6 +97,10 @@ class ChunkUsage:
         self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self._continuous = continuous
 
+    @property
+    def continuous(self) -> bool:
+        return self._continuous
+
     def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
         return usage_of(stream) if self._continuous else self._fixed
 
@@ -103,6 +119,7 @@ class CompletionFormatter:
         self._echo = echo
         # per choice: text_offset runs across that choice's chunks
         self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if logprobs else None
+        self._text_templates: dict[int, ChunkTemplate] = {}  # per choice (not with continuous usage)
 
     def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
@@ -115,6 +132,12 @@ class CompletionFormatter:
         self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
     ) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
+        if self._logprobs is None and not self._usage.continuous:
+            template = self._text_templates.get(index)
+            if template is None:
+                template = ChunkTemplate(self._chunk(CompletionChoice(index, _TEXT_MARK), stream))
+                self._text_templates[index] = template
+            return template.fill(text)
         return self._chunk(CompletionChoice(index, text, logprobs=self._logprobs_of(index, logprobs)), stream)
 
     def _logprobs_of(self, index: int, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
@@ -155,6 +178,7 @@ class ChatFormatter:
         self._with_logprobs = logprobs
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
+        self._text_templates: dict[int, ChunkTemplate] = {}  # per choice (not with continuous usage)
 
     def _tool_call_id(self, choice: int, index: int) -> str:
         if (choice, index) not in self._tool_call_ids:
@@ -174,6 +198,12 @@ class ChatFormatter:
     def text_chunk(
         self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
     ) -> bytes:
+        if isinstance(text, str) and not self._with_logprobs and not self._usage.continuous:
+            template = self._text_templates.get(index)
+            if template is None:
+                template = ChunkTemplate(self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream))
+                self._text_templates[index] = template
+            return template.fill(text)
         chosen = self._logprobs_of(logprobs)
         if isinstance(text, str):
             return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen), stream)

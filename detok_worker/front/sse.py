@@ -9,16 +9,20 @@ the request.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from detok_worker.front.errors import APIError, encode_error
 
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RAW_HEADERS = [
+    (b"content-type", f"{MEDIA_TYPE}; charset=utf-8".encode()),
+    *((name.lower().encode(), value.encode()) for name, value in HEADERS.items()),
+]
 DONE = b"data: [DONE]\n\n"
 
 
@@ -30,9 +34,11 @@ def error_event(error: APIError) -> bytes:
     return event(encode_error(error))
 
 
-class EventStreamResponse(StreamingResponse):
-    """A streaming SSE response that calls `on_close` when the response ends for any reason (finished, client
-    disconnected, server shutdown), so the request can be aborted in the engine at once."""
+class EventStreamResponse:
+    """A raw ASGI SSE response (no framework wrapper per chunk): sends each event of `events` as it comes and
+    calls `on_close` when the response ends for any reason (finished, client disconnected, server shutdown), so
+    the request can be aborted in the engine at once. A client that goes away while no event is due is noticed
+    by a task waiting for its http.disconnect, which cancels the stream."""
 
     def __init__(
         self,
@@ -40,14 +46,38 @@ class EventStreamResponse(StreamingResponse):
         on_close: Callable[[], None],
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(events, media_type=MEDIA_TYPE, headers={**HEADERS, **(headers or {})})
+        self._events = events
         self._on_close = on_close
+        extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+        self._headers = [*RAW_HEADERS, *extra]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        disconnected = False
+
+        async def watch_disconnect() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            streaming.cancel()
+
+        watcher = asyncio.create_task(watch_disconnect())
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            async for chunk in self._events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            streaming.uncancel()  # the client went away: a normal end of the response
+        except OSError:  # the client went away mid-write
+            pass
         finally:
+            watcher.cancel()
             self._on_close()
-            aclose: Any = getattr(self.body_iterator, "aclose", None)
+            aclose: Any = getattr(self._events, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -1,0 +1,186 @@
+"""bench_http.py --per-chunk: the front's CPU per delivered SSE chunk against a bare uvicorn SSE server.
+
+One `detok serve` (engine paced at --step-interval-ms) and one bench/bare_sse.py server, on the same uvicorn, loop
+and HTTP implementation, serve the same load generator (bench/sse_client.py) in turn: C clients, each streaming
+--requests completions of --max-tokens tokens. The bare server replays the exact SSE events the front sent for
+one such completion, one text event per engine step. Per run, CPU seconds (utime + stime from /proc/PID/stat)
+of the front process, and of the bare server, over the events the clients received; the ratio is front / bare.
+Medians over --runs alternating runs; the load average is printed with each row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from bench_http import _wait_for_url, detok_serve
+from common import HERE, REPO, load_average, print_table
+from sse_client import StreamStats, stream_completion
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+def _parent_of(pid: str) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def front_pid() -> int:
+    """The pid of the `detok_worker.cli front` process among this process's descendants."""
+    mine = {os.getpid()}
+    candidates: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                candidates[int(entry)] = _parent_of(entry)
+    for _ in range(4):  # bench -> serve -> front
+        mine |= {pid for pid, parent in candidates.items() if parent in mine}
+    for pid in sorted(mine):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"detok_worker.cli" in argv and b"front" in argv:
+                return pid
+    raise RuntimeError("no front process found under this bench")
+
+
+@contextlib.contextmanager
+def bare_server(events_file: str, step_ms: float, http: str) -> Iterator[tuple[str, int]]:
+    argv = [sys.executable, str(HERE / "bare_sse.py"), "--events", events_file, "--step-ms", str(step_ms)]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([*argv, "--http", http], cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            yield _wait_for_url(proc, log, 30.0), proc.pid
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def request_body(model: str, index: int, round_: int, max_tokens: int) -> bytes:
+    body = {
+        "model": model,
+        "prompt": f"Client {index} request {round_}: write something.",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body).encode()
+
+
+async def load(url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[StreamStats, float]:
+    stats = StreamStats()
+
+    async def client_loop(index: int) -> None:
+        for round_ in range(requests):
+            await stream_completion(url, "/v1/completions", request_body(model, index, round_, max_tokens), stats)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop(index) for index in range(clients)))
+    return stats, time.perf_counter() - start
+
+
+def measure(url: str, pid: int, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    cpu_before = cpu_seconds(pid)
+    stats, wall = asyncio.run(load(url, model, clients, requests, max_tokens))
+    cpu = cpu_seconds(pid) - cpu_before
+    return {
+        "events": stats.events,
+        "errors": stats.errors,
+        "tokens_per_s": stats.tokens / wall,
+        "cpu_us_per_chunk": cpu / max(stats.events, 1) * 1e6,
+        "server_cpu": cpu / wall,
+    }
+
+
+def capture_events(url: str, model: str, max_tokens: int) -> list[str]:
+    captured: list[bytes] = []
+    body = request_body(model, 0, 0, max_tokens)
+    asyncio.run(stream_completion(url, "/v1/completions", body, StreamStats(), captured))
+    return [event.decode() + "\n\n" for event in captured]
+
+
+def run_per_chunk(args: Any) -> list[dict[str, Any]]:
+    serve_args = [
+        "--workers",
+        str(args.workers),
+        "--step-interval-ms",
+        str(args.step_interval_ms[-1]),
+        "--max-batch",
+        str(max(args.clients) + 16),
+        "--set",
+        f"front.max_tokens_default={args.max_tokens}",
+    ]
+    step_ms = args.step_interval_ms[-1]
+    print(f"per chunk: engine step {step_ms} ms, front and bare server on uvicorn http={args.http}, {args.runs} runs\n")
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    loads: dict[int, list[str]] = {}
+    with detok_serve(*serve_args) as url, tempfile.TemporaryDirectory() as tmp:
+        pid = front_pid()
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        events_file = str(Path(tmp) / "events.json")
+        Path(events_file).write_text(json.dumps(capture_events(url, model, args.max_tokens)))
+        with bare_server(events_file, step_ms, args.http) as (bare_url, bare_pid):
+            servers = {"front": (url, pid), "bare": (bare_url, bare_pid)}
+            for server_url, _ in servers.values():  # warm-up: connections, code paths
+                asyncio.run(load(server_url, model, 8, 1, 16))
+            for clients in args.clients:
+                for _ in range(args.runs):
+                    loads.setdefault(clients, []).append(load_average())
+                    for name, (server_url, server_pid) in servers.items():
+                        row = measure(server_url, server_pid, model, clients, args.requests, args.max_tokens)
+                        samples.setdefault((name, clients), []).append(row)
+    rows = []
+    for clients in args.clients:
+        front, bare = samples[("front", clients)], samples[("bare", clients)]
+        ratios = [f["cpu_us_per_chunk"] / b["cpu_us_per_chunk"] for f, b in zip(front, bare, strict=True)]
+        rows.append(
+            {
+                "clients": clients,
+                "front_us": statistics.median(r["cpu_us_per_chunk"] for r in front),
+                "bare_us": statistics.median(r["cpu_us_per_chunk"] for r in bare),
+                "ratio": statistics.median(ratios),
+                "ratios": " ".join(f"{ratio:.2f}" for ratio in ratios),
+                "front_tps": statistics.median(r["tokens_per_s"] for r in front),
+                "bare_tps": statistics.median(r["tokens_per_s"] for r in bare),
+                "front_cpu": statistics.median(r["server_cpu"] for r in front),
+                "errors": sum(r["errors"] for r in front + bare),
+                "load": loads[clients][0],
+            }
+        )
+    columns = [
+        ("clients", "clients", "d"),
+        ("front_us", "front us/chunk", ".1f"),
+        ("bare_us", "bare us/chunk", ".1f"),
+        ("ratio", "front/bare", ".2f"),
+        ("ratios", "per run", "s"),
+        ("front_tps", "front tok/s", ",.0f"),
+        ("bare_tps", "bare tok/s", ",.0f"),
+        ("front_cpu", "front CPU", ".0%"),
+        ("errors", "errors", "d"),
+        ("load", "load 1/5/15", "s"),
+    ]
+    print_table(rows, columns)
+    for row in rows:
+        verdict = "holds" if row["ratio"] <= 1.1 else "missed"
+        print(f"target front <= 1.1x bare at {row['clients']} clients: {verdict} ({row['ratio']:.2f}x)")
+    return rows
