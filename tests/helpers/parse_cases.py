@@ -145,6 +145,17 @@ def whole_parse(tokenizer: Any, case: OutputCase) -> ParsedOutput:
     return out
 
 
+def parse_in_pieces(tool_call_parser: str, text: str, cuts: list[int]) -> ParsedOutput:
+    """A tool-call parser fed `text` cut at `cuts` (character offsets), then finished."""
+    parser = create_parser("", tool_call_parser)
+    assert parser is not None
+    out = ParsedOutput()
+    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        out.extend(parser.feed(text[start:end]))
+    out.extend(parser.finish())
+    return out
+
+
 def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:
     return [(piece.name, piece.arguments) for piece in out.tool_calls]
 

@@ -5,19 +5,7 @@ named call without arguments has `{}` (hermes too). Whole and however the text i
 from __future__ import annotations
 
 import pytest
-
-from detok_worker.parse.base import ParsedOutput
-from detok_worker.parse.registry import create_parser
-
-
-def parse_in_pieces(parser_name: str, text: str, cuts: list[int]) -> ParsedOutput:
-    parser = create_parser("", parser_name)
-    assert parser is not None
-    out = ParsedOutput()
-    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
-        out.extend(parser.feed(text[start:end]))
-    out.extend(parser.finish())
-    return out
+from helpers.parse_cases import parse_in_pieces
 
 
 @pytest.mark.parametrize(

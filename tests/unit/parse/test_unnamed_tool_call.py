@@ -4,19 +4,7 @@ first) was not a call: its marker and text stay in content, whole and however th
 from __future__ import annotations
 
 import pytest
-
-from detok_worker.parse.base import ParsedOutput
-from detok_worker.parse.registry import create_parser
-
-
-def parse_in_pieces(text: str, cuts: list[int]) -> ParsedOutput:
-    parser = create_parser("", "hermes")
-    assert parser is not None
-    out = ParsedOutput()
-    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
-        out.extend(parser.feed(text[start:end]))
-    out.extend(parser.finish())
-    return out
+from helpers.parse_cases import parse_in_pieces
 
 
 @pytest.mark.parametrize(
@@ -33,8 +21,8 @@ def parse_in_pieces(text: str, cuts: list[int]) -> ParsedOutput:
     ],
 )
 def test_a_call_without_a_name_stays_content(text: str, content: str, calls: list[tuple[str, str]]) -> None:
-    whole = parse_in_pieces(text, [])
+    whole = parse_in_pieces("hermes", text, [])
     assert (whole.content, [(call.name, call.arguments) for call in whole.tool_calls]) == (content, calls)
-    assert parse_in_pieces(text, list(range(1, len(text)))) == whole  # character by character
+    assert parse_in_pieces("hermes", text, list(range(1, len(text)))) == whole  # character by character
     for cut in range(1, len(text)):
-        assert parse_in_pieces(text, [cut]) == whole
+        assert parse_in_pieces("hermes", text, [cut]) == whole
