@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 import msgspec
 
@@ -44,6 +45,21 @@ class ChunkTemplate:
 
     def fill(self, text: str) -> bytes:
         return self._prefix + _encode(text) + self._suffix
+
+
+class ChunkTemplates:
+    """One ChunkTemplate per choice index, made on first use by `encode_with_mark(index, stream)` (a text chunk
+    whose text is _TEXT_MARK). Only for chunks whose other fields do not change (no running usage)."""
+
+    def __init__(self, encode_with_mark: Callable[[int, RequestStream], bytes]) -> None:
+        self._encode_with_mark = encode_with_mark
+        self._by_index: dict[int, ChunkTemplate] = {}
+
+    def fill(self, index: int, text: str, stream: RequestStream) -> bytes:
+        template = self._by_index.get(index)
+        if template is None:
+            template = self._by_index[index] = ChunkTemplate(self._encode_with_mark(index, stream))
+        return template.fill(text)
 
 
 def usage_of(stream: RequestStream) -> Usage:
@@ -119,7 +135,7 @@ class CompletionFormatter:
         self._echo = echo
         # per choice: text_offset runs across that choice's chunks
         self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if logprobs else None
-        self._text_templates: dict[int, ChunkTemplate] = {}  # per choice (not with continuous usage)
+        self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
 
     def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
@@ -128,16 +144,15 @@ class CompletionFormatter:
     def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
         return None if self._echo is None else self._chunk(CompletionChoice(index, self._echo), stream)
 
+    def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(CompletionChoice(index, _TEXT_MARK), stream)
+
     def text_chunk(
         self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
     ) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
         if self._logprobs is None and not self._usage.continuous:
-            template = self._text_templates.get(index)
-            if template is None:
-                template = ChunkTemplate(self._chunk(CompletionChoice(index, _TEXT_MARK), stream))
-                self._text_templates[index] = template
-            return template.fill(text)
+            return self._text_templates.fill(index, text, stream)
         return self._chunk(CompletionChoice(index, text, logprobs=self._logprobs_of(index, logprobs)), stream)
 
     def _logprobs_of(self, index: int, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
@@ -178,7 +193,7 @@ class ChatFormatter:
         self._with_logprobs = logprobs
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
-        self._text_templates: dict[int, ChunkTemplate] = {}  # per choice (not with continuous usage)
+        self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
 
     def _tool_call_id(self, choice: int, index: int) -> str:
         if (choice, index) not in self._tool_call_ids:
@@ -195,15 +210,14 @@ class ChatFormatter:
     def _logprobs_of(self, entries: list[LogprobText] | None) -> ChatLogprobs | None:
         return chat_logprobs(entries or []) if self._with_logprobs else None
 
+    def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
+        return self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream)
+
     def text_chunk(
         self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
     ) -> bytes:
         if isinstance(text, str) and not self._with_logprobs and not self._usage.continuous:
-            template = self._text_templates.get(index)
-            if template is None:
-                template = ChunkTemplate(self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream))
-                self._text_templates[index] = template
-            return template.fill(text)
+            return self._text_templates.fill(index, text, stream)
         chosen = self._logprobs_of(logprobs)
         if isinstance(text, str):
             return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen), stream)
