@@ -203,18 +203,8 @@ def test_through_the_grpc_gateway(qwen3: Any) -> None:
         args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "2")
         with healthy_serve(*args) as process, api_client(process) as client:
             whole_completion(client, qwen3, as_float32)
-            stream = client.chat.completions.create(
-                model=model(client),
-                messages=MESSAGES,
-                max_tokens=100,
-                logprobs=True,
-                top_logprobs=2,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            pieces, usage = streamed_logprobs(stream)
-            entries = [entry for piece in pieces for entry in piece.content]
-            check_chat_entries(entries, chat_ids(process, qwen3, usage.completion_tokens), qwen3, 2, as_float32)
+            entries, count = streamed_chat(client)
+            check_chat_entries(entries, chat_ids(process, qwen3, count), qwen3, 2, as_float32)
     finally:
         engine.cleanup()
 
