@@ -37,6 +37,7 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.stream import StopSequenceDecoder
+from detok_worker.stream.stop.decoder import Lane
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.logprobs import TokenTexts
@@ -62,6 +63,9 @@ class RidState:
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
     logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
+    # the decoder's lane() while the request has no parser (see handle_batch): set after each call of the decoder,
+    # None from the moment the decoder is synced for its next call
+    lane: Lane | None = None
 
 
 @dataclass(slots=True)
@@ -131,8 +135,8 @@ class WorkerState:
 
         The loop over items is the worker's hot path: an item that only adds text is handled inline with
         counters kept in locals; endings and unknown rids go through _end_item. The usual item (one id, no
-        parser, no stop) takes the fused branch: process_one's text goes straight into a TextDelta, with no
-        per-token object but the delta itself."""
+        parser, nothing pending) takes the rid's lane (StopSequenceDecoder.lane): a table lookup, no call; the
+        next usual (one id, no parser) the fused branch: process_one's text goes straight into a TextDelta."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
@@ -149,37 +153,56 @@ class WorkerState:
             for item in items[start : start + TICK_EVERY_ITEMS]:
                 rid = item.rid
                 state = live_get(rid)
-                if item.logprobs is not None and state is not None:
-                    self._logprobs_item(item, state, deltas, finishes)
-                    continue
-                if state is None or item.finish is not None:
-                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
+                text = None
+                if state is not None and (lane := state.lane) is not None:
+                    ids = item.ids
+                    texts, stop_tokens, passthrough = lane
+                    token_id = ids[0] if len(ids) == 1 and item.finish is None and item.logprobs is None else None
+                    if type(token_id) is int and token_id >= 0 and token_id not in stop_tokens:
+                        try:
+                            text = texts[token_id]
+                        except IndexError:  # past the table: process_one says why
+                            text = None
+                        if passthrough is not None and text not in passthrough:
+                            text = None
+                    if text is None:  # off the lane: the decoder learns the ids stepped by it
+                        state.decoder.sync_generated(state.n_tokens)
+                        state.lane = None
+                if text is None:
+                    if item.logprobs is not None and state is not None:
                         self._logprobs_item(item, state, deltas, finishes)
-                    else:
-                        self._end_item(item, state, deltas, finishes)
-                    continue
-                ids = item.ids
-                try:
-                    if len(ids) == 1 and state.parsing is None:
-                        out = state.decoder.process_one(ids[0])
-                        if type(out) is str:  # the fused branch
-                            single += 1
-                            n_tokens = state.n_tokens = state.n_tokens + 1
-                            if out:
-                                append(TextDelta(rid, state.offset, out, n_tokens))
-                                state.offset += len(out)
-                                chars_out += len(out)
-                            else:
-                                holds += 1
-                            continue
-                    else:
-                        out = state.decoder.process_tokens(ids)
-                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    tokens_in += len(ids)
-                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                    continue
-                tokens_in += len(ids)
-                self._item_output(rid, state, ids, out, deltas, finishes)
+                        continue
+                    if state is None or item.finish is not None:
+                        if state is not None and state.logprobs:  # held entries go with the rid's last delta
+                            self._logprobs_item(item, state, deltas, finishes)
+                        else:
+                            self._end_item(item, state, deltas, finishes)
+                        continue
+                    ids = item.ids
+                    try:
+                        if len(ids) == 1 and state.parsing is None:
+                            out = state.decoder.process_one(ids[0])
+                        else:
+                            out = state.decoder.process_tokens(ids)
+                    except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                        tokens_in += len(ids)
+                        self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                        continue
+                    if state.parsing is None:
+                        state.lane = state.decoder.lane()
+                    if type(out) is not str:
+                        tokens_in += len(ids)
+                        self._item_output(rid, state, ids, out, deltas, finishes)
+                        continue
+                    text = out  # the fused branch: one id, no parser, text only
+                single += 1
+                n_tokens = state.n_tokens = state.n_tokens + 1
+                if text:
+                    append(TextDelta(rid, state.offset, text, n_tokens))
+                    state.offset += len(text)
+                    chars_out += len(text)
+                else:
+                    holds += 1
         self.tokens_in += tokens_in + single
         self.tokens_consumed += single
         self.chars_out += chars_out
@@ -293,7 +316,8 @@ class WorkerState:
             message = f"cannot open request: {exc}"
             self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_PARAMS)
             return
-        self.live[rid] = RidState(decoder=decoder, parsing=parsing, stop_chars=stop_chars)
+        lane = decoder.lane() if parsing is None else None
+        self.live[rid] = RidState(decoder=decoder, parsing=parsing, stop_chars=stop_chars, lane=lane)
         self.live_stop_chars += stop_chars
 
     def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:

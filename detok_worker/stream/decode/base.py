@@ -75,6 +75,12 @@ class DecodeStream(ABC):
     def pending_text(self) -> str:
         """What flush() would release now, without releasing it."""
 
+    def whole_texts(self) -> Sequence[str | None] | None:
+        """A lookup table that stands for step() right now: for an id i >= 0 with table[i] not None, step(i) returns
+        table[i] and leaves the stream as it was, so the table stays valid for any run of such steps. None when no
+        such table holds now (bytes of an unfinished character are pending, or the stream has no table)."""
+        return None
+
     @property
     @abstractmethod
     def tokens(self) -> tuple[int, ...]:

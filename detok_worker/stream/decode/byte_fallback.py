@@ -80,6 +80,9 @@ class ByteFallbackDecodeStream(TableDecodeStream):
     def tokens(self) -> tuple[int, ...]:
         return tuple(self._run_ids)
 
+    def whole_texts(self) -> Sequence[str | None] | None:
+        return None if self._run or self._run_invalid or self._strip_left else self._texts
+
     def step(self, token_id: int) -> str | None:
         if not (self._run or self._run_invalid or self._strip_left) and type(token_id) is int and token_id >= 0:
             try:

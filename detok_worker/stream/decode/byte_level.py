@@ -64,6 +64,9 @@ class ByteLevelDecodeStream(TableDecodeStream):
     def tokens(self) -> tuple[int, ...]:
         return ()  # this path keeps the bytes of an unfinished character, never ids
 
+    def whole_texts(self) -> Sequence[str | None] | None:
+        return None if self._pending else self._texts
+
     def step(self, token_id: int) -> str | None:
         if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id
             return self._feed_id(token_id) or None

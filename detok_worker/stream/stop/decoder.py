@@ -27,6 +27,8 @@ from detok_worker.stream.stop.matcher import StopStringFilter, compile_stop_stri
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 StopReason = str | int
+# StopSequenceDecoder.lane(): (texts, stop token ids, passthrough texts or None when there are no stop strings)
+Lane = tuple[Sequence[str | None], frozenset[int], set[str] | None]
 
 
 class StopConfigError(ValueError):
@@ -262,6 +264,29 @@ class StopSequenceDecoder:
             return text
         self._stop_reason = match.stop
         return StopBatchOutput(text, True, match.stop, 1)
+
+    def lane(self) -> Lane | None:
+        """A shortcut for a caller's hot loop, valid until its next call of any other method: (texts, stop_tokens,
+        passthrough). For an id i >= 0 not in stop_tokens with text = texts[i] not None (an IndexError means no),
+        and passthrough None or text in passthrough, process_one(i) would return text and change nothing but the
+        count of generated tokens. The caller counts the ids it steps this way and reports its total with
+        sync_generated() before its next call. None when no such shortcut holds now (stopped, bytes of an
+        unfinished character pending, a possible stop string held back, or a stream without a table)."""
+        if self._stop_reason is not None:
+            return None
+        texts = self._stream.whole_texts()
+        if texts is None:
+            return None
+        if self._filter is None:
+            return texts, self._stop_tokens, None
+        passthrough = self._filter.passthrough()
+        return None if passthrough is None else (texts, self._stop_tokens, passthrough)
+
+    def sync_generated(self, count: int) -> None:
+        """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included."""
+        if count < self._num_generated:
+            raise ValueError(f"sync_generated({count}): {self._num_generated} tokens were already processed")
+        self._num_generated = count
 
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""

@@ -232,6 +232,11 @@ class StopStringFilter:
         in it): feed((text,)) would return it unchanged. The worker's per-token check before a full feed."""
         return self._state == ROOT and text in self._automaton.root_passthrough
 
+    def passthrough(self) -> set[str] | None:
+        """The set `passes` looks texts up in while the filter is at its root (None elsewhere). The same object for
+        the automaton's lifetime: it only grows (or is cleared) as texts are learned."""
+        return self._automaton.root_passthrough if self._state == ROOT else None
+
     def feed_one(self, text: str, check: bool = True) -> tuple[str, StopStringMatch | None]:
         """Feed one token's text; `check` False means matches ending in it are ignored."""
         released, _, match = self.feed((text,), 0 if check else 1)

@@ -1,0 +1,122 @@
+"""The worker's lane (StopSequenceDecoder.lane, stepped inline by WorkerState.handle_batch) changes nothing a
+front sees: every delta and Finish equals what the same batches give with the lane turned off (each id through
+process_one/process_tokens), on byte-level and byte-fallback tables, for emoji, CJK, byte tokens and random ids,
+with stop strings, stop tokens, min_tokens, several ids per item and the engine's finish."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers.fixtures import load_fixture_tokenizer
+from helpers.texts import load_texts
+
+from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
+from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
+from detok_worker.stream.stop.decoder import StopSequenceDecoder as Decoder
+from detok_worker.worker.state import WorkerState
+
+STOPS = ["\n\n", "。", "the", "🇯🇵"]
+
+
+def _requests(tokenizer, seed: int) -> list[tuple[DetokParams, list[int]]]:
+    """Per request: params and output ids (real text, some random ids, an EOS or a bad id now and then)."""
+    rng = random.Random(seed)
+    texts = list(load_texts().values())
+    eos = sorted(tokenizer.eos_token_ids)
+    vocab = tokenizer.vocab_size
+    requests = []
+    for index in range(24):
+        ids = list(tokenizer.encode(rng.choice(texts)).ids)[: rng.randint(5, 120)]
+        for _ in range(rng.randint(0, 4)):
+            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab))
+        if index % 5 == 0 and eos:
+            ids.insert(rng.randrange(len(ids) + 1), eos[0])
+        if index % 11 == 3:
+            ids.insert(rng.randrange(len(ids) + 1), vocab + 7)  # a bad id ends only this request
+        ordinary = [ids[rng.randrange(len(ids))]] if index % 4 == 2 else []  # a stop token that is plain text
+        params = DetokParams(
+            stop=rng.sample(STOPS, rng.randint(0, 2)) if index % 3 else [],
+            stop_token_ids=sorted(set(eos + ordinary)),
+            include_stop_str_in_output=index % 4 == 1,
+            min_tokens=rng.choice([0, 0, 3]),
+        )
+        requests.append((params, ids))
+    return requests
+
+
+def _batches(requests: list[tuple[DetokParams, list[int]]], seed: int) -> list[TokenBatch]:
+    """Mostly one id per rid per step, sometimes several; the last item of a request carries finish "length"."""
+    rng = random.Random(seed)
+    opens = [Open(f"r{index}", [], params) for index, (params, _) in enumerate(requests)]
+    batches = [TokenBatch(0, 0, opens, [])]
+    positions = [0] * len(requests)
+    step = 0
+    while any(position < len(ids) for position, (_, ids) in zip(positions, requests, strict=True)):
+        step += 1
+        items = []
+        for index, (_, ids) in enumerate(requests):
+            start = positions[index]
+            if start >= len(ids):
+                continue
+            end = min(len(ids), start + (1 if rng.random() < 0.85 else rng.randint(2, 4)))
+            positions[index] = end
+            items.append(Tokens(f"r{index}", ids[start:end], "length" if end == len(ids) else None))
+        batches.append(TokenBatch(step, 0, [], items))
+    return batches
+
+
+def _run(tokenizer, batches: list[TokenBatch]) -> tuple[list[tuple], list[tuple], int]:
+    state = WorkerState(tokenizer, "w")
+    deltas, finishes = [], []
+    for batch in batches:
+        result = state.handle_batch(batch)
+        items = result.text_batch.items
+        deltas += [(d.rid, d.offset, d.text, d.n_tokens, d.finish, d.stop_reason, d.error) for d in items]
+        finishes += [(f.rid, f.reason, f.stop_reason) for f in result.finishes]
+    return deltas, finishes, state.tokens_consumed
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral-sp-v1", "gpt4o"])
+def test_the_lane_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = load_fixture_tokenizer(family)
+    batches = _batches(_requests(tokenizer, seed=16), seed=61)
+    with_lane = _run(tokenizer, batches)
+    monkeypatch.setattr(Decoder, "lane", lambda self: None)
+    without_lane = _run(tokenizer, batches)
+    assert with_lane == without_lane
+    deltas, finishes, _ = with_lane
+    assert sum(1 for d in deltas if d[4] == "stop") >= 3  # stop strings and stop tokens were reached
+    assert any(d[6] for d in deltas)  # and a bad id ended its request
+
+
+def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
+    tokenizer = load_fixture_tokenizer("qwen3")
+    decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_sequences=("the end",)))
+    lane = decoder.lane()
+    assert lane is not None
+    texts, stop_tokens, passthrough = lane
+    hello = tokenizer.encode("Hello").ids[0]
+    assert texts[hello] == "Hello" and passthrough is not None
+    emoji = tokenizer.encode("🪼").ids
+    assert len(emoji) > 1 and texts[emoji[0]] is None  # a piece of a character is never in the table
+    decoder.process_tokens(emoji[:1])
+    assert decoder.lane() is None  # bytes of an unfinished character are pending
+    decoder.process_tokens(emoji[1:])
+    assert decoder.lane() is not None
+    decoder.process_tokens(tokenizer.encode(" the").ids)
+    assert decoder.held_text == "the" and decoder.lane() is None  # a possible stop string is held back
+    decoder.process_tokens(tokenizer.encode(" end").ids)
+    assert decoder.stopped and decoder.lane() is None
+
+
+def test_sync_generated_counts_lane_steps_for_min_tokens() -> None:
+    tokenizer = load_fixture_tokenizer("qwen3")
+    eos = min(tokenizer.eos_token_ids)
+    decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_tokens=(eos,)), min_tokens=3)
+    ids = tokenizer.encode(" one two three").ids
+    assert len(ids) == 3 and decoder.lane() is not None
+    decoder.sync_generated(3)  # three ids stepped by the lane: min_tokens is met, so EOS stops
+    assert decoder.process_tokens([eos]).stopped
+    with pytest.raises(ValueError, match="already processed"):
+        decoder.sync_generated(2)
