@@ -54,15 +54,19 @@ class JsonCallScanner:
         return self._at is _At.BROKEN
 
     def feed(self, text: str, out: ParsedOutput) -> int:
-        """Consume characters of `text` until the object is complete; returns how many were consumed."""
+        """Consume characters of `text` until the object is complete or breaks; returns how many were consumed
+        (never the character that breaks it)."""
         args: list[str] = []
         consumed = len(text)
         for position, char in enumerate(text):
-            if self._at is _At.DONE or self._at is _At.BROKEN:
+            if self._at is _At.DONE:
                 consumed = position
                 break
             named = self.name is not None
             self._step(char, args)
+            if self._at is _At.BROKEN:
+                consumed = position  # the breaking character is not the call's: the stage decides what it is
+                break
             if not named and self.name is not None:  # the call's first piece: its name, and arguments so far
                 out.add_tool(self.index, name=self.name, arguments=self._pending_args + "".join(args))
                 self._pending_args = ""
@@ -91,7 +95,11 @@ class JsonCallScanner:
             self._value += char
             self._string_char(char)
             if not self._in_string:
-                self._key = json.loads(self._value)
+                try:
+                    self._key = json.loads(self._value)
+                except ValueError:  # an invalid escape
+                    self._at = _At.BROKEN
+                    return
                 self._value = ""
                 self._at = _At.BEFORE_COLON
         elif char in _SPACE:

@@ -72,12 +72,22 @@ class _JsonCallsStage(TextStage):
 
 
 class TaggedJsonCalls(_JsonCallsStage):
-    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`."""
+    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`.
+
+    A named call stands (it has been streamed). Inside its block, whitespace around the object is markup; any
+    other text after the object (junk, or the character that broke the object and what follows it) is content, up
+    to the closing marker. A block whose closing marker is missing ends at the next opening marker."""
 
     def __init__(self, open_marker: str, close_marker: str) -> None:
         super().__init__()
         self.open_marker = open_marker
         self.close_marker = close_marker
+        self._text_after_call = False  # content was found in the block after its call object
+
+    def _open_call(self, marker: str) -> None:
+        self._start_call()
+        self._unnamed = marker
+        self._text_after_call = False
 
     def _after_unnamed(self) -> _In:
         return _In.TEXT  # the closing marker of a call that was none is content too
@@ -92,17 +102,24 @@ class TaggedJsonCalls(_JsonCallsStage):
                 if not marker:
                     self._held = rest
                     return
-                self._start_call()
-                self._unnamed = marker
+                self._open_call(marker)
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
             else:
-                before, marker, rest = split_before_marker(buffer, (self.close_marker,))
+                before, marker, rest = split_before_marker(buffer, (self.close_marker, self.open_marker))
+                if not self._text_after_call:
+                    before = before.lstrip(_SPACE)
+                if before:
+                    out.content += before
+                    self._text_after_call = True
                 if not marker:
                     self._held = rest
                     return
-                self._in = _In.TEXT
+                if marker == self.open_marker:
+                    self._open_call(marker)
+                else:
+                    self._in = _In.TEXT
                 buffer = rest
 
 

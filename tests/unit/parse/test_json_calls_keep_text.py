@@ -1,6 +1,7 @@
-"""llama3_json and mistral keep text that is not a call: an output whose first object never names a function is
-content, with its `<|python_tag|>` / `[TOOL_CALLS]` marker (as vLLM keeps an output whose calls do not parse); a
-named call without arguments has `{}` (hermes too). Whole and however the text is cut."""
+"""The JSON call parsers keep text that is not a call: an output whose first object never names a function is
+content, with its `<|python_tag|>` / `[TOOL_CALLS]` marker (as vLLM keeps an output whose calls do not parse); text
+around or after a named call that is not markup is content; a named call without arguments has `{}`. Whole and
+however the text is cut."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ from helpers.parse_cases import parse_in_pieces
             [("f", "{}"), ("g", '{"a": 1}')],
         ),
         ("hermes", '<tool_call>{"name": "f"}</tool_call>', "", [("f", "{}")]),
+        # text inside the block after the call object (from its first non-space character) is content
+        ("hermes", '<tool_call>{"name": "f", "arguments": {}} junk</tool_call> after', "junk after", [("f", "{}")]),
+        # the character that breaks a named call, and what follows it in the block, are content
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1} x}</tool_call>', "x}", [("f", '{"a": 1}')]),
+        ("hermes", '<tool_call>{"name": "f" x</tool_call>', "x", [("f", "{}")]),
+        # a block whose closing marker is missing ends at the next opening one
+        ("hermes", '<tool_call>{"name": "f"}\n<tool_call>{"name": "g"}</tool_call>', "", [("f", "{}"), ("g", "{}")]),
+        # a key that is not a valid JSON string breaks the object
+        ("hermes", '<tool_call>{"\\x": 1}</tool_call>', '<tool_call>{"\\x": 1}</tool_call>', []),
     ],
 )
 def test_text_that_is_no_call_stays_content(
