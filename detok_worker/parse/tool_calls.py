@@ -2,9 +2,11 @@
 (`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
-model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed; an object that
-ends, breaks or is cut off before it names a function was not a call: its text (with the marker before it when
-no call was made) is content.
+model writes it (json_call.py). A call stands once it names a function (it has been streamed); cut off by the end of
+the output, it keeps what was streamed. No text vanishes: what is not markup of a call is content. An object that
+ends, breaks or is cut off before it names a function was not a call: its text (with the markup before it) is
+content. Markup that is held until what follows shows what it is (`_unnamed`): the opening marker and whitespace
+before the first call, and whitespace plus one separator between calls.
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ class _In(Enum):
 
 
 class _JsonCallsStage(TextStage):
-    """What the JSON call stages share: the held text, the call being scanned, the count of calls, and the text of
-    a call that has not named a function yet (`_unnamed`, with the markup before it while no call was made): an
-    object that ends, breaks or is cut off before it names one was not a call, so that text is content."""
+    """What the JSON call stages share: the held text, the call being scanned, the count of calls, and the text
+    not yet known to be markup or content (`_unnamed`): the markup since the opening marker or the last call, and
+    an object that has not named a function yet. A named call makes it markup; anything else makes it content."""
 
     def __init__(self, start: _In = _In.TEXT) -> None:
         self._in = start
         self._held = ""
         self._calls = 0
+        self._group_calls = 0  # calls since the opening marker (llama3: in the output)
+        self._separated = False  # a separator was read since the last call
         self._scanner: JsonCallScanner | None = None
         self._unnamed = ""
 
@@ -41,9 +45,14 @@ class _JsonCallsStage(TextStage):
         self._scanner = JsonCallScanner(self._calls)
         self._in = _In.CALL
 
+    def _after_call(self, broken: bool) -> _In:
+        """Where the text goes on after a named call: one that broke ends the calls (the character that broke it
+        and what follows are content)."""
+        return _In.TEXT if broken else _In.AFTER_CALL
+
     def _after_unnamed(self) -> _In:
         """Where the text goes on after an object that was not a call."""
-        return _In.TEXT if self._calls == 0 else _In.AFTER_CALL
+        return _In.TEXT if self._group_calls == 0 else _In.AFTER_CALL
 
     def _feed_call(self, buffer: str, out: ParsedOutput) -> str:
         """Feed the call being scanned; returns the text after it (once it ended)."""
@@ -54,19 +63,44 @@ class _JsonCallsStage(TextStage):
             self._unnamed = ""
             if scanner.done or scanner.broken:
                 self._calls += 1
-                self._in = _In.AFTER_CALL
+                self._group_calls += 1
+                self._separated = False
+                self._in = self._after_call(scanner.broken)
         elif scanner.done or scanner.broken:
             out.content += self._unnamed + buffer[: len(buffer) - len(rest)]
             self._unnamed = ""
+            self._separated = False
             self._in = self._after_unnamed()
         else:
             self._unnamed += buffer
         return rest
 
+    def _between_calls(self, buffer: str, out: ParsedOutput, separator: str, closer: str = "") -> str:
+        """After the opening markup or a call: whitespace and (after a call) one `separator` are markup if "{"
+        opens a call next, or if `closer` ends the calls (after a call); any other character ends the calls, and
+        the markup read since the last call is content with it."""
+        char = buffer[0]
+        if char in _SPACE or (char == separator and self._group_calls and not self._separated):
+            self._separated = self._separated or char == separator
+            self._unnamed += char
+            return buffer[1:]
+        if char == "{":
+            self._start_call()
+            return buffer
+        self._in = _In.TEXT
+        if char == closer and self._group_calls:
+            self._unnamed = ""
+            return buffer[1:]
+        out.content += self._unnamed
+        self._unnamed = ""
+        return buffer
+
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""
         if self._in is _In.CALL and self._scanner is not None:
             self._scanner.finish(out)
+        if self._in is _In.AFTER_CALL and self._group_calls:
+            self._unnamed = ""  # the output ended after a call: what follows it was markup
         out.content += self._unnamed + (held if self._in in (_In.TEXT, _In.START) else "")
         self._unnamed = ""
 
@@ -83,6 +117,9 @@ class TaggedJsonCalls(_JsonCallsStage):
         self.open_marker = open_marker
         self.close_marker = close_marker
         self._text_after_call = False  # content was found in the block after its call object
+
+    def _after_call(self, broken: bool) -> _In:
+        return _In.AFTER_CALL  # a call that broke stays in its block, up to the closing marker
 
     def _open_call(self, marker: str) -> None:
         self._start_call()
@@ -124,9 +161,11 @@ class TaggedJsonCalls(_JsonCallsStage):
 
 
 class MistralCalls(_JsonCallsStage):
-    """`[TOOL_CALLS]` then a JSON array of call objects; text before the marker (and after the array) is content.
-    When what follows the marker is not a list that starts with a named call, the marker and it are content (as
-    vLLM keeps an output whose calls do not parse)."""
+    """`[TOOL_CALLS]` then a JSON array of call objects (or bare objects); text before the marker (and after the
+    array) is content. When what follows the marker is not a list that starts with a named call, the marker and it
+    are content (as vLLM keeps an output whose calls do not parse). Between calls, whitespace and one "," are
+    markup when a call or the closing "]" follows; any other text ends the calls and is content from the last call
+    on (the "," included)."""
 
     MARKER = "[TOOL_CALLS]"
 
@@ -145,35 +184,25 @@ class MistralCalls(_JsonCallsStage):
                     self._held = rest
                     return
                 self._in, self._in_array, self._unnamed = _In.AFTER_CALL, False, marker
+                self._group_calls, self._separated = 0, False
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
+            elif buffer[0] == "[" and not self._in_array and not self._group_calls:
+                self._in_array = True
+                self._unnamed += "["
+                buffer = buffer[1:]
+            elif self._in_array:
+                buffer = self._between_calls(buffer, out, ",", "]")
             else:
-                buffer = self._between_calls(buffer, out)
-
-    def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
-        """After the marker or a call: "[" opens the array, "{" a call, "," separates, "]" ends the calls."""
-        char = buffer[0]
-        if char in _SPACE or (char == "," and self._in_array and self._calls) or (char == "[" and not self._in_array):
-            self._in_array = self._in_array or char == "["
-            if self._calls == 0:
-                self._unnamed += char
-            return buffer[1:]
-        if char == "{":
-            self._start_call()
-            return buffer
-        self._in = _In.TEXT
-        if self._calls == 0:
-            out.content += self._unnamed
-            self._unnamed = ""
-            return buffer
-        return buffer[1:] if char == "]" else buffer
+                buffer = self._between_calls(buffer, out, "")
 
 
 class Llama3JsonCalls(_JsonCallsStage):
     """Llama 3.x JSON calls: the output is calls when it starts with `<|python_tag|>` or `{` (leading whitespace
-    allowed) and its first object names a function, several separated by `;`; any other output is content (the
-    tag included, as vLLM keeps an output whose calls do not parse)."""
+    allowed) and its first object names a function, several separated by whitespace and at most one `;`; any other
+    output is content (the tag included, as vLLM keeps an output whose calls do not parse). Text after the calls
+    that is not such markup ends them and is content from the last call on (a `;` included)."""
 
     TAG = "<|python_tag|>"
 
@@ -192,7 +221,7 @@ class Llama3JsonCalls(_JsonCallsStage):
             elif self._in is _In.START:
                 buffer = self._opening(buffer)
             else:
-                buffer = self._between_calls(buffer, out)
+                buffer = self._between_calls(buffer, out, ";")
 
     def _opening(self, buffer: str) -> str:
         """The output's leading whitespace and `<|python_tag|>`: kept (in `_unnamed`) until a call is named."""
@@ -206,18 +235,3 @@ class Llama3JsonCalls(_JsonCallsStage):
             self._unnamed += self.TAG
             return stripped[len(self.TAG) :]
         return stripped
-
-    def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
-        """After the opening or a call: "{" opens a call, ";" separates calls; anything else is content."""
-        char = buffer[0]
-        if char in _SPACE or (char == ";" and self._calls):
-            if self._calls == 0:
-                self._unnamed += char
-            return buffer[1:]
-        if char == "{":
-            self._start_call()
-            return buffer
-        self._in = _In.TEXT
-        out.content += self._unnamed
-        self._unnamed = ""
-        return buffer

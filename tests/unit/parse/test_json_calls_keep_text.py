@@ -15,15 +15,39 @@ from helpers.parse_cases import parse_in_pieces
         ("llama3_json", '{"foo": 1} hi', '{"foo": 1} hi', []),
         ("llama3_json", " <|python_tag|>print(1)", " <|python_tag|>print(1)", []),
         ("llama3_json", '<|python_tag|>{"x": ', '<|python_tag|>{"x": ', []),
-        ("llama3_json", '<|python_tag|>{"name": "f"}; {"x": 2} t', '{"x": 2}t', [("f", "{}")]),
+        ("llama3_json", '<|python_tag|>{"name": "f"}; {"x": 2} t', '; {"x": 2} t', [("f", "{}")]),
+        # between calls: whitespace and one `;`; any other text ends the calls, and from the last call on is content
+        ("llama3_json", '{"name": "f"}; ; {"name": "g"} t', '; ; {"name": "g"} t', [("f", "{}")]),
+        ("llama3_json", '{"name": "f"}\n{"name": "g"}', "", [("f", "{}"), ("g", "{}")]),
+        ("llama3_json", '{"name": "f"} tail', " tail", [("f", "{}")]),
+        ("llama3_json", '{"name": "f"}; ', "", [("f", "{}")]),  # the markup after the last call
+        # a named call that breaks ends the calls: the breaking character and what follows are content
+        (
+            "llama3_json",
+            '{"name": "f", "parameters": {"a": 1} x}; {"name": "g"}',
+            'x}; {"name": "g"}',
+            [("f", '{"a": 1}')],
+        ),
         ("mistral", 'a [TOOL_CALLS] [{"x": 1}] b', 'a [TOOL_CALLS] [{"x": 1}] b', []),
         ("mistral", "a [TOOL_CALLS] hi", "a [TOOL_CALLS] hi", []),
         ("mistral", "[TOOL_CALLS][]", "[TOOL_CALLS][]", []),
         (
             "mistral",
             '[TOOL_CALLS][{"name": "f"}, {"x": 1}, {"name": "g", "arguments": {"a": 1}}]',
-            '{"x": 1}',
+            ', {"x": 1}',
             [("f", "{}"), ("g", '{"a": 1}')],
+        ),
+        ("mistral", '[TOOL_CALLS][{"name": "f"} ; {"name": "g"}] t', ' ; {"name": "g"}] t', [("f", "{}")]),
+        ("mistral", '[TOOL_CALLS][{"name": "f"},, {"name": "g"}]', ',, {"name": "g"}]', [("f", "{}")]),
+        ("mistral", '[TOOL_CALLS][{"name": "f"}]] t', "] t", [("f", "{}")]),
+        ("mistral", '[TOOL_CALLS] [{"name": "f"}] [TOOL_CALLS] hi', " [TOOL_CALLS] hi", [("f", "{}")]),
+        ("mistral", '[TOOL_CALLS] {"name": "f"} t', " t", [("f", "{}")]),
+        ("mistral", '[TOOL_CALLS][{"name": "f"}, ', "", [("f", "{}")]),
+        (
+            "mistral",
+            '[TOOL_CALLS][{"name": "f", "arguments": {} x}, {"name": "g"}]',
+            'x}, {"name": "g"}]',
+            [("f", "{}")],
         ),
         ("hermes", '<tool_call>{"name": "f"}</tool_call>', "", [("f", "{}")]),
         # text inside the block after the call object (from its first non-space character) is content
