@@ -1,7 +1,8 @@
 """An incremental scanner of one JSON tool-call object, `{"name": "f", "arguments": {...}}`, character by
 character: it reports the name once it is complete and streams the arguments value as it is written, so the
 concatenated fragments are exactly the model's arguments JSON (key order free: arguments written before the name
-are held until the name is known). Other keys are skipped. It never builds the whole object.
+are held until the name is known). Other keys are skipped. It never builds the whole object. For a format that
+writes the name before a bare arguments object (Mistral v11+), it scans that object alone.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ class _At(Enum):
 
 
 class JsonCallScanner:
-    """Scans one call object; `done` once its closing brace is read, `broken` on text that is not such an object."""
+    """Scans one call object; `done` once its closing brace is read, `broken` on text that is not such an object.
+    With `name` (already reported by the caller), it scans the call's arguments object alone."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, name: str | None = None) -> None:
         self.index = index
-        self.name: str | None = None
-        self._at = _At.BEFORE_OBJECT
-        self._key = ""
+        self.name = name
+        self._arguments_only = name is not None
+        self._at = _At.BEFORE_VALUE if self._arguments_only else _At.BEFORE_OBJECT
+        self._key = "arguments" if self._arguments_only else ""
         self._value = ""  # the raw text of the current value so far (kept only for the name)
         self._depth = 0  # nesting inside the current value
         self._in_string = False
@@ -161,4 +164,4 @@ class JsonCallScanner:
             self.name = name if isinstance(name, str) else None
         self._value = ""
         self._streaming = False
-        self._at = _At.AFTER_VALUE
+        self._at = _At.DONE if self._arguments_only else _At.AFTER_VALUE

@@ -1,5 +1,6 @@
 """Tool calls written as JSON objects in the text: hermes/qwen (`<tool_call>{...}</tool_call>`), llama3 JSON
-(`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`).
+(`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`, and the v11+
+`[TOOL_CALLS]name[ARGS]{...}`).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
 model writes it (json_call.py). A call stands once it names a function (it has been streamed); cut off by the end of
@@ -15,9 +16,11 @@ from enum import Enum
 
 from detok_worker.parse.base import ParsedOutput, TextStage
 from detok_worker.parse.json_call import JsonCallScanner
-from detok_worker.parse.markers import split_before_marker
+from detok_worker.parse.markers import held_suffix_len, split_before_marker
 
 _SPACE = " \t\r\n"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+_MAX_NAME_CHARS = 64  # OpenAI's limit on a function name; a longer word after `[TOOL_CALLS]` is no call
 
 
 class _In(Enum):
@@ -25,6 +28,9 @@ class _In(Enum):
     CALL = 2  # inside a call object
     AFTER_CALL = 3  # the object ended: skipping to the closing marker / the next call
     START = 4  # llama3: the output has not shown yet whether it is a call
+    NAME = 5  # mistral v11+: the function name, up to `[ARGS]` (or `[CALL_ID]`)
+    CALL_ID = 6  # mistral v11+: the call id, up to `[ARGS]`
+    ARGS = 7  # mistral v11+: after `[ARGS]`, before the arguments object
 
 
 class _JsonCallsStage(TextStage):
@@ -41,9 +47,15 @@ class _JsonCallsStage(TextStage):
         self._scanner: JsonCallScanner | None = None
         self._unnamed = ""
 
-    def _start_call(self) -> None:
-        self._scanner = JsonCallScanner(self._calls)
+    def _start_call(self, name: str | None = None) -> None:
+        self._scanner = JsonCallScanner(self._calls, name)
         self._in = _In.CALL
+
+    def _not_a_call(self, out: ParsedOutput) -> None:
+        """What was held as possible markup was not: it is content, and the text goes on as text."""
+        out.content += self._unnamed
+        self._unnamed = ""
+        self._in = _In.TEXT
 
     def _after_call(self, broken: bool) -> _In:
         """Where the text goes on after a named call: one that broke ends the calls (the character that broke it
@@ -87,12 +99,11 @@ class _JsonCallsStage(TextStage):
         if char == "{":
             self._start_call()
             return buffer
-        self._in = _In.TEXT
         if char == closer and self._group_calls:
             self._unnamed = ""
+            self._in = _In.TEXT
             return buffer[1:]
-        out.content += self._unnamed
-        self._unnamed = ""
+        self._not_a_call(out)
         return buffer
 
     def finish(self, out: ParsedOutput) -> None:
@@ -101,7 +112,7 @@ class _JsonCallsStage(TextStage):
             self._scanner.finish(out)
         if self._in is _In.AFTER_CALL and self._group_calls:
             self._unnamed = ""  # the output ended after a call: what follows it was markup
-        out.content += self._unnamed + (held if self._in in (_In.TEXT, _In.START) else "")
+        out.content += self._unnamed + (held if self._in is not _In.AFTER_CALL else "")  # not a partial closing marker
         self._unnamed = ""
 
 
@@ -161,17 +172,30 @@ class TaggedJsonCalls(_JsonCallsStage):
 
 
 class MistralCalls(_JsonCallsStage):
-    """`[TOOL_CALLS]` then a JSON array of call objects (or bare objects); text before the marker (and after the
-    array) is content. When what follows the marker is not a list that starts with a named call, the marker and it
-    are content (as vLLM keeps an output whose calls do not parse). Between calls, whitespace and one "," are
-    markup when a call or the closing "]" follows; any other text ends the calls and is content from the last call
-    on (the "," included)."""
+    """`[TOOL_CALLS]` then either a JSON array of call objects (or bare objects), or (mistral-common tokenizer v11+:
+    Mistral Small 3.2, Magistral, Devstral) one call written `name[ARGS]{...}` or `name[CALL_ID]id[ARGS]{...}`,
+    each call with its own marker. The first character after the marker (and whitespace) tells which. Text before
+    the marker (and after the calls) is content.
+
+    When what follows the marker is not a list that starts with a named call, nor a name (letters, digits, "_",
+    "-", ".", at most 64) then `[ARGS]` then an object, the marker and it are content (as vLLM keeps an output
+    whose calls do not parse). Between calls in the list, whitespace and one "," are markup when a call or the
+    closing "]" follows; any other text ends the calls and is content from the last call on (the "," included).
+    A v11 call's id is markup (the front makes the ids)."""
 
     MARKER = "[TOOL_CALLS]"
+    ARGS = "[ARGS]"
+    CALL_ID = "[CALL_ID]"
 
     def __init__(self) -> None:
         super().__init__()
         self._in_array = False
+        self._name_first = False  # the v11 format
+        self._name = ""
+        self._word_chars = 0  # of the name or call id being read
+
+    def _after_call(self, broken: bool) -> _In:
+        return _In.TEXT if self._name_first else super()._after_call(broken)  # v11: one call per marker
 
     def feed(self, text: str, out: ParsedOutput) -> None:
         buffer = self._held + text
@@ -183,19 +207,68 @@ class MistralCalls(_JsonCallsStage):
                 if not marker:
                     self._held = rest
                     return
-                self._in, self._in_array, self._unnamed = _In.AFTER_CALL, False, marker
+                self._in, self._in_array, self._name_first, self._unnamed = _In.AFTER_CALL, False, False, marker
                 self._group_calls, self._separated = 0, False
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
-            elif buffer[0] == "[" and not self._in_array and not self._group_calls:
+            elif self._in is _In.NAME or self._in is _In.CALL_ID:
+                buffer = self._name_or_call_id(buffer, out)
+            elif self._in is _In.ARGS:
+                buffer = self._arguments_start(buffer, out)
+            else:
+                buffer = self._after_marker_or_call(buffer, out)
+
+    def _after_marker_or_call(self, buffer: str, out: ParsedOutput) -> str:
+        if not self._in_array and not self._group_calls:  # right after the marker: which format
+            if buffer[0] == "[":
                 self._in_array = True
                 self._unnamed += "["
-                buffer = buffer[1:]
-            elif self._in_array:
-                buffer = self._between_calls(buffer, out, ",", "]")
-            else:
-                buffer = self._between_calls(buffer, out, "")
+                return buffer[1:]
+            if buffer[0] in _NAME_CHARS:
+                self._in, self._name_first, self._name, self._word_chars = _In.NAME, True, "", 0
+                return buffer
+        if self._in_array:
+            return self._between_calls(buffer, out, ",", "]")
+        return self._between_calls(buffer, out, "")
+
+    def _name_or_call_id(self, buffer: str, out: ParsedOutput) -> str:
+        """v11: the name, up to `[ARGS]` or `[CALL_ID]`; or the call id, up to `[ARGS]`."""
+        size = 0
+        while size < len(buffer) and buffer[size] in _NAME_CHARS and self._word_chars + size < _MAX_NAME_CHARS:
+            size += 1
+        if self._in is _In.NAME:
+            self._name += buffer[:size]
+        self._word_chars += size
+        self._unnamed += buffer[:size]
+        rest = buffer[size:]
+        if not rest:
+            return ""
+        markers = (self.ARGS, self.CALL_ID) if self._in is _In.NAME else (self.ARGS,)
+        for marker in markers:
+            if rest.startswith(marker) and self._word_chars:
+                self._in = _In.ARGS if marker == self.ARGS else _In.CALL_ID
+                self._unnamed += marker
+                self._word_chars = 0
+                return rest[len(marker) :]
+        if held_suffix_len(rest, markers) == len(rest):
+            self._held = rest  # it may still become the marker
+            return ""
+        self._not_a_call(out)
+        return rest
+
+    def _arguments_start(self, buffer: str, out: ParsedOutput) -> str:
+        """v11, after `[ARGS]`: an object makes the call (its name is known now); anything else makes none."""
+        char = buffer[0]
+        if char in _SPACE:
+            self._unnamed += char
+            return buffer[1:]
+        if char != "{":
+            self._not_a_call(out)
+            return buffer
+        out.add_tool(self._calls, name=self._name)
+        self._start_call(self._name)
+        return buffer
 
 
 class Llama3JsonCalls(_JsonCallsStage):

@@ -6,7 +6,7 @@ however the text is cut."""
 from __future__ import annotations
 
 import pytest
-from helpers.parse_cases import parse_in_pieces
+from helpers.parse_cases import calls_of, parse_every_way
 
 
 @pytest.mark.parametrize(
@@ -64,8 +64,5 @@ from helpers.parse_cases import parse_in_pieces
 def test_text_that_is_no_call_stays_content(
     parser_name: str, text: str, content: str, calls: list[tuple[str, str]]
 ) -> None:
-    whole = parse_in_pieces(parser_name, text, [])
-    assert (whole.content, [(call.name, call.arguments) for call in whole.tool_calls]) == (content, calls)
-    assert parse_in_pieces(parser_name, text, list(range(1, len(text)))) == whole  # character by character
-    for cut in range(1, len(text)):
-        assert parse_in_pieces(parser_name, text, [cut]) == whole
+    whole = parse_every_way(parser_name, text)
+    assert (whole.content, calls_of(whole)) == (content, calls)
