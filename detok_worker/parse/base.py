@@ -1,7 +1,8 @@
 """What every output parser is: text in (as it is decoded), pieces per channel out.
 
 The rule that keeps streaming exact: a parser's output after some input text depends only on that text, never on
-how it was cut into pieces (each parser holds back a suffix that may still become a marker, and nothing else).
+how it was cut into pieces (each parser holds back a suffix that may still become a marker, or a tool call's
+markup that what follows will confirm or turn into content, and nothing else).
 So streaming the pieces and parsing the whole text give the same channels, and a worker that re-opens a request
 and decodes its history in one piece reproduces what the first worker emitted.
 """

@@ -1,7 +1,8 @@
 """An incremental scanner of one JSON tool-call object, `{"name": "f", "arguments": {...}}`, character by
 character: it reports the name once it is complete and streams the arguments value as it is written, so the
 concatenated fragments are exactly the model's arguments JSON (key order free: arguments written before the name
-are held until the name is known). Other keys are skipped. It never builds the whole object.
+are held until the name is known). Other keys are skipped. It never builds the whole object. For a format that
+writes the name before a bare arguments object (Mistral v11+), it scans that object alone.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ class _At(Enum):
 
 
 class JsonCallScanner:
-    """Scans one call object; `done` once its closing brace is read, `broken` on text that is not such an object."""
+    """Scans one call object; `done` once its closing brace is read, `broken` on text that is not such an object.
+    With `name` (already reported by the caller), it scans the call's arguments object alone."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, name: str | None = None) -> None:
         self.index = index
-        self.name: str | None = None
-        self._at = _At.BEFORE_OBJECT
-        self._key = ""
+        self.name = name
+        self._arguments_only = name is not None
+        self._at = _At.BEFORE_VALUE if self._arguments_only else _At.BEFORE_OBJECT
+        self._key = "arguments" if self._arguments_only else ""
         self._value = ""  # the raw text of the current value so far (kept only for the name)
         self._depth = 0  # nesting inside the current value
         self._in_string = False
@@ -54,15 +57,19 @@ class JsonCallScanner:
         return self._at is _At.BROKEN
 
     def feed(self, text: str, out: ParsedOutput) -> int:
-        """Consume characters of `text` until the object is complete; returns how many were consumed."""
+        """Consume characters of `text` until the object is complete or breaks; returns how many were consumed
+        (never the character that breaks it)."""
         args: list[str] = []
         consumed = len(text)
         for position, char in enumerate(text):
-            if self._at is _At.DONE or self._at is _At.BROKEN:
+            if self._at is _At.DONE:
                 consumed = position
                 break
             named = self.name is not None
             self._step(char, args)
+            if self._at is _At.BROKEN:
+                consumed = position  # the breaking character is not the call's: the stage decides what it is
+                break
             if not named and self.name is not None:  # the call's first piece: its name, and arguments so far
                 out.add_tool(self.index, name=self.name, arguments=self._pending_args + "".join(args))
                 self._pending_args = ""
@@ -91,7 +98,11 @@ class JsonCallScanner:
             self._value += char
             self._string_char(char)
             if not self._in_string:
-                self._key = json.loads(self._value)
+                try:
+                    self._key = json.loads(self._value)
+                except ValueError:  # an invalid escape
+                    self._at = _At.BROKEN
+                    return
                 self._value = ""
                 self._at = _At.BEFORE_COLON
         elif char in _SPACE:
@@ -153,4 +164,4 @@ class JsonCallScanner:
             self.name = name if isinstance(name, str) else None
         self._value = ""
         self._streaming = False
-        self._at = _At.AFTER_VALUE
+        self._at = _At.DONE if self._arguments_only else _At.AFTER_VALUE

@@ -1,10 +1,13 @@
 """Tool calls written as JSON objects in the text: hermes/qwen (`<tool_call>{...}</tool_call>`), llama3 JSON
-(`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`).
+(`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`, and the v11+
+`[TOOL_CALLS]name[ARGS]{...}`).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
-model writes it (json_call.py). A call cut off by the end of the output keeps what was streamed; an object that
-ends, breaks or is cut off before it names a function was not a call: its text (with the marker before it when
-no call was made) is content.
+model writes it (json_call.py). A call stands once it names a function (it has been streamed); cut off by the end of
+the output, it keeps what was streamed. No text vanishes: what is not markup of a call is content. An object that
+ends, breaks or is cut off before it names a function was not a call: its text (with the markup before it) is
+content. Markup that is held until what follows shows what it is (`_unnamed`): the opening marker and whitespace
+before the first call, and whitespace plus one separator between calls.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from enum import Enum
 
 from detok_worker.parse.base import ParsedOutput, TextStage
 from detok_worker.parse.json_call import JsonCallScanner
-from detok_worker.parse.markers import split_before_marker
+from detok_worker.parse.markers import held_suffix_len, split_before_marker
 
 _SPACE = " \t\r\n"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+_MAX_NAME_CHARS = 64  # OpenAI's limit on a function name; a longer word after `[TOOL_CALLS]` is no call
 
 
 class _In(Enum):
@@ -23,27 +28,43 @@ class _In(Enum):
     CALL = 2  # inside a call object
     AFTER_CALL = 3  # the object ended: skipping to the closing marker / the next call
     START = 4  # llama3: the output has not shown yet whether it is a call
+    NAME = 5  # mistral v11+: the function name, up to `[ARGS]` (or `[CALL_ID]`)
+    CALL_ID = 6  # mistral v11+: the call id, up to `[ARGS]`
+    ARGS = 7  # mistral v11+: after `[ARGS]`, before the arguments object
 
 
 class _JsonCallsStage(TextStage):
-    """What the JSON call stages share: the held text, the call being scanned, the count of calls, and the text of
-    a call that has not named a function yet (`_unnamed`, with the markup before it while no call was made): an
-    object that ends, breaks or is cut off before it names one was not a call, so that text is content."""
+    """What the JSON call stages share: the held text, the call being scanned, the count of calls, and the text
+    not yet known to be markup or content (`_unnamed`): the markup since the opening marker or the last call, and
+    an object that has not named a function yet. A named call makes it markup; anything else makes it content."""
 
     def __init__(self, start: _In = _In.TEXT) -> None:
         self._in = start
         self._held = ""
         self._calls = 0
+        self._group_calls = 0  # calls since the opening marker (llama3: in the output)
+        self._separated = False  # a separator was read since the last call
         self._scanner: JsonCallScanner | None = None
         self._unnamed = ""
 
-    def _start_call(self) -> None:
-        self._scanner = JsonCallScanner(self._calls)
+    def _start_call(self, name: str | None = None) -> None:
+        self._scanner = JsonCallScanner(self._calls, name)
         self._in = _In.CALL
+
+    def _not_a_call(self, out: ParsedOutput) -> None:
+        """What was held as possible markup was not: it is content, and the text goes on as text."""
+        out.content += self._unnamed
+        self._unnamed = ""
+        self._in = _In.TEXT
+
+    def _after_call(self, broken: bool) -> _In:
+        """Where the text goes on after a named call: one that broke ends the calls (the character that broke it
+        and what follows are content)."""
+        return _In.TEXT if broken else _In.AFTER_CALL
 
     def _after_unnamed(self) -> _In:
         """Where the text goes on after an object that was not a call."""
-        return _In.TEXT if self._calls == 0 else _In.AFTER_CALL
+        return _In.TEXT if self._group_calls == 0 else _In.AFTER_CALL
 
     def _feed_call(self, buffer: str, out: ParsedOutput) -> str:
         """Feed the call being scanned; returns the text after it (once it ended)."""
@@ -54,30 +75,67 @@ class _JsonCallsStage(TextStage):
             self._unnamed = ""
             if scanner.done or scanner.broken:
                 self._calls += 1
-                self._in = _In.AFTER_CALL
+                self._group_calls += 1
+                self._separated = False
+                self._in = self._after_call(scanner.broken)
         elif scanner.done or scanner.broken:
             out.content += self._unnamed + buffer[: len(buffer) - len(rest)]
             self._unnamed = ""
+            self._separated = False
             self._in = self._after_unnamed()
         else:
             self._unnamed += buffer
         return rest
 
+    def _between_calls(self, buffer: str, out: ParsedOutput, separator: str, closer: str = "") -> str:
+        """After the opening markup or a call: whitespace and (after a call) one `separator` are markup if "{"
+        opens a call next, or if `closer` ends the calls (after a call); any other character ends the calls, and
+        the markup read since the last call is content with it."""
+        char = buffer[0]
+        if char in _SPACE or (char == separator and self._group_calls and not self._separated):
+            self._separated = self._separated or char == separator
+            self._unnamed += char
+            return buffer[1:]
+        if char == "{":
+            self._start_call()
+            return buffer
+        if char == closer and self._group_calls:
+            self._unnamed = ""
+            self._in = _In.TEXT
+            return buffer[1:]
+        self._not_a_call(out)
+        return buffer
+
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""
         if self._in is _In.CALL and self._scanner is not None:
             self._scanner.finish(out)
-        out.content += self._unnamed + (held if self._in in (_In.TEXT, _In.START) else "")
+        if self._in is _In.AFTER_CALL and self._group_calls:
+            self._unnamed = ""  # the output ended after a call: what follows it was markup
+        out.content += self._unnamed + (held if self._in is not _In.AFTER_CALL else "")  # not a partial closing marker
         self._unnamed = ""
 
 
 class TaggedJsonCalls(_JsonCallsStage):
-    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`."""
+    """Calls between an opening and a closing marker, e.g. hermes `<tool_call>` ... `</tool_call>`.
+
+    A named call stands (it has been streamed). Inside its block, whitespace around the object is markup; any
+    other text after the object (junk, or the character that broke the object and what follows it) is content, up
+    to the closing marker. A block whose closing marker is missing ends at the next opening marker."""
 
     def __init__(self, open_marker: str, close_marker: str) -> None:
         super().__init__()
         self.open_marker = open_marker
         self.close_marker = close_marker
+        self._text_after_call = False  # content was found in the block after its call object
+
+    def _after_call(self, broken: bool) -> _In:
+        return _In.AFTER_CALL  # a call that broke stays in its block, up to the closing marker
+
+    def _open_call(self, marker: str) -> None:
+        self._start_call()
+        self._unnamed = marker
+        self._text_after_call = False
 
     def _after_unnamed(self) -> _In:
         return _In.TEXT  # the closing marker of a call that was none is content too
@@ -92,30 +150,52 @@ class TaggedJsonCalls(_JsonCallsStage):
                 if not marker:
                     self._held = rest
                     return
-                self._start_call()
-                self._unnamed = marker
+                self._open_call(marker)
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
             else:
-                before, marker, rest = split_before_marker(buffer, (self.close_marker,))
+                before, marker, rest = split_before_marker(buffer, (self.close_marker, self.open_marker))
+                if not self._text_after_call:
+                    before = before.lstrip(_SPACE)
+                if before:
+                    out.content += before
+                    self._text_after_call = True
                 if not marker:
                     self._held = rest
                     return
-                self._in = _In.TEXT
+                if marker == self.open_marker:
+                    self._open_call(marker)
+                else:
+                    self._in = _In.TEXT
                 buffer = rest
 
 
 class MistralCalls(_JsonCallsStage):
-    """`[TOOL_CALLS]` then a JSON array of call objects; text before the marker (and after the array) is content.
-    When what follows the marker is not a list that starts with a named call, the marker and it are content (as
-    vLLM keeps an output whose calls do not parse)."""
+    """`[TOOL_CALLS]` then either a JSON array of call objects (or bare objects), or (mistral-common tokenizer v11+:
+    Mistral Small 3.2, Magistral, Devstral) one call written `name[ARGS]{...}` or `name[CALL_ID]id[ARGS]{...}`,
+    each call with its own marker. The first character after the marker (and whitespace) tells which. Text before
+    the marker (and after the calls) is content.
+
+    When what follows the marker is not a list that starts with a named call, nor a name (letters, digits, "_",
+    "-", ".", at most 64) then `[ARGS]` then an object, the marker and it are content (as vLLM keeps an output
+    whose calls do not parse). Between calls in the list, whitespace and one "," are markup when a call or the
+    closing "]" follows; any other text ends the calls and is content from the last call on (the "," included).
+    A v11 call's id is markup (the front makes the ids)."""
 
     MARKER = "[TOOL_CALLS]"
+    ARGS = "[ARGS]"
+    CALL_ID = "[CALL_ID]"
 
     def __init__(self) -> None:
         super().__init__()
         self._in_array = False
+        self._name_first = False  # the v11 format
+        self._name = ""
+        self._word_chars = 0  # of the name or call id being read
+
+    def _after_call(self, broken: bool) -> _In:
+        return _In.TEXT if self._name_first else super()._after_call(broken)  # v11: one call per marker
 
     def feed(self, text: str, out: ParsedOutput) -> None:
         buffer = self._held + text
@@ -127,36 +207,75 @@ class MistralCalls(_JsonCallsStage):
                 if not marker:
                     self._held = rest
                     return
-                self._in, self._in_array, self._unnamed = _In.AFTER_CALL, False, marker
+                self._in, self._in_array, self._name_first, self._unnamed = _In.AFTER_CALL, False, False, marker
+                self._group_calls, self._separated = 0, False
                 buffer = rest
             elif self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
+            elif self._in is _In.NAME or self._in is _In.CALL_ID:
+                buffer = self._name_or_call_id(buffer, out)
+            elif self._in is _In.ARGS:
+                buffer = self._arguments_start(buffer, out)
             else:
-                buffer = self._between_calls(buffer, out)
+                buffer = self._after_marker_or_call(buffer, out)
 
-    def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
-        """After the marker or a call: "[" opens the array, "{" a call, "," separates, "]" ends the calls."""
+    def _after_marker_or_call(self, buffer: str, out: ParsedOutput) -> str:
+        if not self._in_array and not self._group_calls:  # right after the marker: which format
+            if buffer[0] == "[":
+                self._in_array = True
+                self._unnamed += "["
+                return buffer[1:]
+            if buffer[0] in _NAME_CHARS:
+                self._in, self._name_first, self._name, self._word_chars = _In.NAME, True, "", 0
+                return buffer
+        if self._in_array:
+            return self._between_calls(buffer, out, ",", "]")
+        return self._between_calls(buffer, out, "")
+
+    def _name_or_call_id(self, buffer: str, out: ParsedOutput) -> str:
+        """v11: the name, up to `[ARGS]` or `[CALL_ID]`; or the call id, up to `[ARGS]`."""
+        size = 0
+        while size < len(buffer) and buffer[size] in _NAME_CHARS and self._word_chars + size < _MAX_NAME_CHARS:
+            size += 1
+        if self._in is _In.NAME:
+            self._name += buffer[:size]
+        self._word_chars += size
+        self._unnamed += buffer[:size]
+        rest = buffer[size:]
+        if not rest:
+            return ""
+        markers = (self.ARGS, self.CALL_ID) if self._in is _In.NAME else (self.ARGS,)
+        for marker in markers:
+            if rest.startswith(marker) and self._word_chars:
+                self._in = _In.ARGS if marker == self.ARGS else _In.CALL_ID
+                self._unnamed += marker
+                self._word_chars = 0
+                return rest[len(marker) :]
+        if held_suffix_len(rest, markers) == len(rest):
+            self._held = rest  # it may still become the marker
+            return ""
+        self._not_a_call(out)
+        return rest
+
+    def _arguments_start(self, buffer: str, out: ParsedOutput) -> str:
+        """v11, after `[ARGS]`: an object makes the call (its name is known now); anything else makes none."""
         char = buffer[0]
-        if char in _SPACE or (char == "," and self._in_array and self._calls) or (char == "[" and not self._in_array):
-            self._in_array = self._in_array or char == "["
-            if self._calls == 0:
-                self._unnamed += char
+        if char in _SPACE:
+            self._unnamed += char
             return buffer[1:]
-        if char == "{":
-            self._start_call()
+        if char != "{":
+            self._not_a_call(out)
             return buffer
-        self._in = _In.TEXT
-        if self._calls == 0:
-            out.content += self._unnamed
-            self._unnamed = ""
-            return buffer
-        return buffer[1:] if char == "]" else buffer
+        out.add_tool(self._calls, name=self._name)
+        self._start_call(self._name)
+        return buffer
 
 
 class Llama3JsonCalls(_JsonCallsStage):
     """Llama 3.x JSON calls: the output is calls when it starts with `<|python_tag|>` or `{` (leading whitespace
-    allowed) and its first object names a function, several separated by `;`; any other output is content (the
-    tag included, as vLLM keeps an output whose calls do not parse)."""
+    allowed) and its first object names a function, several separated by whitespace and at most one `;`; any other
+    output is content (the tag included, as vLLM keeps an output whose calls do not parse). Text after the calls
+    that is not such markup ends them and is content from the last call on (a `;` included)."""
 
     TAG = "<|python_tag|>"
 
@@ -175,7 +294,7 @@ class Llama3JsonCalls(_JsonCallsStage):
             elif self._in is _In.START:
                 buffer = self._opening(buffer)
             else:
-                buffer = self._between_calls(buffer, out)
+                buffer = self._between_calls(buffer, out, ";")
 
     def _opening(self, buffer: str) -> str:
         """The output's leading whitespace and `<|python_tag|>`: kept (in `_unnamed`) until a call is named."""
@@ -189,18 +308,3 @@ class Llama3JsonCalls(_JsonCallsStage):
             self._unnamed += self.TAG
             return stripped[len(self.TAG) :]
         return stripped
-
-    def _between_calls(self, buffer: str, out: ParsedOutput) -> str:
-        """After the opening or a call: "{" opens a call, ";" separates calls; anything else is content."""
-        char = buffer[0]
-        if char in _SPACE or (char == ";" and self._calls):
-            if self._calls == 0:
-                self._unnamed += char
-            return buffer[1:]
-        if char == "{":
-            self._start_call()
-            return buffer
-        self._in = _In.TEXT
-        out.content += self._unnamed
-        self._unnamed = ""
-        return buffer

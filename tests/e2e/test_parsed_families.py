@@ -41,7 +41,7 @@ FAMILIES = {
     "deepseek-r1": ["deepseek-r1", "deepseek-r1-repeats-think"],
     "gpt-oss": ["gpt-oss-final", "gpt-oss-preamble-tool"],  # analysis + final; analysis + preamble + a call
     "llama3": ["llama3-json"],
-    "mistral": ["mistral"],
+    "mistral": ["mistral", "mistral-v11"],  # [TOOL_CALLS][{...}] and the v11+ [TOOL_CALLS]name[ARGS]{...}
 }
 # The gpt-oss and Mistral fixtures ship no chat template: the shape of the model's own (only the prompt's end
 # matters here, and the cases' prompt_tail is what these render).

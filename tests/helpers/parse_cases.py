@@ -101,6 +101,12 @@ CASES = [
         "<｜end▁of▁sentence｜>", "", "llama3_json", reasoning="", content="",
         tool_calls=[("get_weather", '{"city": "Paris"}'), ("time", "{}")],
     ),
+    OutputCase(  # mistral-common tokenizer v11+ (Mistral Small 3.2, Magistral, Devstral): name, then [ARGS]
+        "mistral-v11", "mistral-sp-v1", "[/INST]",
+        'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e'
+        '[ARGS]{"tz": "CET"}', "</s>", "", "mistral", reasoning="", content=" Let me check.",
+        tool_calls=[("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')],
+    ),
     OutputCase(
         "mistral", "mistral-sp-v1", "[/INST]",
         'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
@@ -154,6 +160,16 @@ def parse_in_pieces(tool_call_parser: str, text: str, cuts: list[int]) -> Parsed
         out.extend(parser.feed(text[start:end]))
     out.extend(parser.finish())
     return out
+
+
+def parse_every_way(tool_call_parser: str, text: str) -> ParsedOutput:
+    """`text` parsed whole, after asserting that every cut (character by character, and each single cut) gives the
+    same channels."""
+    whole = parse_in_pieces(tool_call_parser, text, [])
+    assert parse_in_pieces(tool_call_parser, text, list(range(1, len(text)))) == whole
+    for cut in range(1, len(text)):
+        assert parse_in_pieces(tool_call_parser, text, [cut]) == whole
+    return whole
 
 
 def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:

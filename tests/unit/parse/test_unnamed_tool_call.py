@@ -4,7 +4,7 @@ first) was not a call: its marker and text stay in content, whole and however th
 from __future__ import annotations
 
 import pytest
-from helpers.parse_cases import parse_in_pieces
+from helpers.parse_cases import calls_of, parse_every_way
 
 
 @pytest.mark.parametrize(
@@ -21,8 +21,5 @@ from helpers.parse_cases import parse_in_pieces
     ],
 )
 def test_a_call_without_a_name_stays_content(text: str, content: str, calls: list[tuple[str, str]]) -> None:
-    whole = parse_in_pieces("hermes", text, [])
-    assert (whole.content, [(call.name, call.arguments) for call in whole.tool_calls]) == (content, calls)
-    assert parse_in_pieces("hermes", text, list(range(1, len(text)))) == whole  # character by character
-    for cut in range(1, len(text)):
-        assert parse_in_pieces("hermes", text, [cut]) == whole
+    whole = parse_every_way("hermes", text)
+    assert (whole.content, calls_of(whole)) == (content, calls)
