@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from detok_worker.metrics.families import ABORT_CAUSES, metrics, tokenizer_type
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -27,17 +28,49 @@ class CounterSync:
                 self._seen[kind] = count
 
 
+class HeldHistogram:
+    """One labelled histogram observed in a hot loop, written to Prometheus only at flush(). In multiprocess mode
+    prometheus_client writes its mmap file on every observe (~3.5 us: the sum and a bucket); here an observation
+    is a bisect and two adds, and flush() adds each bucket's count and the sum at once, which is exactly what the
+    same observe() calls would have written (the child's buckets and sum are prometheus_client's value objects;
+    tests/unit/metrics/test_metrics.py compares the two)."""
+
+    __slots__ = ("_child", "_bounds", "_counts", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._child = child
+        self._bounds: list[float] = list(child._upper_bounds)  # ascending, the last is +Inf
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self._counts[bisect_left(self._bounds, amount)] += 1  # the first bucket with amount <= its bound
+        self._sum += amount
+
+    def flush(self) -> None:
+        counts = self._counts
+        if not any(counts):
+            return
+        for index, count in enumerate(counts):
+            if count:
+                self._child._buckets[index].inc(count)
+                counts[index] = 0
+        self._child._sum.inc(self._sum)
+        self._sum = 0.0
+
+
 class WorkerMetrics:
-    """What a worker records: batch() once per TokenBatch (four histogram observations), and sync() once per stats
-    interval, which copies the worker's own cumulative counts (WorkerState keeps them as plain ints)."""
+    """What a worker records: batch() once per TokenBatch (four histogram observations, held in plain ints), and
+    sync() once per stats interval, which writes them and copies the worker's own cumulative counts (WorkerState
+    keeps them as plain ints)."""
 
     def __init__(self, worker_id: str, tokenizer: Tokenizer) -> None:
         m = metrics()
         kind = tokenizer_type(tokenizer)
-        self._decode = m.decode_seconds.labels(kind, "stream_batch")
-        self._batch_rids = m.batch_rids.labels(worker_id)
-        self._batch_tokens = m.batch_tokens.labels(worker_id)
-        self._step = m.step_seconds.labels(worker_id)
+        self._decode = HeldHistogram(m.decode_seconds.labels(kind, "stream_batch"))
+        self._batch_rids = HeldHistogram(m.batch_rids.labels(worker_id))
+        self._batch_tokens = HeldHistogram(m.batch_tokens.labels(worker_id))
+        self._step = HeldHistogram(m.step_seconds.labels(worker_id))
         self._counters = {
             "tokens_in": m.tokens_in.labels(worker_id),
             "tokens_consumed": m.stream_tokens.labels(kind, worker_id),
@@ -64,6 +97,8 @@ class WorkerMetrics:
         bad_frames: Mapping[str, int],
     ) -> None:
         """counts: cumulative tokens_in, tokens_consumed, chars_out, holds; stops: cumulative per kind."""
+        for histogram in (self._decode, self._batch_rids, self._batch_tokens, self._step):
+            histogram.flush()
         for name, counter in self._counters.items():
             delta = counts.get(name, 0) - self._seen[name]
             if delta > 0:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 from helpers.fixtures import REPO, load_fixture_tokenizer
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from detok_worker import metrics as m
+from detok_worker.metrics.recorders import HeldHistogram
 
 # A worker-like process: records one batch and syncs its counters, then exits.
 CHILD = """
@@ -95,6 +96,35 @@ def test_counter_sync_turns_cumulative_counts_into_increments() -> None:
     sync.sync({"schema": 5, "multipart": 1})
     assert registry.get_sample_value("sync_probe_total", {"role": "worker", "kind": "schema"}) == 5
     assert registry.get_sample_value("sync_probe_total", {"role": "worker", "kind": "multipart"}) == 1
+
+
+def test_held_histogram_writes_what_observe_would_have() -> None:
+    registry = CollectorRegistry()
+    family = Histogram("x_seconds", "x", ["worker"], buckets=(0.001, 0.01, 0.1, 1.0), registry=registry)
+    direct, held = family.labels("direct"), HeldHistogram(family.labels("held"))
+    amounts = [0.0, 0.001, 0.0011, 0.01, 0.05, 0.1, 0.5, 1.0, 7.0, 1e9, 0.0005, 0.0005]
+    for amount in amounts[:7]:
+        direct.observe(amount)
+        held.observe(amount)
+    assert registry.get_sample_value("x_seconds_count", {"worker": "held"}) == 0  # nothing written before flush
+    held.flush()
+    for amount in amounts[7:]:
+        direct.observe(amount)
+        held.observe(amount)
+    held.flush()
+    held.flush()  # nothing new: writes nothing
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if not sample.name.endswith("_created")
+    }
+    for (name, labels), value in samples.items():
+        if ("worker", "direct") in labels:
+            twin = tuple(("worker", "held") if label == ("worker", "direct") else label for label in labels)
+            assert samples[(name, twin)] == value, name
+    assert samples[("x_seconds_count", (("worker", "held"),))] == len(amounts)
+    assert samples[("x_seconds_bucket", (("le", "0.001"), ("worker", "held")))] == 4  # 0, 0.001 and 2 x 0.0005
 
 
 def test_tokenizer_type_label() -> None:
