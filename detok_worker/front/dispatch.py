@@ -49,8 +49,9 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, bad_request
+from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.metrics import FrontMetrics
+from detok_worker.metrics import FrontMetrics, multiprocess_dir
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
 from detok_worker.stream.stop.rules import StopRules
 
@@ -69,6 +70,8 @@ class Dispatcher:
     def __init__(self, config: DetokConfig, index: int = 0) -> None:
         self.config = config
         self.index = index  # which front process this is (front.processes > 1)
+        # where the fronts share their /stats sections (front_stats.py): only when there are several
+        self._shared_dir = multiprocess_dir() if config.front.processes > 1 else None
         self._streams: dict[str, RequestStream] = {}
         self._unread: dict[str, RequestStream] = {}  # finished, with text its handler has not taken yet
         self._decoder = front_decoder()
@@ -204,9 +207,9 @@ class Dispatcher:
     def healthy(self) -> bool:
         return self.engine_alive() and self._engine is not None and len(self._engine[0].workers) >= 1
 
-    def stats(self) -> dict[str, Any]:
-        now = time.monotonic()
-        front = {
+    def front_section(self) -> dict[str, Any]:
+        """This front's part of /stats (front_stats.py shares it with the other fronts)."""
+        return {
             "index": self.index,
             "pid": os.getpid(),
             "live_rids": self.live_rids,
@@ -215,6 +218,11 @@ class Dispatcher:
             "bad_frames": dict(self._decoder.bad_frames),
             **self.counters,
         }
+
+    def stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        front = self.front_section()
+        fronts = all_fronts(self._shared_dir, front)
         engine = None
         if self._engine is not None:
             engine = {**msgspec.structs.asdict(self._engine[0]), "age_s": round(now - self._engine[1], 3)}
@@ -223,7 +231,8 @@ class Dispatcher:
             for worker, (stats, seen) in self._workers.items()
             if now - seen < self._worker_stale_s
         }
-        return {"front": front, "engine": engine, "workers": workers}
+        totals = front_totals(fronts)
+        return {"front": front, "fronts": fronts, "front_totals": totals, "engine": engine, "workers": workers}
 
     # ---- bus loops --------------------------------------------------------------------------------------
 
@@ -362,7 +371,13 @@ class Dispatcher:
                 self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self.flush_counters()
-            self._recount_pending()
+            if self._shared_dir is not None:
+                try:
+                    write_snapshot(self._shared_dir, self.index, self.front_section())
+                except OSError as exc:
+                    warn_rate_limited(log, _repeated_faults, "stats", "cannot share /stats with the fronts: %s", exc)
+            else:
+                self._recount_pending()
             # worker ids come and go (HOSTNAME-PID after each restart): forget the silent ones, or the table grows
             for worker in [w for w, (_, seen) in self._workers.items() if now - seen >= self._worker_stale_s]:
                 del self._workers[worker]

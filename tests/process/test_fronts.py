@@ -141,6 +141,16 @@ def test_two_fronts_serve_200_concurrent_streams_exactly(service: ServeProcess, 
     # /metrics, from whichever front answers, counts the responses of both (a fresh service: exactly these 200)
     wait_for_value(service.url, "detok_http_responses_total", 200, endpoint="/v1/completions", status="200")
     wait_for(lambda: all_idle(service), 10, what="live rids 0 everywhere")
+    # /stats, from whichever front answers, lists both and sums their requests (each front's section is shared
+    # at its sweep, so wait for the other's)
+    stats = wait_for(
+        lambda: (got := service.stats())["front_totals"]["completed"] == 200 and got, 10, what="/stats of both fronts"
+    )
+    assert sorted(front["pid"] for front in stats["fronts"]) == sorted(pids.values())
+    assert stats["front_totals"]["processes"] == 2
+    assert {front["index"]: front["completed"] for front in stats["fronts"]} == {
+        index: per_front[pid] for index, pid in pids.items()
+    }
 
 
 def test_sigkill_of_one_front_loses_only_its_own_streams(service: ServeProcess, tokenizer: Any) -> None:
