@@ -40,6 +40,7 @@ from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.decoder import Lane
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.parsing import RidParsing, parsing_for
 
@@ -76,26 +77,6 @@ class BatchResult:
     finishes: list[Finish] = field(default_factory=list)
 
 
-class _RecentlyEnded:
-    """Bounded insertion-ordered set of rids that ended here, so their late tokens are dropped quietly."""
-
-    def __init__(self, capacity: int) -> None:
-        self._rids: dict[str, None] = {}
-        self._capacity = capacity
-
-    def add(self, rid: str) -> None:
-        self._rids.pop(rid, None)
-        self._rids[rid] = None
-        if len(self._rids) > self._capacity:
-            del self._rids[next(iter(self._rids))]
-
-    def discard(self, rid: str) -> None:
-        self._rids.pop(rid, None)
-
-    def __contains__(self, rid: str) -> bool:
-        return rid in self._rids
-
-
 class WorkerState:
     """Per-rid stream and stop state of one worker."""
 
@@ -115,7 +96,7 @@ class WorkerState:
         self.max_live_stop_chars = max_live_stop_chars
         self.live_stop_chars = 0
         self.live: dict[str, RidState] = {}
-        self._ended = _RecentlyEnded(RECENTLY_ENDED_CAPACITY)
+        self._ended = RecentlyEnded(RECENTLY_ENDED_CAPACITY)
         self.bad: Counter[str] = Counter()
         self.tokens_in = 0
         self.chars_out = 0
