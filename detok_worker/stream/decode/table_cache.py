@@ -8,8 +8,11 @@ The key covers everything the verification depended on: the tokenizer's own cont
 backend hook `content_fingerprint()`, e.g. the sha256 of the tokenizer.json it was loaded from and the library
 version that decodes it; a tokenizer without one is never cached), its class, vocabulary size and special ids, the
 file format version, and a hash of the detok source code that builds, verifies and decodes the tables (so a code
-change, released or not, never reuses an old verdict). A file that does not decode, has another format or key, or
-fails the loader's spot check is ignored and rebuilt. A cache directory that cannot be written disables caching.
+change, released or not, never reuses an old verdict). A file starts with the sha256 of the rest: a file whose
+bytes are not the ones written after the verification (damaged, truncated, edited), or that does not decode, or
+has another format or key, is ignored and rebuilt. Reading a file back needs no decode by the tokenizer, so a
+process whose tables come from here never has to build the library tokenizer for them (backends/hf.py defers
+that build). A cache directory that cannot be written disables caching.
 
 Builds are serialised across processes by an advisory lock per key: N workers starting together verify once, and
 the others read what the first one wrote.
@@ -36,7 +39,7 @@ from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _SUBDIR = "fast-path"
 _PACKAGE = Path(__file__).resolve().parents[2]  # detok_worker/
 # The code a cached verdict depends on: the tables, streams and verification, and the backends' decode and tables.
@@ -64,6 +67,7 @@ class CachedFastPath(msgspec.Struct, array_like=True, gc=False):
         )
 
 
+_DIGEST_SIZE = 32  # the sha256 of the msgpack entry that follows it in the file
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(CachedFastPath)
 
@@ -117,8 +121,12 @@ def read_cached(key: str) -> CachedFastPath | None:
         data = path.read_bytes()
     except OSError:
         return None
+    digest, payload = data[:_DIGEST_SIZE], data[_DIGEST_SIZE:]
+    if hashlib.sha256(payload).digest() != digest:
+        log.warning("ignoring the fast-path cache file %s: its content is not what was written; rebuilding it", path)
+        return None
     try:
-        entry = _decoder.decode(data)
+        entry = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring the corrupt fast-path cache file %s (%s); rebuilding it", path, exc)
         return None
@@ -149,8 +157,9 @@ def write_cached(key: str, table: TokenBytesTable | None, verified: bool, reason
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
+        payload = _encoder.encode(entry)
         with os.fdopen(fd, "wb") as file:
-            file.write(_encoder.encode(entry))
+            file.write(hashlib.sha256(payload).digest() + payload)
         os.replace(temporary, target)
     except OSError as exc:
         log.info("fast-path cache disabled: cannot write %s (%s)", target, exc)
