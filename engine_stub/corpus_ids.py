@@ -4,8 +4,8 @@ the corpus: with the ids here and the EOS and special ids from the tokenizer loa
 `Tokenizer.from_str` (~0.45 s for Qwen3) and plans every request by a lookup.
 
 Where: the detok cache directory (`cache_root()`, as for the other disk caches), folder `corpus-ids/`, one JSON
-file per key: the sha256 of the format version, the tokenizer's `content_fingerprint()` (a tokenizer without one
-is never cached) and every passage. A missing or unreadable file, or one written for another key, is ignored and
+file per key (`content_key`: the tokenizer's content fingerprint, a tokenizer without one is never cached, and
+a sha256 of every passage). A missing or unreadable file, or one written for another key, is ignored and
 written again; any file may be deleted at any time.
 """
 
@@ -16,7 +16,7 @@ import json
 import logging
 from pathlib import Path
 
-from detok_worker.tokenizer.loading.load_cache import cache_root, write_atomically
+from detok_worker.tokenizer.loading.load_cache import cache_root, content_key, write_atomically
 from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -28,14 +28,8 @@ _SUBDIR = "corpus-ids"
 def corpus_key(tokenizer: Tokenizer, passages: list[str]) -> str | None:
     """The key of these passages' ids under this tokenizer, or None when the tokenizer gives no content
     fingerprint."""
-    hook = getattr(tokenizer, "content_fingerprint", None)
-    fingerprint = hook() if callable(hook) else None
-    if not fingerprint:
-        return None
-    digest = hashlib.sha256(f"{FORMAT_VERSION}\x00{fingerprint}".encode())
-    for passage in passages:
-        digest.update(b"\x00" + passage.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
+    corpus = hashlib.sha256("\x00".join(passages).encode("utf-8", "surrogatepass")).hexdigest()
+    return content_key(tokenizer, format=FORMAT_VERSION, passages=len(passages), corpus=corpus)
 
 
 def _path(key: str) -> Path | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 import msgspec
 
 from detok_worker.tokenizer.loading.load_cache import CACHE_DIR_ENV as CACHE_DIR_ENV  # where it was defined first
-from detok_worker.tokenizer.loading.load_cache import cache_root
+from detok_worker.tokenizer.loading.load_cache import cache_root, content_key
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
@@ -91,20 +90,7 @@ def source_digest() -> str:
 
 def cache_key(tokenizer: Tokenizer) -> str | None:
     """The key of this tokenizer's tables, or None when its backend gives no content fingerprint."""
-    hook = getattr(tokenizer, "content_fingerprint", None)
-    fingerprint = hook() if callable(hook) else None
-    if not fingerprint:
-        return None
-    kind = type(tokenizer)
-    parts = {
-        "format": FORMAT_VERSION,
-        "code": source_digest(),
-        "tokenizer": fingerprint,
-        "class": f"{kind.__module__}.{kind.__qualname__}",
-        "vocab_size": tokenizer.vocab_size,
-        "special_ids": sorted(tokenizer.special_token_ids),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return content_key(tokenizer, format=FORMAT_VERSION, code=source_digest())
 
 
 def _path(directory: Path, key: str) -> Path:

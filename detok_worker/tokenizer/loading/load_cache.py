@@ -26,6 +26,8 @@ from pathlib import Path
 
 from tokenizers import __version__ as tokenizers_version
 
+from detok_worker.tokenizer.protocol import Tokenizer
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "DETOK_CACHE_DIR"
@@ -50,6 +52,25 @@ class VocabFacts:
     vocab_size: int
     unknown_ids: frozenset[int]
     added_tokens: tuple[tuple[int, str, bool], ...]
+
+
+def content_key(tokenizer: Tokenizer, **parts: object) -> str | None:
+    """The key of something the other disk caches compute from a tokenizer: a sha256 over its content fingerprint
+    (the optional backend hook `content_fingerprint()`; None without one, which is then never cached), its class,
+    vocabulary size and special ids, and `parts` (format, code version, ...; JSON-serialisable)."""
+    hook = getattr(tokenizer, "content_fingerprint", None)
+    fingerprint = hook() if callable(hook) else None
+    if not fingerprint:
+        return None
+    kind = type(tokenizer)
+    described = {
+        **parts,
+        "tokenizer": fingerprint,
+        "class": f"{kind.__module__}.{kind.__qualname__}",
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": sorted(tokenizer.special_token_ids),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
 def load_key(source_sha256: str) -> str:
