@@ -5,8 +5,9 @@ registered, and where a process's time goes before it serves.
   start into a fresh cache directory) and, with --cold, of starts each against a fresh empty cache directory.
 - phases: CPU seconds of each role's start-up steps in a fresh process (median of --repeat; CPU, not wall time,
   so that other jobs on the machine inflate them less): interpreter start, importing
-  the `detok` CLI, importing the role's module, creating the tokenizer, and the role's own preparation (the
-  worker's fast-path tables, the front's app with its encode cache). A process pays these in parallel with the
+  the `detok` CLI, importing the role's module, creating the tokenizer (the front builds the library tokenizer
+  here; the others defer it), and the role's own preparation (the worker's fast-path tables, the front's app
+  with its encode cache, the engine's token source). A process pays these in parallel with the
   others, on however many cores there are: the sum over the processes, divided by the cores, is the floor of the
   time to healthy.
 
@@ -48,7 +49,7 @@ marks.append(("import role", time.process_time()))
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
 config = DetokConfig()
-tokenizer = load_configured_tokenizer(config)
+tokenizer = load_configured_tokenizer(config, eager=role == "front")
 marks.append(("tokenizer", time.process_time()))
 if role == "worker":
     from detok_worker.stream import byte_decoding_for
@@ -56,6 +57,9 @@ if role == "worker":
 elif role == "front":
     from detok_worker.front.app import create_app
     create_app(config, tokenizer)
+else:
+    from engine_stub.sources import create_source
+    create_source(config, tokenizer)
 marks.append(("prepare", time.process_time()))
 print(json.dumps({"marks": marks}))
 """

@@ -1,6 +1,7 @@
 """Token sources: for a submitted request, the output ids the stub engine will "generate".
 
-- corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS;
+- corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS; the ids of
+  every passage are encoded at start, or read from their disk cache (engine_stub/corpus_ids.py);
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
   0 = as fast as the engine steps);
@@ -22,6 +23,7 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace, read_trace
+from engine_stub.corpus_ids import passage_ids
 from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
 from engine_stub.source_api import GeneratingSource, Plan, SourceError, TokenSource
 
@@ -87,12 +89,21 @@ def load_corpus(directory: str | Path | None = None) -> list[str]:
 class CorpusSource:
     name = "corpus"
 
-    def __init__(self, tokenizer: Tokenizer, passages: list[str], eos_id: int | None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        passages: list[str],
+        eos_id: int | None,
+        seed: int = 0,
+        passage_ids: list[list[int]] | None = None,
+    ) -> None:
+        """`passage_ids`: every passage's ids, known beforehand (engine_stub/corpus_ids.py); else each passage is
+        encoded at its first use."""
         self.tokenizer = tokenizer
         self.passages = passages
         self.eos_id = eos_id
         self.seed = seed
-        self._ids: dict[int, list[int]] = {}
+        self._ids: dict[int, list[int]] = dict(enumerate(passage_ids)) if passage_ids is not None else {}
 
     def passage_index(self, rid: str) -> int:
         return random.Random(f"{self.seed}/{rid}").randrange(len(self.passages))
@@ -132,4 +143,5 @@ def create_source(config: DetokConfig, tokenizer: Tokenizer) -> TokenSource | Ge
     if engine.source == "llama-cpp":
         generator = LlamaGenerator(engine.model or default_model_path(), engine.model_threads)
         return LlamaSource(generator, tokenizer)
-    return CorpusSource(tokenizer, load_corpus(engine.corpus or None), eos_id, engine.seed)
+    passages = load_corpus(engine.corpus or None)
+    return CorpusSource(tokenizer, passages, eos_id, engine.seed, passage_ids(tokenizer, passages))

@@ -84,7 +84,7 @@ def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: in
     which of the front.processes front processes this is."""
     if tokenizer is None:
         start = time.perf_counter()
-        tokenizer = load_configured_tokenizer(config)
+        tokenizer = load_configured_tokenizer(config, eager=True)  # every request encodes
         observe_tokenizer_load(tokenizer, time.perf_counter() - start, "front")
     app = create_app(config, tokenizer, index)
     max_connections = connection_cap(config.front, raise_fd_limit())

@@ -13,7 +13,7 @@ Both are cached per id: a request with logprobs decodes each distinct id once pe
 from __future__ import annotations
 
 from detok_worker.bus.messages import LogprobText, TokenLogprob
-from detok_worker.stream.decode.fast_path import byte_decoding_for
+from detok_worker.stream.decode import byte_decoding_for, decode_text
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -40,7 +40,7 @@ class TokenTexts:
             return found
         if not self._loaded:
             self._load_table()
-        token = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        token = decode_text(self.tokenizer, [token_id])
         data: bytes | None = None
         if self._byte_values is not None and self._byte_values[token_id] >= 0:
             data = bytes([self._byte_values[token_id]])

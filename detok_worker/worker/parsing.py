@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from detok_worker.bus.messages import DetokParams, ParsedDelta, ToolCallDelta
 from detok_worker.parse.base import OutputParser, ParsedOutput
 from detok_worker.parse.registry import create_parser
+from detok_worker.stream.decode import decode_text
 from detok_worker.stream.stop.matcher import StopStringFilter, StopStringMatch, compile_stop_strings
 from detok_worker.tokenizer.protocol import Tokenizer
 
@@ -55,7 +56,7 @@ def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int
     """The parsing state of a request that names parsers (None if it names none). Raises ParserError."""
     if not (params.reasoning_parser or params.tool_call_parser):
         return None
-    tail_text = tokenizer.decode(prompt_tail, skip_special_tokens=False) if prompt_tail else ""
+    tail_text = decode_text(tokenizer, prompt_tail) if prompt_tail else ""
     parser = create_parser(params.reasoning_parser, params.tool_call_parser, tail_text)
     if parser is None:
         return None

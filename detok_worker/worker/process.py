@@ -28,7 +28,7 @@ from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
 from detok_worker.process.signals import stop_on_signals
-from detok_worker.stream import byte_decoding_for
+from detok_worker.stream import prepare_tokenizer
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -234,9 +234,12 @@ def run_worker(config: DetokConfig, worker_id: str | None = None) -> None:
     record_worker_start(worker_id)
     start = time.perf_counter()
     tokenizer = load_configured_tokenizer(config)
-    # Build and verify the byte-level tables now: done lazily, the first request would stall the loop (and its
-    # heartbeats) for up to a second or two.
-    byte_decoding_for(tokenizer)
+    # Build and verify the byte-level tables now (or read them from their disk cache), or else the generic path's
+    # probe (which builds the library tokenizer, as every generic step decodes through it): done lazily, the first
+    # request would stall the loop (and its heartbeats) for up to a second or two. With verified tables and the
+    # tokenizer's facts from disk the library tokenizer is never built here (decode_text serves logprobs and
+    # parsers from the tables).
+    prepare_tokenizer(tokenizer)
     observe_tokenizer_load(tokenizer, time.perf_counter() - start, "worker")
     process = WorkerProcess(config, worker_id, tokenizer)
     with stop_on_signals(process.request_stop):

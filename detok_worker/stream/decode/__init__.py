@@ -5,13 +5,14 @@ window diff (generic.py, byte_tokens.py). utf8.py says which bytes are final; re
 
 from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.fast_path import FastPathStatus, byte_decoding_for, fast_path_status
-from detok_worker.stream.decode.select import create_decode_stream, prepare_tokenizer
+from detok_worker.stream.decode.select import create_decode_stream, decode_text, prepare_tokenizer
 
 __all__ = [
     "DecodeStream",
     "FastPathStatus",
     "byte_decoding_for",
     "create_decode_stream",
+    "decode_text",
     "fast_path_status",
     "prepare_tokenizer",
 ]

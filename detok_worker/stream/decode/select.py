@@ -1,4 +1,5 @@
-"""The factory: which DecodeStream implementation serves a tokenizer, and building one.
+"""The factory: which DecodeStream implementation serves a tokenizer, and building one; decode_text, a whole
+decode on the same choice.
 
 The byte-level fast path when fast_path.py verified the tokenizer's byte table (byte_level.py for byte-level BPE,
 byte_fallback.py for SentencePiece-style byte fallback), else the generic window diff (generic.py).
@@ -29,6 +30,16 @@ def create_decode_stream(
         return GenericDecodeStream.open(tokenizer, prompt_ids, skip_special_tokens)
     implementation = ByteFallbackDecodeStream if decoding.byte_fallback else ByteLevelDecodeStream
     return implementation.open(tokenizer, decoding, prompt_ids, skip_special_tokens)
+
+
+def decode_text(tokenizer: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """tokenizer.decode(ids, skip_special_tokens): with verified tables, computed as the verification checks it (a
+    stream over the ids, then flush) without a call into the tokenizer's library, which a worker whose tables came
+    from disk has not built (backends/hf.py defers that); else by the tokenizer's own decode."""
+    if byte_decoding_for(tokenizer) is None:
+        return tokenizer.decode(ids, skip_special_tokens)
+    stream = create_decode_stream(tokenizer, (), skip_special_tokens)
+    return "".join(stream.step_batch(ids)) + (stream.flush() or "")
 
 
 def prepare_tokenizer(tokenizer: Tokenizer) -> bool:

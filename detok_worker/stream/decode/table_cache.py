@@ -8,8 +8,11 @@ The key covers everything the verification depended on: the tokenizer's own cont
 backend hook `content_fingerprint()`, e.g. the sha256 of the tokenizer.json it was loaded from and the library
 version that decodes it; a tokenizer without one is never cached), its class, vocabulary size and special ids, the
 file format version, and a hash of the detok source code that builds, verifies and decodes the tables (so a code
-change, released or not, never reuses an old verdict). A file that does not decode, has another format or key, or
-fails the loader's spot check is ignored and rebuilt. A cache directory that cannot be written disables caching.
+change, released or not, never reuses an old verdict). A file starts with the sha256 of the rest: a file whose
+bytes are not the ones written after the verification (damaged, truncated, edited), or that does not decode, or
+has another format or key, is ignored and rebuilt. Reading a file back needs no decode by the tokenizer, so a
+process whose tables come from here never has to build the library tokenizer for them (backends/hf.py defers
+that build). A cache directory that cannot be written disables caching.
 
 Builds are serialised across processes by an advisory lock per key: N workers starting together verify once, and
 the others read what the first one wrote.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -30,13 +32,13 @@ from pathlib import Path
 import msgspec
 
 from detok_worker.tokenizer.loading.load_cache import CACHE_DIR_ENV as CACHE_DIR_ENV  # where it was defined first
-from detok_worker.tokenizer.loading.load_cache import cache_root
+from detok_worker.tokenizer.loading.load_cache import cache_root, content_key
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _SUBDIR = "fast-path"
 _PACKAGE = Path(__file__).resolve().parents[2]  # detok_worker/
 # The code a cached verdict depends on: the tables, streams and verification, and the backends' decode and tables.
@@ -64,6 +66,7 @@ class CachedFastPath(msgspec.Struct, array_like=True, gc=False):
         )
 
 
+_DIGEST_SIZE = 32  # the sha256 of the msgpack entry that follows it in the file
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(CachedFastPath)
 
@@ -87,20 +90,7 @@ def source_digest() -> str:
 
 def cache_key(tokenizer: Tokenizer) -> str | None:
     """The key of this tokenizer's tables, or None when its backend gives no content fingerprint."""
-    hook = getattr(tokenizer, "content_fingerprint", None)
-    fingerprint = hook() if callable(hook) else None
-    if not fingerprint:
-        return None
-    kind = type(tokenizer)
-    parts = {
-        "format": FORMAT_VERSION,
-        "code": source_digest(),
-        "tokenizer": fingerprint,
-        "class": f"{kind.__module__}.{kind.__qualname__}",
-        "vocab_size": tokenizer.vocab_size,
-        "special_ids": sorted(tokenizer.special_token_ids),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return content_key(tokenizer, format=FORMAT_VERSION, code=source_digest())
 
 
 def _path(directory: Path, key: str) -> Path:
@@ -117,8 +107,12 @@ def read_cached(key: str) -> CachedFastPath | None:
         data = path.read_bytes()
     except OSError:
         return None
+    digest, payload = data[:_DIGEST_SIZE], data[_DIGEST_SIZE:]
+    if hashlib.sha256(payload).digest() != digest:
+        log.warning("ignoring the fast-path cache file %s: its content is not what was written; rebuilding it", path)
+        return None
     try:
-        entry = _decoder.decode(data)
+        entry = _decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring the corrupt fast-path cache file %s (%s); rebuilding it", path, exc)
         return None
@@ -149,8 +143,9 @@ def write_cached(key: str, table: TokenBytesTable | None, verified: bool, reason
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
+        payload = _encoder.encode(entry)
         with os.fdopen(fd, "wb") as file:
-            file.write(_encoder.encode(entry))
+            file.write(hashlib.sha256(payload).digest() + payload)
         os.replace(temporary, target)
     except OSError as exc:
         log.info("fast-path cache disabled: cannot write %s (%s)", target, exc)

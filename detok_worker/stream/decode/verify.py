@@ -6,7 +6,6 @@
    the fast-path streams themselves and compared with decode.
 3. Random pairs of partial ids, which is where concatenation and run rules differ from per-token decoding.
 Any difference refuses the fast path (the caller logs the first one). Takes well under 2 s for 200k ids.
-`spot_check_byte_decoding` is the cheap check of tables read back from the disk cache (table_cache.py).
 """
 
 from __future__ import annotations
@@ -112,23 +111,3 @@ def verify_byte_decoding(tokenizer: Tokenizer, decoding: ByteDecoding) -> str | 
     except TokenizerError as error:  # e.g. an id the table knows but decode rejects
         return f"decode failed: {error}"
     return None
-
-
-SPOT_CHECK_IDS = 512
-
-
-def spot_check_byte_decoding(tokenizer: Tokenizer, decoding: ByteDecoding) -> str | None:
-    """A cheap check of tables read back from the disk cache (whose key already proves they were verified): the
-    vocabulary size, and decode of every special id and of ids spread over the whole vocabulary, alone."""
-    if decoding.vocab_size != tokenizer.vocab_size:
-        return f"the table has {decoding.vocab_size} ids, the tokenizer {tokenizer.vocab_size}"
-    unknown = decoding.unknown_ids
-    step = max(1, decoding.vocab_size // SPOT_CHECK_IDS)
-    spread = [i for i in range(0, decoding.vocab_size, step) if i not in unknown]
-    ids = sorted(set(spread) | {i for i in tokenizer.special_token_ids if i not in unknown})
-    sequences = [[i] for i in ids]
-    try:
-        got = batch_decoder(tokenizer, False)(sequences)
-    except TokenizerError as error:
-        return f"decode failed: {error}"
-    return _first_difference(sequences, got, _single_texts(decoding, ids, False), False)

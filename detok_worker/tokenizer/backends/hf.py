@@ -10,7 +10,10 @@ import hashlib
 import json
 import logging
 import lzma
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -57,31 +60,44 @@ class HFTokenizer(TokenizerBase):
 
     def __init__(
         self,
-        tokenizer: RustTokenizer,
+        tokenizer: RustTokenizer | None,
         *,
         name: str,
         config: Mapping[str, Any] | None = None,
         generation_config: Mapping[str, Any] | None = None,
         source_digest: str | None = None,
         vocab_facts: VocabFacts | None = None,
+        build: Callable[[], RustTokenizer] | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
+        """`tokenizer` is the library tokenizer; or None with `build` and `vocab_facts`: it is then built at its
+        first use (everything this constructor and the vocabulary-wide methods need comes from the facts)."""
+        if tokenizer is not None:
+            self._tokenizer = tokenizer
+        elif build is None or vocab_facts is None:
+            raise ValueError("HFTokenizer needs a library tokenizer, or a way to build one and its vocabulary facts")
+        self._build = build
+        self._build_lock = threading.Lock()
         self._source_digest = source_digest  # sha256 of the tokenizer.json it was loaded from, if known
         config = config or {}
-        facts = vocab_facts if vocab_facts is not None else read_vocab_facts(tokenizer)
+        facts = vocab_facts if vocab_facts is not None else read_vocab_facts(self._tokenizer)
         vocab_size = facts.vocab_size
         # Ids in [0, vocab_size) that name no token (rare; tokenizers would silently drop them).
         self._unknown_ids = facts.unknown_ids
-        added = tokenizer.get_added_tokens_decoder()
-        special_tokens = self._read_special_tokens(config, [added[i].content for i in sorted(added)], added)
+        added = {token_id: (content, special) for token_id, content, special in facts.added_tokens}
+        contents = [content for content, _ in added.values()]
+        named = Counter(contents)
+        # The library looks a token up among the added tokens first (then in the model): the same answer here,
+        # without building it, for a content that names one added token.
+        self._added_ids = {content: i for i, (content, _) in added.items() if named[content] == 1}
+        special_tokens = self._read_special_tokens(config, contents, added)
         eos_ids = _as_id_list((generation_config or {}).get("eos_token_id"))
-        if special_tokens.eos is not None and (eos_id := tokenizer.token_to_id(special_tokens.eos)) is not None:
+        if special_tokens.eos is not None and (eos_id := self.token_to_id(special_tokens.eos)) is not None:
             eos_ids.append(eos_id)
         super().__init__(
             name=name,
             vocab_size=vocab_size,
             special_tokens=special_tokens,
-            special_token_ids=(i for i, token in added.items() if token.special),
+            special_token_ids=(i for i, (_, special) in added.items() if special),
             eos_token_ids=(i for i in eos_ids if 0 <= i < vocab_size),
             chat_templates=templates_from_config(config, f"{name}/{CONFIG_FILE}"),
         )
@@ -90,9 +106,27 @@ class HFTokenizer(TokenizerBase):
         known = isinstance(max_length, int) and not isinstance(max_length, bool) and 0 < max_length < 10**12
         self.model_max_length: int | None = max_length if known else None
 
+    def __getattr__(self, name: str) -> Any:
+        # Called only while `_tokenizer` is not set (a deferred build): no cost on any call once it is built.
+        if name != "_tokenizer" or self.__dict__.get("_build") is None:
+            raise AttributeError(name)
+        return self.ensure_built()
+
+    def ensure_built(self) -> RustTokenizer:
+        """The library tokenizer, built now if its build was deferred (`load_configured_tokenizer(eager=True)`
+        calls this: the front builds it before it serves, so no request waits for it)."""
+        with self._build_lock:
+            built = self.__dict__.get("_tokenizer")
+            if built is None:
+                assert self._build is not None
+                start = time.perf_counter()
+                built = self._tokenizer = self._build()
+                log.info("built the tokenizers tokenizer of %s in %.2f s", self.name, time.perf_counter() - start)
+        return built
+
     @staticmethod
     def _read_special_tokens(
-        config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, Any]
+        config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, tuple[str, bool]]
     ) -> SpecialTokens:
         named = {kind: token_text(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
         taken = set(named.values())
@@ -101,7 +135,7 @@ class HFTokenizer(TokenizerBase):
             content = token_text(token)
             if content is not None and content not in taken:
                 additional[content] = None
-        special_contents = {token.content for token in added.values() if token.special}
+        special_contents = {content for content, special in added.values() if special}
         for content in added_in_order:
             if content in special_contents and content not in taken:
                 additional[content] = None
@@ -140,7 +174,8 @@ class HFTokenizer(TokenizerBase):
         return self._tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tokenizer.token_to_id(token)
+        found = self._added_ids.get(token)
+        return found if found is not None else self._tokenizer.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
         if not 0 <= token_id < self._vocab_size:
@@ -162,11 +197,13 @@ class HFTokenizer(TokenizerBase):
 
 
 def read_vocab_facts(tokenizer: RustTokenizer) -> VocabFacts:
-    """The vocabulary size and the unknown ids, from the whole vocabulary (~0.1 s for 150k tokens)."""
+    """The vocabulary size, the unknown ids (from the whole vocabulary, ~0.1 s for 150k tokens) and the added
+    tokens."""
     known_ids = set(tokenizer.get_vocab(with_added_tokens=True).values())
     vocab_size = max(known_ids, default=-1) + 1
     unknown = frozenset(range(vocab_size)) - known_ids if len(known_ids) < vocab_size else frozenset()
-    return VocabFacts(vocab_size, unknown)
+    added = tokenizer.get_added_tokens_decoder()
+    return VocabFacts(vocab_size, unknown, tuple((i, added[i].content, bool(added[i].special)) for i in sorted(added)))
 
 
 def _read_json_file(path: Path) -> dict[str, Any] | None:
@@ -191,29 +228,20 @@ def find_hf_tokenizer_file(path: Path) -> Path | None:
 
 
 def load_hf_tokenizer(path: Path) -> HFTokenizer:
-    """Load a tokenizer.json(.xz) file, or a directory holding one (+ tokenizer_config.json, generation_config.json)."""
+    """Load a tokenizer.json(.xz) file, or a directory holding one (+ tokenizer_config.json, generation_config.json).
+    With the file's vocabulary facts in the load cache, the library tokenizer is built at its first use."""
     file = find_hf_tokenizer_file(path)
     if file is None:
         raise TokenizerLoadError(f"{path}: no {' or '.join(TOKENIZER_FILES)} found")
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
+    raw = _read_source(file)
     source_digest = hashlib.sha256(raw).hexdigest()
     key = load_cache.load_key(source_digest)
     compressed = file.name.endswith(".xz")
-    tokenizer = _cached_build(key) if compressed else None
-    decompressed = None
-    if tokenizer is None:
-        try:
-            decompressed = (lzma.decompress(raw) if compressed else raw).decode("utf-8")
-            tokenizer = RustTokenizer.from_str(decompressed)
-        except (lzma.LZMAError, UnicodeDecodeError) as exc:
-            raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
-        except Exception as exc:  # tokenizers raises plain Exception on malformed JSON or unknown components
-            raise TokenizerLoadError(f"{file} is not a valid Hugging Face tokenizer.json: {exc}") from exc
     facts = load_cache.read_vocab_facts(key)
-    if facts is None or (compressed and decompressed is not None):
+    tokenizer = None
+    if facts is None or (compressed and load_cache.cached_json_path(key) is None):
+        decompressed = _decompress(file, raw)
+        tokenizer = _from_json(file, decompressed)
         facts = facts or read_vocab_facts(tokenizer)
         load_cache.write_entry(key, facts, decompressed if compressed else None)
     directory = file.parent
@@ -225,16 +253,45 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
         generation_config=_read_json_file(directory / GENERATION_CONFIG_FILE),
         source_digest=source_digest,
         vocab_facts=facts,
+        build=lambda: _deferred_build(file, source_digest, key),
     )
 
 
-def _cached_build(key: str) -> RustTokenizer | None:
-    """The tokenizer built from the decompressed JSON the load cache holds under `key`, if it holds one."""
-    path = load_cache.cached_json_path(key)
-    if path is None:
-        return None
+def _read_source(file: Path) -> bytes:
     try:
-        return RustTokenizer.from_file(str(path))
-    except Exception as exc:  # not what the key says (a damaged file): decompress the source again
-        log.warning("ignoring the tokenizer load cache file %s (%s)", path, exc)
-        return None
+        return file.read_bytes()
+    except OSError as exc:
+        raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
+
+
+def _decompress(file: Path, raw: bytes) -> str:
+    try:
+        return (lzma.decompress(raw) if file.name.endswith(".xz") else raw).decode("utf-8")
+    except (lzma.LZMAError, UnicodeDecodeError) as exc:
+        raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
+
+
+def _from_json(file: Path, text: str) -> RustTokenizer:
+    try:
+        return RustTokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises plain Exception on malformed JSON or unknown components
+        raise TokenizerLoadError(f"{file} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+
+
+def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
+    """The library tokenizer of a load that took its facts from the cache: from the cached decompressed JSON, else
+    from the source file, which must still be the file those facts describe."""
+    path = load_cache.cached_json_path(key)
+    if path is not None:
+        try:
+            return RustTokenizer.from_file(str(path))
+        except Exception as exc:  # not what the key says (a damaged file): decompress the source again
+            log.warning("ignoring the tokenizer load cache file %s (%s)", path, exc)
+    raw = _read_source(file)
+    if hashlib.sha256(raw).hexdigest() != source_digest:
+        raise TokenizerLoadError(f"{file} changed since it was loaded: restart to load the new file")
+    decompressed = _decompress(file, raw)
+    tokenizer = _from_json(file, decompressed)
+    if file.name.endswith(".xz"):
+        load_cache.write_entry(key, read_vocab_facts(tokenizer), decompressed)
+    return tokenizer

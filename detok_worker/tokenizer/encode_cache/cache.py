@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from detok_worker.tokenizer.encode_cache.plan_cache import plan_key, read_plan, write_plan
 from detok_worker.tokenizer.encode_cache.prefix import PrefixEncoder, PrefixHit, PrefixStore
 from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_prefix_split
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, Tokenizer
@@ -32,16 +33,27 @@ _plans_lock = threading.Lock()
 
 
 def split_plan_for(tokenizer: Tokenizer) -> SplitPlan:
-    """The split plan of a tokenizer, computed once per tokenizer object (it takes up to a few hundred ms)."""
+    """The split plan of a tokenizer, computed once per tokenizer object (it takes up to a few hundred ms) and
+    kept on disk by tokenizer content (plan_cache.py)."""
     with _plans_lock:
         try:
             plan = _plans.get(tokenizer)
         except TypeError:  # not weak-referenceable: compute every time
-            return plan_prefix_split(tokenizer)
+            return _stored_or_planned(tokenizer)
         if plan is None:
-            plan = plan_prefix_split(tokenizer)
+            plan = _stored_or_planned(tokenizer)
             _plans[tokenizer] = plan
         return plan
+
+
+def _stored_or_planned(tokenizer: Tokenizer) -> SplitPlan:
+    key = plan_key(tokenizer)
+    plan = read_plan(key) if key is not None else None
+    if plan is None:
+        plan = plan_prefix_split(tokenizer)
+        if key is not None:
+            write_plan(key, plan)
+    return plan
 
 
 def hit_rate(hits: int, misses: int) -> float:

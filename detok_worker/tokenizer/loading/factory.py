@@ -49,14 +49,20 @@ def load_default_tokenizer() -> Tokenizer:
     return create_tokenizer(DEFAULT_TOKENIZER_DIR)
 
 
-def load_configured_tokenizer(config: DetokConfig) -> Tokenizer:
+def load_configured_tokenizer(config: DetokConfig, *, eager: bool = False) -> Tokenizer:
     """The tokenizer a detok config names ([tokenizer] path, backend, revision, model_encodings, chat_template);
-    the embedded default when no path is set. Every process loads its tokenizer through here."""
+    the embedded default when no path is set. Every process loads its tokenizer through here. A backend may defer
+    its costliest part to the first use that needs it (HFTokenizer with its facts in the load cache: building the
+    library tokenizer); `eager` does it now, for a process whose first request must not wait for it."""
     settings = config.tokenizer
-    return create_tokenizer(
+    tokenizer = create_tokenizer(
         settings.path or DEFAULT_TOKENIZER_DIR,
         backend=settings.backend or None,
         chat_template=settings.chat_template or None,
         revision=settings.revision or None,
         model_encodings=settings.model_encodings or None,
     )
+    ensure_built = getattr(tokenizer, "ensure_built", None)
+    if eager and callable(ensure_built):
+        ensure_built()
+    return tokenizer

@@ -1,7 +1,10 @@
 """What loading a Hugging Face tokenizer.json costs besides building it, kept on disk per file content: the
 decompressed JSON of a tokenizer.json.xz (lzma is ~1/5 of loading Qwen3) and the vocabulary facts HFTokenizer
-derives from the whole vocabulary (`get_vocab`, another ~1/5). Every detok process loads the tokenizer; with this
-only the first start after a new file pays for them.
+derives from the whole vocabulary (`get_vocab`, another ~1/5) and from its added tokens. Every detok process
+loads the tokenizer; with this only the first start after a new file pays for them, and with the facts at hand
+HFTokenizer defers building the library tokenizer (`Tokenizer.from_str`, ~0.45 s for Qwen3) to its first use: a
+worker whose fast-path tables come from their disk cache, or an engine stub that only needs the EOS and special
+ids, never builds it.
 
 Where: the detok cache directory (`cache_root()`: $DETOK_CACHE_DIR if set, empty disables every disk cache; else
 $XDG_CACHE_HOME/detok or ~/.cache/detok), folder `tokenizer-load/`. Keyed by the sha256 of the file's bytes as
@@ -23,10 +26,12 @@ from pathlib import Path
 
 from tokenizers import __version__ as tokenizers_version
 
+from detok_worker.tokenizer.protocol import Tokenizer
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "DETOK_CACHE_DIR"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _SUBDIR = "tokenizer-load"
 
 
@@ -41,11 +46,31 @@ def cache_root() -> Path | None:
 
 @dataclass(frozen=True, slots=True)
 class VocabFacts:
-    """What HFTokenizer needs from the whole vocabulary: its size (highest id + 1) and the ids in it naming no
-    token."""
+    """What HFTokenizer needs from the whole vocabulary: its size (highest id + 1), the ids in it naming no
+    token, and the added tokens (id, content, special), ascending by id."""
 
     vocab_size: int
     unknown_ids: frozenset[int]
+    added_tokens: tuple[tuple[int, str, bool], ...]
+
+
+def content_key(tokenizer: Tokenizer, **parts: object) -> str | None:
+    """The key of something the other disk caches compute from a tokenizer: a sha256 over its content fingerprint
+    (the optional backend hook `content_fingerprint()`; None without one, which is then never cached), its class,
+    vocabulary size and special ids, and `parts` (format, code version, ...; JSON-serialisable)."""
+    hook = getattr(tokenizer, "content_fingerprint", None)
+    fingerprint = hook() if callable(hook) else None
+    if not fingerprint:
+        return None
+    kind = type(tokenizer)
+    described = {
+        **parts,
+        "tokenizer": fingerprint,
+        "class": f"{kind.__module__}.{kind.__qualname__}",
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": sorted(tokenizer.special_token_ids),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
 def load_key(source_sha256: str) -> str:
@@ -72,7 +97,8 @@ def read_vocab_facts(key: str) -> VocabFacts | None:
         data = json.loads((directory / f"{key}.vocab.json").read_text(encoding="utf-8"))
         if data["key"] != key:
             return None
-        return VocabFacts(int(data["vocab_size"]), frozenset(int(i) for i in data["unknown_ids"]))
+        added = tuple((int(i), str(content), bool(special)) for i, content, special in data["added_tokens"])
+        return VocabFacts(int(data["vocab_size"]), frozenset(int(i) for i in data["unknown_ids"]), added)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -86,14 +112,19 @@ def write_entry(key: str, facts: VocabFacts, decompressed: str | None) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if decompressed is not None:
-            _write_atomically(directory / f"{key}.json", decompressed)
-        payload = {"key": key, "vocab_size": facts.vocab_size, "unknown_ids": sorted(facts.unknown_ids)}
-        _write_atomically(directory / f"{key}.vocab.json", json.dumps(payload))
+            write_atomically(directory / f"{key}.json", decompressed)
+        payload = {
+            "key": key,
+            "vocab_size": facts.vocab_size,
+            "unknown_ids": sorted(facts.unknown_ids),
+            "added_tokens": [list(token) for token in facts.added_tokens],
+        }
+        write_atomically(directory / f"{key}.vocab.json", json.dumps(payload))
     except OSError as exc:
         log.debug("tokenizer load cache not written in %s: %s", directory, exc)
 
 
-def _write_atomically(target: Path, text: str) -> None:
+def write_atomically(target: Path, text: str) -> None:
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:

@@ -4,6 +4,7 @@ changes a result and never fails a load."""
 
 from __future__ import annotations
 
+import hashlib
 import lzma
 import random
 import shutil
@@ -18,7 +19,6 @@ from detok_worker.stream.decode import fast_path, table_cache
 from detok_worker.stream.decode.byte_fallback import ByteFallbackDecodeStream
 from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
 from detok_worker.stream.decode.tables import ByteDecoding
-from detok_worker.stream.decode.verify import SPOT_CHECK_IDS
 from detok_worker.tokenizer import create_tokenizer
 
 NAMES = sorted(FIXTURE_TOKENIZER_DIRS)
@@ -97,6 +97,11 @@ def test_a_second_load_reads_the_cache_instead_of_verifying(cache_dir: Path, ver
     assert second.decoding == first.decoding and second.reason == first.reason
 
 
+def with_digest(payload: bytes) -> bytes:
+    """A cache file holding `payload` with its own digest (so only decoding the entry can refuse it)."""
+    return hashlib.sha256(payload).digest() + payload
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "wrong pieces type"])
 def test_a_corrupt_cache_file_is_ignored_and_rebuilt(damage: str, cache_dir: Path, verifications: list[str]) -> None:
     expected = fast_path.fast_path_status(_fresh(SMALL)).decoding
@@ -106,7 +111,9 @@ def test_a_corrupt_cache_file_is_ignored_and_rebuilt(damage: str, cache_dir: Pat
         "truncated": data[: len(data) // 2],
         "garbage": b"\x93not msgpack at all" * 50,
         "empty": b"",
-        "wrong pieces type": msgspec.msgpack.encode([table_cache.FORMAT_VERSION, path.stem, True, "ok", "x", {}, 0]),
+        "wrong pieces type": with_digest(
+            msgspec.msgpack.encode([table_cache.FORMAT_VERSION, path.stem, True, "ok", "x", {}, 0])
+        ),
     }[damage]
     path.write_bytes(broken)
     status = fast_path.fast_path_status(_fresh(SMALL))
@@ -116,22 +123,26 @@ def test_a_corrupt_cache_file_is_ignored_and_rebuilt(damage: str, cache_dir: Pat
     assert entry is not None and entry.verified  # and the file was written again, whole
 
 
-def test_a_cache_file_whose_tables_disagree_with_decode_is_not_used(cache_dir: Path, verifications: list[str]) -> None:
+def test_a_cache_file_whose_tables_were_changed_after_writing_is_not_used(
+    cache_dir: Path, verifications: list[str]
+) -> None:
     tokenizer = _fresh(SMALL)
     expected = fast_path.fast_path_status(tokenizer).decoding
     assert expected is not None
     key = table_cache.cache_key(tokenizer)
     assert key is not None
-    table = tokenizer.token_bytes_table()
-    tampered = list(table.pieces)
-    spot_checked = 16 * (tokenizer.vocab_size // SPOT_CHECK_IDS)  # one of the ids the loader decodes to check
-    tampered[spot_checked] = b"tampered"
+    path = cache_dir / f"{key}.msgpack"
+    written_digest = path.read_bytes()[:32]
     entry = table_cache.read_cached(key)
     assert entry is not None
-    (cache_dir / f"{key}.msgpack").write_bytes(msgspec.msgpack.encode(msgspec.structs.replace(entry, pieces=tampered)))
+    tampered = list(entry.pieces)
+    changed = tokenizer.vocab_size // 3
+    tampered[changed] = b"tampered"  # still a valid entry for this key: only the digest tells
+    path.write_bytes(written_digest + msgspec.msgpack.encode(msgspec.structs.replace(entry, pieces=tampered)))
+    assert table_cache.read_cached(key) is None
     status = fast_path.fast_path_status(_fresh(SMALL))
     assert status.decoding == expected
-    assert status.decoding is not None and status.decoding.keep.pieces[spot_checked] != b"tampered"
+    assert status.decoding is not None and status.decoding.keep.pieces[changed] != b"tampered"
     assert verifications == [SMALL, SMALL]
 
 

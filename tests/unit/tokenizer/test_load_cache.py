@@ -12,7 +12,7 @@ from helpers.tokenizer_files import MULTILINGUAL_TEXTS
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import models, pre_tokenizers
 
-from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, InvalidTokenIdError, create_tokenizer
+from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, InvalidTokenIdError, TokenizerLoadError, create_tokenizer
 from detok_worker.tokenizer.backends import hf
 from detok_worker.tokenizer.loading import load_cache
 
@@ -87,3 +87,35 @@ def test_an_empty_cache_dir_setting_writes_nothing(tmp_path: Path, monkeypatch: 
     assert create_tokenizer(directory).encode("world").ids == [5]
     assert load_cache.cache_root() is None
     assert not (tmp_path / "xdg").exists()
+
+
+def test_a_cached_load_defers_the_library_build_and_answers_the_same_before_it(cache_root: Path) -> None:
+    first = create_tokenizer(DEFAULT_TOKENIZER_DIR)
+    second = create_tokenizer(DEFAULT_TOKENIZER_DIR)
+    assert "_tokenizer" in vars(first) and "_tokenizer" not in vars(second)
+    eos = second.special_tokens.eos
+    assert eos is not None
+    before_build = (second.vocab_size, second.special_tokens, second.special_token_ids, second.eos_token_ids)
+    assert before_build == (first.vocab_size, first.special_tokens, first.special_token_ids, first.eos_token_ids)
+    assert second.token_to_id(eos) == first.hf_tokenizer.token_to_id(eos)
+    assert "_tokenizer" not in vars(second)
+    assert fingerprint(second) == fingerprint(first)  # built at its first use
+    assert "_tokenizer" in vars(second)
+
+
+def test_a_source_changed_after_a_deferred_load_is_refused_and_a_new_load_reads_it(
+    cache_root: Path, tmp_path: Path
+) -> None:
+    directory = tmp_path / "plain"
+    directory.mkdir()
+    plain = lzma.decompress((DEFAULT_TOKENIZER_DIR / "tokenizer.json.xz").read_bytes())
+    (directory / "tokenizer.json").write_bytes(plain)
+    create_tokenizer(directory)
+    deferred = create_tokenizer(directory)
+    assert "_tokenizer" not in vars(deferred)
+    holes = write_tokenizer_with_holes(tmp_path / "holes")
+    (directory / "tokenizer.json").write_bytes(lzma.decompress((holes / "tokenizer.json.xz").read_bytes()))
+    with pytest.raises(TokenizerLoadError, match="changed since it was loaded"):
+        deferred.encode("hello world")
+    reloaded = create_tokenizer(directory)  # another file content: another key, nothing cached for it yet
+    assert reloaded.vocab_size == 6 and reloaded.encode("hello world").ids == [2, 5]
