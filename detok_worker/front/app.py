@@ -194,7 +194,7 @@ class Front:
         rid = request_rid(request, id_kind, body.request_id)
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
-        self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
+        self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
         if body.stream:
