@@ -282,22 +282,25 @@ class Front:
                 if first is not None:
                     yield sse.event(first)
             while True:  # after the end (or a failure) one more round: the text that came with it
+                ready: list[bytes] = []  # the events of one round go out in one write
                 for index, news, ended in await choices.changes():
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()
                     if news or logprobs:
-                        yield sse.event(formatter.text_chunk(index, news, stream, logprobs))
+                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs)))
                     if ended and stream.failure is None:
-                        yield sse.event(formatter.final_chunk(index, stream))
+                        ready.append(sse.event(formatter.final_chunk(index, stream)))
                 if choices.finished:
                     break
+                if ready:
+                    yield ready[0] if len(ready) == 1 else b"".join(ready)
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
-                yield sse.error_event(failure)
+                ready.append(sse.error_event(failure))
             elif include_usage:
-                yield sse.event(formatter.usage_chunk(choices))
-            yield sse.DONE
+                ready.append(sse.event(formatter.usage_chunk(choices)))
+            yield b"".join([*ready, sse.DONE])
         finally:
             clients.dec()
             self._open_event_streams -= 1
