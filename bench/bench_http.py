@@ -9,7 +9,8 @@ shares the machine's cores with the server).
 
     python bench/bench_http.py [--clients 100 1000] [--requests 2] [--max-tokens 128] [--workers 2]
                                [--step-interval-ms 0 20] [--quick] [--json FILE]
-    python bench/bench_http.py --per-chunk [--clients 500 1500] [--runs 3] [--quick]   (http_per_chunk.py)
+    python bench/bench_http.py --per-chunk [--clients 500 1500] [--runs 3] [--fronts 2] [--quick]
+                               (http_per_chunk.py)
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--per-chunk", action="store_true", help="front CPU per chunk vs a bare uvicorn SSE server")
     parser.add_argument("--runs", type=int, default=3, help="--per-chunk: runs per client count (medians)")
     parser.add_argument("--http", default="httptools", help="--per-chunk: the bare server's uvicorn HTTP protocol")
+    parser.add_argument("--fronts", type=int, default=1, help="--per-chunk: front processes (detok serve --fronts)")
     args = parser.parse_args()
     if args.per_chunk:
         args.clients = [100] if args.quick else [500, 1500] if args.clients == [100, 1000] else args.clients

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from detok_worker.bus.messages import LogprobText, RequestParams
 from detok_worker.config import DetokConfig
@@ -35,7 +36,7 @@ from detok_worker.front.middleware import middleware_for, request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
-from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text
+from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
 from detok_worker.front.validation import (
@@ -56,7 +57,10 @@ from detok_worker.tokenizer.protocol import Tokenizer
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
-PROMPT_THREADS = 2  # chat templates and tokenizing run off the event loop
+PROMPT_THREADS = 2  # chat templates and tokenizing of longer prompts run off the event loop
+# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU (~100+ us)
+# than the work (~40 us for a 40-character completion prompt; BENCHMARKS.md, "Front per chunk").
+INLINE_PROMPT_CHARS = 512
 RETRY_AFTER_S = 5  # what a request refused while draining is told
 DRAIN_POLL_S = 0.05
 DRAIN_FLUSH_S = 2.0  # after the drain timeout: time for the failed streams to send their error event
@@ -179,14 +183,18 @@ class Front:
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
         )
-        ids = truncate_prompt(await self._off_loop(prompt_ids, body), body)  # chat template + tokenizing: off loop
+        size = prompt_chars(body)
+        if size is not None and size <= INLINE_PROMPT_CHARS:
+            ids = truncate_prompt(prompt_ids(body), body)
+        else:  # chat template + tokenizing of a long prompt: off the loop
+            ids = truncate_prompt(await self._off_loop(prompt_ids, body), body)
         echo = None
         if checked.echo and isinstance(body, CompletionRequest):
             echo = await self._off_loop(echo_text, body, ids, self.tokenizer)
         rid = request_rid(request, id_kind, body.request_id)
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
-        self.dispatcher.metrics.request(request.url.path)  # one of the two generation routes
+        self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
         if body.stream:
@@ -274,22 +282,25 @@ class Front:
                 if first is not None:
                     yield sse.event(first)
             while True:  # after the end (or a failure) one more round: the text that came with it
+                ready: list[bytes] = []  # the events of one round go out in one write
                 for index, news, ended in await choices.changes():
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()
                     if news or logprobs:
-                        yield sse.event(formatter.text_chunk(index, news, stream, logprobs))
+                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs)))
                     if ended and stream.failure is None:
-                        yield sse.event(formatter.final_chunk(index, stream))
+                        ready.append(sse.event(formatter.final_chunk(index, stream)))
                 if choices.finished:
                     break
+                if ready:
+                    yield ready[0] if len(ready) == 1 else b"".join(ready)
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
-                yield sse.error_event(failure)
+                ready.append(sse.error_event(failure))
             elif include_usage:
-                yield sse.event(formatter.usage_chunk(choices))
-            yield sse.DONE
+                ready.append(sse.event(formatter.usage_chunk(choices)))
+            yield b"".join([*ready, sse.DONE])
         finally:
             clients.dec()
             self._open_event_streams -= 1
@@ -349,6 +360,15 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
     return error_response(APIError(500, "internal server error", type=SERVER_ERROR))
 
 
+class FrontApp(Starlette):
+    """Starlette that also puts the server's own `send` in the scope, for the body of an SSE response
+    (sse.EventStreamResponse)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[sse.SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Starlette:
     """The front as an ASGI app; the bus sockets open in its lifespan (so run it with lifespan on). `index`: which
     of the front.processes front processes this is (its bus PULL, the Submit.front of its requests)."""
@@ -366,7 +386,7 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/metrics", front.metrics, methods=["GET"]),
         Route("/openapi.json", front.openapi, methods=["GET"]),
     ]
-    app = Starlette(
+    app = FrontApp(
         routes=routes,
         middleware=middleware_for(config, front.dispatcher.metrics),
         lifespan=front.lifespan,

@@ -237,15 +237,26 @@ class Dispatcher:
     # ---- bus loops --------------------------------------------------------------------------------------
 
     async def _send_loop(self, push: zmq.asyncio.Socket) -> None:
+        """Per wakeup every queued frame, each sent without blocking when the socket has room (pyzmq's asyncio
+        send makes a Future per frame); only a full socket waits (an engine slow to read)."""
+        sender = zmq.Socket.shadow(push.underlying)
         while True:
             frame = await self._outbox.get()
-            try:
-                await push.send(frame)
-            except zmq.ZMQError as exc:  # not fatal: the engine's reconnect brings the bus back
-                self.counters["send_errors"] += 1
-                warn_rate_limited(log, _repeated_faults, "send", "cannot send to the engine: %s", exc)
-            finally:
-                self._outbox.task_done()
+            while True:
+                try:
+                    try:
+                        sender.send(frame, zmq.NOBLOCK)
+                    except zmq.Again:
+                        await push.send(frame)
+                except zmq.ZMQError as exc:  # not fatal: the engine's reconnect brings the bus back
+                    self.counters["send_errors"] += 1
+                    warn_rate_limited(log, _repeated_faults, "send", "cannot send to the engine: %s", exc)
+                finally:
+                    self._outbox.task_done()
+                try:
+                    frame = self._outbox.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
 
     async def _receive_loop(self, pull: zmq.asyncio.Socket) -> None:
         """One awaited poll per wakeup, then every queued frame read without blocking: pyzmq's asyncio recv makes

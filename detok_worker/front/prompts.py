@@ -57,6 +57,21 @@ def _single_prompt(request: CompletionRequest) -> Any:
     return prompt
 
 
+def prompt_chars(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """The size of a prompt's work before it is done: the characters of a string prompt or of the messages'
+    string contents, the ids of a token-id prompt; None when not cheap to tell (list-of-parts content)."""
+    if isinstance(request, CompletionRequest):
+        prompt = _single_prompt(request)
+        return len(prompt)
+    size = 0
+    for message in request.messages:
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            return None
+        size += len(content or "")
+    return size
+
+
 def echo_text(request: CompletionRequest, ids: list[int], tokenizer: Tokenizer) -> str:
     """What echo prepends: a string prompt as the client sent it (even when truncate_prompt_tokens cut its ids,
     as vLLM does); a token-id prompt decoded, special tokens included."""

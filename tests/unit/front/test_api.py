@@ -14,6 +14,7 @@ from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import FrontUnderTest, decode_plan, running_front
 
 from detok_worker.bus.messages import Submit, TextDelta
+from detok_worker.front.app import INLINE_PROMPT_CHARS
 
 openai = pytest.importorskip("openai")
 
@@ -91,6 +92,14 @@ def test_token_id_prompt(front: FrontUnderTest, tokenizer: Any, client: Any) -> 
     result = client.completions.create(model=tokenizer.name, prompt=ids)
     assert result.choices[0].text == PROMPTS[1]
     assert last_submit(front).prompt_ids == ids
+
+
+@pytest.mark.parametrize("chars", [INLINE_PROMPT_CHARS, INLINE_PROMPT_CHARS + 1])
+def test_prompt_ids_inline_and_off_loop(front: FrontUnderTest, tokenizer: Any, client: Any, chars: int) -> None:
+    """A prompt up to INLINE_PROMPT_CHARS is tokenized on the loop, a longer one in a thread: same ids either way."""
+    prompt = ("Count the words: " + " ".join(f"w{i}" for i in range(chars)))[:chars]
+    client.completions.create(model=tokenizer.name, prompt=prompt, max_tokens=1)
+    assert last_submit(front).prompt_ids == tokenizer.encode(prompt, add_special_tokens=True).ids
 
 
 def test_chat_stream_and_whole(front: FrontUnderTest, tokenizer: Any, client: Any) -> None:
