@@ -130,6 +130,7 @@ class EngineLink:
         self.blocked = False  # the last step found a worker's queue full
         self.blocked_sends = 0
         self.dropped_connections = 0
+        self._goodbyes = 0  # workers that said Goodbye and whose connection has not closed yet (an expected drop)
         self._news = BusNews()
         self.next_stats = time.monotonic()
 
@@ -328,6 +329,7 @@ class EngineLink:
             elif isinstance(message, Goodbye):
                 log.info("engine: worker %s leaves", worker)
                 scheduler.goodbye(worker)
+                self._goodbyes += 1
                 self.next_stats = now
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
@@ -366,11 +368,15 @@ class EngineLink:
         scheduler = self.scheduler
         if dropped := self.sockets.dropped_connections():
             self.dropped_connections += dropped
-            log.warning(
-                "engine: %d bus connection(s) dropped (%d so far): a frame over bus.max_message_bytes, or a peer "
-                "that went away",
+            expected = min(dropped, self._goodbyes)  # workers leaving gracefully close their connection
+            self._goodbyes -= expected
+            log.log(
+                logging.WARNING if dropped > expected else logging.INFO,
+                "engine: %d bus connection(s) dropped (%d so far, %d of them workers that said goodbye): a frame "
+                "over bus.max_message_bytes, or a peer that went away",
                 dropped,
                 self.dropped_connections,
+                expected,
             )
         bad = Counter(self.decoder.bad_frames)
         bad.update(scheduler.bad)
