@@ -157,13 +157,29 @@ def test_supervised_and_standalone_workers_join_and_leave_under_load(service: Se
 
 def test_requests_sent_while_the_only_worker_restarts_wait_for_it(service: ServeProcess, tokenizer: Any) -> None:
     """`--workers 1` and the worker dies: requests that arrive before its replacement is up are not refused
-    (the engine holds them up to ORPHAN_GRACE_S for a worker), and every text is exact."""
+    (the engine holds them up to ORPHAN_GRACE_S for a worker), and every text is exact. The supervisor is stopped
+    (SIGSTOP) while the worker dies, so its replacement, which registers well within the engine's heartbeat timeout,
+    comes only after the engine has seen no worker and the first requests wait."""
     (worker_id,) = wait_for(lambda: engine_workers(service), 20, what="the worker")
     (pid,) = service.child_pids("worker")
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not engine_workers(service), 10, what="the engine to notice that no worker is left")
+    supervisor = service.proc.pid
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not engine_workers(service), 10, what="the engine to notice that no worker is left")
+    except BaseException:
+        os.kill(supervisor, signal.SIGCONT)
+        raise
+
+    def restart_worker() -> None:
+        wait_for(lambda: service.stats()["engine"]["live_rids"] > 0, 10, what="requests waiting for a worker")
+        os.kill(supervisor, signal.SIGCONT)  # it reaps the dead worker and starts its replacement
+
     cases = echo_cases(tokenizer, 20, seed=33)
-    outcomes = asyncio.run(load_with_events(service, cases, 0.01, []))
+    try:
+        outcomes = asyncio.run(load_with_events(service, cases, 0.01, [restart_worker]))
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
     assert_exact(tokenizer, cases, outcomes)
     assert service.child_pids("worker") != [pid]
     wait_for(lambda: all_idle(service) and engine_workers(service) == {worker_id: 0}, 10, what="the new worker idle")
