@@ -148,7 +148,8 @@ def _idle(url: str) -> bool:
 
 def test_stop_strings_beyond_the_worker_limits_end_with_a_clear_error(processes: dict[str, Any]) -> None:
     url = processes["url"]
-    bad_before = _worker_bad(url, "bad_params")
+    wait_for(lambda: _worker_bad(url, "bad_params") >= 0, 10, what="the worker's first stats at the front")
+    bad_before = _worker_bad(url, "bad_params")  # -1 (no stats yet) would make the count below unreachable
     cases = [
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 2 stop strings are allowed (got 5)"),
         ({"stop": ["twenty characters!!!"]}, "a stop string is longer than 8 characters"),
