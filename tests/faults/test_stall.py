@@ -28,10 +28,12 @@ from helpers.fault_helpers import (
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
-FREEZE_S = 3.0  # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive
+FREEZE_S = 4.0  # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive
 LONG_TOKEN = 89180  # qwen3: 114 characters
 LONG_REQUESTS = 10
-LONG_TOKENS = 3000  # 750 steps of 4 ids, ~1.5 s at 2 ms a step: unhindered, generation ends within the freeze
+# 1250 steps of 4 ids, ~2.5 s at 2 ms a step: unhindered, generation ends within the freeze; paused, ~2 s of it
+# remain after the front resumes, time for the resumed front (a backlog of 40 streams) to answer /stats
+LONG_TOKENS = 5000
 
 
 @pytest.fixture(scope="module")
