@@ -12,14 +12,9 @@ written again; any file may be deleted at any time.
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
-from pathlib import Path
 
-from detok_worker.tokenizer.loading.load_cache import cache_root, content_key, write_atomically
+from detok_worker.tokenizer.loading.load_cache import content_key, read_json_entry, write_json_entry
 from detok_worker.tokenizer.protocol import Tokenizer
-
-log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _SUBDIR = "corpus-ids"
@@ -32,36 +27,23 @@ def corpus_key(tokenizer: Tokenizer, passages: list[str]) -> str | None:
     return content_key(tokenizer, format=FORMAT_VERSION, passages=len(passages), corpus=corpus)
 
 
-def _path(key: str) -> Path | None:
-    root = cache_root()
-    return root / _SUBDIR / f"{key}.json" if root is not None else None
-
-
 def read_corpus_ids(key: str, count: int) -> list[list[int]] | None:
     """The ids of `count` passages stored under `key`, or None."""
-    path = _path(key)
-    if path is None:
+    data = read_json_entry(_SUBDIR, key)
+    if data is None:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         ids = data["ids"]
-        if data["key"] != key or len(ids) != count:
+        if len(ids) != count:
             return None
         return [[int(i) for i in passage] for passage in ids]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
 def write_corpus_ids(key: str, ids: list[list[int]]) -> None:
     """Store the ids (atomically); a cache that cannot be written is skipped: the stub works without it."""
-    path = _path(key)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps({"key": key, "ids": ids}, separators=(",", ":")))
-    except OSError as exc:
-        log.debug("corpus ids cache not written in %s: %s", path.parent, exc)
+    write_json_entry(_SUBDIR, key, {"ids": ids})
 
 
 def passage_ids(tokenizer: Tokenizer, passages: list[str]) -> list[list[int]] | None:

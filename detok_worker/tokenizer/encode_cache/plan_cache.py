@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from detok_worker.tokenizer.encode_cache.boundaries import BoundaryFinder, Framing
 from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan
-from detok_worker.tokenizer.loading.load_cache import cache_root, content_key, write_atomically
+from detok_worker.tokenizer.loading.load_cache import content_key, read_json_entry, write_json_entry
 from detok_worker.tokenizer.protocol import Tokenizer
-
-log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _SUBDIR = "split-plan"
@@ -41,41 +38,29 @@ def plan_key(tokenizer: Tokenizer) -> str | None:
     return content_key(tokenizer, format=FORMAT_VERSION, code=_code_digest(), special_tokens=special_tokens)
 
 
-def _path(key: str) -> Path | None:
-    root = cache_root()
-    return root / _SUBDIR / f"{key}.json" if root is not None else None
-
-
 def _framing(data: list[list[Any]]) -> Framing:
     lead_ids, lead_offsets, trail_ids, trail_offsets = data
     return Framing(tuple(lead_ids), tuple(map(tuple, lead_offsets)), tuple(trail_ids), tuple(map(tuple, trail_offsets)))
 
 
 def read_plan(key: str) -> SplitPlan | None:
-    path = _path(key)
-    if path is None:
+    data = read_json_entry(_SUBDIR, key)
+    if data is None:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data["key"] != key:
-            return None
         return SplitPlan(
             finder=BoundaryFinder(data["boundaries"]) if data["boundaries"] else None,
             framings={value == "true": _framing(framing) for value, framing in data["framings"].items()},
             disabled={value == "true": str(reason) for value, reason in data["disabled"].items()},
             dropped_tokens=dict(data["dropped_tokens"]),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def write_plan(key: str, plan: SplitPlan) -> None:
     """Store the plan (atomically); a cache that cannot be written is skipped: the front works without it."""
-    path = _path(key)
-    if path is None:
-        return
     payload = {
-        "key": key,
         "boundaries": plan.finder.token_ids if plan.finder is not None else {},
         "framings": {
             json.dumps(value): [f.lead_ids, f.lead_offsets, f.trail_ids, f.trail_offsets]
@@ -84,8 +69,4 @@ def write_plan(key: str, plan: SplitPlan) -> None:
         "disabled": {json.dumps(value): reason for value, reason in plan.disabled.items()},
         "dropped_tokens": plan.dropped_tokens,
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps(payload))
-    except OSError as exc:
-        log.debug("split plan cache not written in %s: %s", path.parent, exc)
+    write_json_entry(_SUBDIR, key, payload)

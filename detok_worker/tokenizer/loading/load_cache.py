@@ -23,6 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import __version__ as tokenizers_version
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 CACHE_DIR_ENV = "DETOK_CACHE_DIR"
 FORMAT_VERSION = 2
 _SUBDIR = "tokenizer-load"
+_FACTS_SUFFIX = ".vocab.json"
 
 
 def cache_root() -> Path | None:
@@ -90,16 +92,13 @@ def cached_json_path(key: str) -> Path | None:
 
 
 def read_vocab_facts(key: str) -> VocabFacts | None:
-    directory = _directory()
-    if directory is None:
+    data = read_json_entry(_SUBDIR, key, _FACTS_SUFFIX)
+    if data is None:
         return None
     try:
-        data = json.loads((directory / f"{key}.vocab.json").read_text(encoding="utf-8"))
-        if data["key"] != key:
-            return None
         added = tuple((int(i), str(content), bool(special)) for i, content, special in data["added_tokens"])
         return VocabFacts(int(data["vocab_size"]), frozenset(int(i) for i in data["unknown_ids"]), added)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -109,19 +108,46 @@ def write_entry(key: str, facts: VocabFacts, decompressed: str | None) -> None:
     directory = _directory()
     if directory is None:
         return
+    if decompressed is not None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_atomically(directory / f"{key}.json", decompressed)
+        except OSError as exc:
+            log.debug("tokenizer load cache not written in %s: %s", directory, exc)
+            return
+    payload = {
+        "vocab_size": facts.vocab_size,
+        "unknown_ids": sorted(facts.unknown_ids),
+        "added_tokens": [list(token) for token in facts.added_tokens],
+    }
+    write_json_entry(_SUBDIR, key, payload, _FACTS_SUFFIX)
+
+
+def read_json_entry(folder: str, key: str, suffix: str = ".json") -> dict[str, Any] | None:
+    """The JSON object a disk cache stored in its `folder` of the cache directory under `key` (file key + suffix),
+    or None: caching disabled, no such file, not a JSON object, or written for another key (each names its key)."""
+    root = cache_root()
+    if root is None:
+        return None
+    try:
+        data = json.loads((root / folder / f"{key}{suffix}").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key else None
+
+
+def write_json_entry(folder: str, key: str, payload: dict[str, Any], suffix: str = ".json") -> None:
+    """Store `payload` (with its key) where read_json_entry finds it, atomically; a cache that cannot be written is
+    skipped with a debug log: every cache's user works without it."""
+    root = cache_root()
+    if root is None:
+        return
+    directory = root / folder
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        if decompressed is not None:
-            write_atomically(directory / f"{key}.json", decompressed)
-        payload = {
-            "key": key,
-            "vocab_size": facts.vocab_size,
-            "unknown_ids": sorted(facts.unknown_ids),
-            "added_tokens": [list(token) for token in facts.added_tokens],
-        }
-        write_atomically(directory / f"{key}.vocab.json", json.dumps(payload))
+        write_atomically(directory / f"{key}{suffix}", json.dumps({**payload, "key": key}, separators=(",", ":")))
     except OSError as exc:
-        log.debug("tokenizer load cache not written in %s: %s", directory, exc)
+        log.debug("disk cache not written in %s: %s", directory, exc)
 
 
 def write_atomically(target: Path, text: str) -> None:
