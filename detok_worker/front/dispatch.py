@@ -382,13 +382,12 @@ class Dispatcher:
                 self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self.flush_counters()
+            section = self.front_section()  # recounts the pending text exactly
             if self._shared_dir is not None:
                 try:
-                    write_snapshot(self._shared_dir, self.index, self.front_section())
+                    write_snapshot(self._shared_dir, self.index, section)
                 except OSError as exc:
                     warn_rate_limited(log, _repeated_faults, "stats", "cannot share /stats with the fronts: %s", exc)
-            else:
-                self._recount_pending()
             # worker ids come and go (HOSTNAME-PID after each restart): forget the silent ones, or the table grows
             for worker in [w for w, (_, seen) in self._workers.items() if now - seen >= self._worker_stale_s]:
                 del self._workers[worker]

@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from detok_worker.tokenizer.loading.load_cache import write_atomically
+
 SNAPSHOT_PREFIX = "front-stats-"
 FRONT_STALE_S = 5.0  # sweeps refresh a front's file every 0.5 s
 
@@ -24,10 +26,7 @@ def snapshot_path(directory: str | os.PathLike[str], index: int) -> Path:
 
 
 def write_snapshot(directory: str | os.PathLike[str], index: int, section: dict[str, Any]) -> None:
-    path = snapshot_path(directory, index)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(section))
-    os.replace(temporary, path)
+    write_atomically(snapshot_path(directory, index), json.dumps(section))
 
 
 def all_fronts(
