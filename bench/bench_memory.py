@@ -33,6 +33,7 @@ from common import (
     write_json,
 )
 
+from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.stream import DecodeStream, byte_decoding_for
 from detok_worker.worker.state import WorkerState
@@ -77,7 +78,8 @@ def worker_state_bytes(tokenizer: Any, streams: list[list[int]], stops: list[str
         state.handle_batch(TokenBatch(0, 0, opens, []))
         for position in range(0, len(streams[0]), CHUNK):
             items = [Tokens(f"rid-{index}", ids[position : position + CHUNK]) for index, ids in enumerate(streams)]
-            ended = [d for d in state.handle_batch(TokenBatch(position + 1, 0, [], items)).text_batch.items if d.finish]
+            batch = token_batch(position + 1, 0, [], items)
+            ended = [d for d in text_deltas(state.handle_batch(batch).text_batch) if d.finish]
             if ended:
                 raise RuntimeError(f"a benchmark request ended early at token {position}: {ended[0]}")
         return state

@@ -1,7 +1,8 @@
 """The worker's whole per-batch path against tokenizers' DecodeStream per request (issue 16, point 3).
 
-What a worker does with one TokenBatch, minus the socket: WorkerState.handle_batch (rid table lookup, decode, stop
-check, framing into a TextBatch) and the bus codec's msgpack encoding of that TextBatch and of any Finish. The
+What a worker does with one TokenBatch frame, minus the socket: the bus codec's decoding of the frame,
+WorkerState.handle_batch (rid table lookup, decode, stop check, framing into a TextBatch) and the msgpack encoding of
+that TextBatch and of any Finish. The
 Opens of the requests are in the first TokenBatch and their cost is timed too (as creating the peer's streams is).
 The peer: one `tokenizers.decoders.DecodeStream` per request, one step() per id, no stop check, no framing.
 
@@ -32,7 +33,8 @@ from common import FIXTURES, corpus_ids, load_average, machine_line, make_stream
 from core_variants import rust_tokenizer_for  # noqa: E402
 from tokenizers.decoders import DecodeStream as RustDecodeStream  # noqa: E402
 
-from detok_worker.bus.codec import encode  # noqa: E402
+from detok_worker.bus.codec import encode, worker_decoder  # noqa: E402
+from detok_worker.bus.columns import text_deltas, token_batch  # noqa: E402
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens  # noqa: E402
 from detok_worker.stream import byte_decoding_for  # noqa: E402
 from detok_worker.tokenizer import create_tokenizer  # noqa: E402
@@ -58,27 +60,29 @@ def tokenizer_cases(restricted: str | None) -> list[tuple[str, str]]:
 
 
 def token_batches(inputs: Inputs, params: DetokParams) -> list[TokenBatch]:
-    """The engine's view: the Opens, then one TokenBatch per step with one id per rid; the last step ends them."""
+    """The engine's view: the Opens, then one TokenBatch per step with one id per rid (in the batch's columns, as
+    the engine sends them); the last step ends them."""
     rids = [f"r{index}" for index in range(len(inputs))]
     batches = [TokenBatch(0, 0, [Open(rid, [], params) for rid in rids], [])]
     last = len(inputs[0]) - 1
     for step in range(len(inputs[0])):
         finish = "length" if step == last else None
         items = [Tokens(rid, [ids[step]], finish) for rid, ids in zip(rids, inputs, strict=True)]
-        batches.append(TokenBatch(step + 1, 0, [], items))
+        batches.append(token_batch(step + 1, 0, [], items))
     return batches
 
 
-def run_worker(tokenizer: Any, batches: list[TokenBatch], collect: dict[str, list[str]] | None) -> None:
+def run_worker(tokenizer: Any, frames: list[bytes], collect: dict[str, list[str]] | None) -> None:
     state = WorkerState(tokenizer, "bench")
     handle = state.handle_batch
-    for batch in batches:
-        result = handle(batch)
+    decode = worker_decoder().decode
+    for frame in frames:
+        result = handle(decode(frame))
         encode(result.text_batch)
         for finish in result.finishes:
             encode(finish)
         if collect is not None:
-            for delta in result.text_batch.items:
+            for delta in text_deltas(result.text_batch):
                 collect.setdefault(delta.rid, []).append(delta.text)
 
 
@@ -97,13 +101,13 @@ def cpu_seconds(run: Any) -> float:
 
 def bench_case(label: str, tokenizer: Any, rust: Any, inputs: Inputs, stops: tuple[str, ...], repeats: int) -> dict:
     params = DetokParams(stop=list(stops), stop_token_ids=sorted(tokenizer.eos_token_ids))
-    batches = token_batches(inputs, params)
+    frames = [encode(batch) for batch in token_batches(inputs, params)]
     collected: dict[str, list[str]] = {}
-    run_worker(tokenizer, batches, collected)
+    run_worker(tokenizer, frames, collected)
     exact = sum("".join(collected.get(f"r{i}", [])) == tokenizer.decode(ids) for i, ids in enumerate(inputs))
     worker_s, peer_s, ratios = [], [], []
     for _ in range(repeats):
-        worker = cpu_seconds(lambda: run_worker(tokenizer, batches, None))
+        worker = cpu_seconds(lambda: run_worker(tokenizer, frames, None))
         peer = cpu_seconds(lambda: run_decode_stream(rust, inputs))
         worker_s.append(worker)
         peer_s.append(peer)

@@ -83,6 +83,17 @@ class NullWorker:
         for open_ in batch.opens:
             live[open_.rid] = [0, 0]
         deltas: list[TextDelta] = []
+        out = TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
+        for rid in batch.rids:  # one id each (bus/columns.py); plain text goes back in the columns
+            state = live.get(rid)
+            if state is None:
+                continue
+            out.rids.append(rid)
+            out.offsets.append(state[0])
+            out.texts.append(PLACEHOLDER)
+            state[0] += 1
+            state[1] += 1
+            out.n_tokens.append(state[1])
         for item in batch.items:
             state = live.get(item.rid)
             if state is None:
@@ -96,7 +107,7 @@ class NullWorker:
                 deltas.append(TextDelta(item.rid, offset, PLACEHOLDER * n, state[1], item.finish))
             elif n:
                 deltas.append(TextDelta(item.rid, offset, PLACEHOLDER * n, state[1]))
-        return TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
+        return out
 
 
 def main() -> None:

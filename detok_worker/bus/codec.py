@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok
 from detok_worker.bus.messages import ToEngine, ToFront, ToWorker
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,16 @@ class FrameDecoder(Generic[M]):
 
     def decode(self, frame: bytes | memoryview) -> M | None:
         try:
-            return self._decoder.decode(frame)
+            message = self._decoder.decode(frame)
         except msgspec.ValidationError as exc:
             self.count_bad(BAD_SCHEMA, exc)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             # msgspec raises UnicodeDecodeError itself (not a DecodeError) for a string that is not UTF-8
             self.count_bad(BAD_UNDECODABLE, exc)
+        else:
+            if columns_ok(message):
+                return message
+            self.count_bad(BAD_SCHEMA, f"{type(message).__name__}: {MISMATCHED_COLUMNS}")
         return None
 
     def count_bad(self, kind: str, detail: object = "") -> None:

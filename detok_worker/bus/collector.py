@@ -13,6 +13,7 @@ from typing import Any
 import zmq
 
 from detok_worker.bus.codec import encode, front_decoder
+from detok_worker.bus.columns import has_text, text_deltas
 from detok_worker.bus.messages import (
     FINISH_ERROR,
     Abort,
@@ -150,12 +151,12 @@ class FrontCollector:
 
     def _text_batch(self, batch: TextBatch) -> None:
         self.text_batches += 1
-        if not batch.items:
+        if not has_text(batch):
             return
         now_ns = time.time_ns()
         self.latencies_ns.append(now_ns - batch.sent_ns)
         requests = self.requests
-        for delta in batch.items:
+        for delta in text_deltas(batch):
             request = requests.get(delta.rid)
             if request is None:
                 request = requests[delta.rid] = CollectedRequest(delta.rid)

@@ -170,10 +170,17 @@ class Tokens(msgspec.Struct, tag="tokens", array_like=True, gc=False):
 
 
 class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):
+    """One engine step for one worker: its Opens, then the usual items in columns (`ids[i]` is the one new id of
+    `rids[i]`: no finish, error or logprobs), then every other item. A worker takes them in that order, so an
+    engine keeps a rid's items in order by putting a usual one in the columns only if no earlier item of that
+    rid is in `items` (bus/columns.py builds batches that way)."""
+
     step: int
     sent_ns: int
     opens: list[Open]
     items: list[Tokens]
+    rids: list[str] = []
+    ids: list[int] = []
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True, gc=False):
@@ -272,10 +279,18 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
 
 
 class TextBatch(msgspec.Struct, tag="text_batch", array_like=True, gc=False):
+    """A worker's answer to one TokenBatch. The plain deltas (text only: no finish, parsed or logprobs) are in
+    columns, TextDelta(rids[i], offsets[i], texts[i], n_tokens[i]), and come before those in `items`: a worker
+    never puts a rid's plain delta after one of its `items` (bus/columns.py reads both in that order)."""
+
     worker: str
     sent_ns: int
     step: int
     items: list[TextDelta]
+    rids: list[str] = []
+    offsets: list[int] = []
+    texts: list[str] = []
+    n_tokens: list[int] = []
 
 
 class WorkerStats(msgspec.Struct, tag="worker_stats", array_like=True, gc=False):

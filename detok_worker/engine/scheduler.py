@@ -25,6 +25,7 @@ import bisect
 from collections import Counter, deque
 from collections.abc import Iterable
 
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -33,7 +34,6 @@ from detok_worker.bus.messages import (
     Open,
     Reject,
     RequestParams,
-    TokenBatch,
     TokenLogprob,
     Tokens,
 )
@@ -281,7 +281,7 @@ class Scheduler:
         plans = []
         for worker, (opens, items, advances) in groups.items():
             extra = list(self._pending.get(worker, ()))
-            batch = TokenBatch(self.step_number, sent_ns, opens, extra + items)
+            batch = token_batch(self.step_number, sent_ns, opens, extra + items)
             plans.append(WorkerPlan(worker, batch, advances, extra))
         return StepPlan(plans, rejects)
 

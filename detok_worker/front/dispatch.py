@@ -34,6 +34,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
+from detok_worker.bus.columns import has_text, text_deltas
 from detok_worker.bus.messages import (
     Abort,
     Delivered,
@@ -280,9 +281,9 @@ class Dispatcher:
     def _handle(self, frame: memoryview) -> None:
         message = self._decoder.decode(frame)
         if isinstance(message, TextBatch):
-            if message.items:
+            if has_text(message):
                 self.metrics.bus_latency.observe((time.time_ns() - message.sent_ns) / 1e9)
-            self._on_text(message.items)
+            self._on_text(text_deltas(message))
         elif isinstance(message, WorkerStats):
             self._workers[message.worker] = (message, time.monotonic())
         elif isinstance(message, EngineStats):

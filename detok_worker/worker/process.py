@@ -23,7 +23,8 @@ from collections import Counter
 import zmq
 
 from detok_worker.bus.codec import encode, worker_decoder
-from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, TextBatch, TextDelta, TokenBatch, WorkerStats
+from detok_worker.bus.columns import split_text_batch
+from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, TextBatch, TokenBatch, WorkerStats
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
@@ -140,7 +141,7 @@ class WorkerProcess:
         for finish in result.finishes:
             self._send_engine(finish)
         self.metrics.batch(
-            rids=len(batch.items),
+            rids=len(batch.rids) + len(batch.items),
             tokens=self.state.tokens_in - tokens_before,
             decode_s=decoded - start,
             step_s=time.perf_counter() - received,
@@ -151,14 +152,12 @@ class WorkerProcess:
     def _send_per_front(self, batch: TextBatch) -> None:
         """One TextBatch per front with deltas (front 0 always gets one: an empty batch still reports the step)."""
         rid_fronts = self.rid_fronts
-        by_front: dict[int, list[TextDelta]] = {0: []}
+        parts = split_text_batch(batch, lambda rid: rid_fronts.get(rid, 0))
         for delta in batch.items:
-            front = rid_fronts.get(delta.rid, 0)
-            by_front.setdefault(front, []).append(delta)
             if delta.finish is not None:
                 rid_fronts.pop(delta.rid, None)
-        for front, items in by_front.items():
-            self._send_front(encode(TextBatch(batch.worker, batch.sent_ns, batch.step, items)), front)
+        for front, part in parts.items():
+            self._send_front(encode(part), front)
 
     def _send_front(self, frame: bytes, front: int = 0) -> None:
         """Blocks while the front's queue is full (backpressure), but keeps heartbeating and honours stop."""

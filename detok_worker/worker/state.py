@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok
 from detok_worker.bus.messages import (
     FINISH_ERROR,
     FINISH_REASONS,
     FINISH_STOP,
     Finish,
-    LogprobText,
     Open,
     ParsedDelta,
     TextBatch,
@@ -37,12 +37,12 @@ from detok_worker.bus.messages import (
     Tokens,
 )
 from detok_worker.stream import StopSequenceDecoder
-from detok_worker.stream.stop.decoder import Lane
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.ended import RecentlyEnded
+from detok_worker.worker.lane import TICK_EVERY_ITEMS, RidState, step_lanes
 from detok_worker.worker.logprobs import TokenTexts
-from detok_worker.worker.parsing import RidParsing, parsing_for
+from detok_worker.worker.parsing import parsing_for
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +51,8 @@ BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 BAD_STOP_BUDGET = "stop_budget"  # Open refused: the live rids' stop strings would pass worker.max_live_stop_chars
 DEFAULT_MAX_LIVE_STOP_CHARS = 4_194_304
-TICK_EVERY_ITEMS = 256  # items between calls of handle_batch's tick (the worker's heartbeat timer)
 RECENTLY_ENDED_CAPACITY = 16_384
 ENGINE_ERROR = "the engine ended the request with an error"
-
-
-@dataclass(slots=True)
-class RidState:
-    decoder: Any  # StopSequenceDecoder
-    offset: int = 0  # characters already emitted for this rid
-    n_tokens: int = 0  # output tokens consumed (cumulative)
-    parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
-    stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
-    logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
-    # the decoder's lane() while the request has no parser (see handle_batch): set after each call of the decoder,
-    # None from the moment the decoder is synced for its next call
-    lane: Lane | None = None
 
 
 @dataclass(slots=True)
@@ -114,82 +100,84 @@ class WorkerState:
         measure engine-to-front latency. `tick` (the worker's timers: heartbeats) is called after each Open and
         every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
-        The loop over items is the worker's hot path: an item that only adds text is handled inline with
-        counters kept in locals; endings and unknown rids go through _end_item. The usual item (one id, no
-        parser, nothing pending) takes the rid's lane (StopSequenceDecoder.lane): a table lookup, no call; the
-        next usual (one id, no parser) the fused branch: process_one's text goes straight into a TextDelta."""
+        The batch's columns (the usual item: one id) are the hot path, worker/lane.py: a rid on its lane
+        (StopSequenceDecoder.lane) is stepped by a table lookup, no call, and its text goes to the TextBatch's
+        columns; every other column entry, and then every item, goes through _items in order (bus/columns.py:
+        the order rule)."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
             self._open(open_, deltas, finishes)
             if tick is not None:
                 tick()
+        text_batch = TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
+        if not columns_ok(batch):  # the frame decoder drops such frames: this is a caller's bug
+            raise ValueError(MISMATCHED_COLUMNS)
+        slow: list[Tokens] = []
+        if batch.rids:
+            slow, stepped, chars_out, holds = step_lanes(self.live, batch.rids, batch.ids, text_batch, tick)
+            self.tokens_in += stepped
+            self.tokens_consumed += stepped
+            self.chars_out += chars_out
+            self.holds += holds
+        self._items(slow + batch.items if slow else batch.items, deltas, finishes, tick)
+        return BatchResult(text_batch, finishes)
+
+    def _items(
+        self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
+    ) -> None:
+        """Items one by one through the rid's decoder. An item that only adds text is handled inline (one id, no
+        parser: process_one's text goes straight into a TextDelta); endings and unknown rids go through _end_item.
+        After its item a rid gets its lane back for the next batch's columns."""
         live_get = self.live.get
         append = deltas.append
         tokens_in = chars_out = holds = single = 0
-        items = batch.items
         for start in range(0, len(items), TICK_EVERY_ITEMS):
             if tick is not None and start:
                 tick()
             for item in items[start : start + TICK_EVERY_ITEMS]:
                 rid = item.rid
                 state = live_get(rid)
-                text = None
-                if state is not None and (lane := state.lane) is not None:
-                    ids = item.ids
-                    texts, stop_tokens, passthrough = lane
-                    token_id = ids[0] if len(ids) == 1 and item.finish is None and item.logprobs is None else None
-                    if type(token_id) is int and token_id >= 0 and token_id not in stop_tokens:
-                        try:
-                            text = texts[token_id]
-                        except IndexError:  # past the table: process_one says why
-                            text = None
-                        if passthrough is not None and text not in passthrough:
-                            text = None
-                    if text is None:  # off the lane: the decoder learns the ids stepped by it
-                        state.decoder.sync_generated(state.n_tokens)
-                        state.lane = None
-                if text is None:
-                    if item.logprobs is not None and state is not None:
+                if state is not None and state.lane is not None:
+                    state.decoder.sync_generated(state.n_tokens)
+                    state.lane = None
+                if item.logprobs is not None and state is not None:
+                    self._logprobs_item(item, state, deltas, finishes)
+                    continue
+                if state is None or item.finish is not None:
+                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
                         self._logprobs_item(item, state, deltas, finishes)
-                        continue
-                    if state is None or item.finish is not None:
-                        if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                            self._logprobs_item(item, state, deltas, finishes)
-                        else:
-                            self._end_item(item, state, deltas, finishes)
-                        continue
-                    ids = item.ids
-                    try:
-                        if len(ids) == 1 and state.parsing is None:
-                            out = state.decoder.process_one(ids[0])
-                        else:
-                            out = state.decoder.process_tokens(ids)
-                    except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                        tokens_in += len(ids)
-                        self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                        continue
-                    if state.parsing is None:
-                        state.lane = state.decoder.lane()
-                    if type(out) is not str:
-                        tokens_in += len(ids)
-                        self._item_output(rid, state, ids, out, deltas, finishes)
-                        continue
-                    text = out  # the fused branch: one id, no parser, text only
+                    else:
+                        self._end_item(item, state, deltas, finishes)
+                    continue
+                ids = item.ids
+                try:
+                    if len(ids) == 1 and state.parsing is None:
+                        out = state.decoder.process_one(ids[0])
+                    else:
+                        out = state.decoder.process_tokens(ids)
+                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                    tokens_in += len(ids)
+                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                    continue
+                if state.parsing is None:
+                    state.lane = state.decoder.lane()
+                if type(out) is not str:
+                    tokens_in += len(ids)
+                    self._item_output(rid, state, ids, out, deltas, finishes)
+                    continue
                 single += 1
                 n_tokens = state.n_tokens = state.n_tokens + 1
-                if text:
-                    append(TextDelta(rid, state.offset, text, n_tokens))
-                    state.offset += len(text)
-                    chars_out += len(text)
+                if out:
+                    append(TextDelta(rid, state.offset, out, n_tokens))
+                    state.offset += len(out)
+                    chars_out += len(out)
                 else:
                     holds += 1
         self.tokens_in += tokens_in + single
         self.tokens_consumed += single
         self.chars_out += chars_out
         self.holds += holds
-        text_batch = TextBatch(worker=self.worker_id, sent_ns=batch.sent_ns, step=batch.step, items=deltas)
-        return BatchResult(text_batch, finishes)
 
     def _item_output(
         self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]

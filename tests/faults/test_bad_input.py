@@ -14,6 +14,7 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import BAD_SCHEMA, BAD_UNDECODABLE, engine_decoder, front_decoder, worker_decoder
+from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import Abort, DetokParams, Finish, Open, Reject, Shutdown, TextDelta, TokenBatch, Tokens
 from detok_worker.worker.state import BAD_RID_ERROR, WorkerState
 
@@ -42,7 +43,7 @@ def test_unknown_finish_reason_ends_only_that_rid_with_an_error() -> None:
     opens = [Open("a", [], DetokParams()), Open("b", [], DetokParams())]
     state.handle_batch(TokenBatch(1, 0, opens, [Tokens("a", ids), Tokens("b", ids)]))
     result = state.handle_batch(TokenBatch(2, 0, [], [Tokens("a", [], "bogus"), Tokens("b", [], "length")]))
-    by_rid = {delta.rid: delta for delta in result.text_batch.items}
+    by_rid = {delta.rid: delta for delta in text_deltas(result.text_batch)}
     assert by_rid["a"].finish == "error" and "bogus" in (by_rid["a"].error or "")
     assert by_rid["b"] == TextDelta("b", len("Hello world"), "", len(ids), "length")
     assert result.finishes == [Finish("a", "error")]

@@ -4,6 +4,7 @@ whose last ids had been sent hung at the front after a SIGKILL)."""
 
 from __future__ import annotations
 
+from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import FINISH_ABORT, RequestParams, Tokens
 from detok_worker.engine.scheduler import DELIVERY_GRACE_S, Scheduler, StepPlan
 
@@ -25,7 +26,7 @@ def step(scheduler: Scheduler, now: float = 0.0) -> StepPlan:
 
 
 def items(plan: StepPlan) -> dict[str, list[Tokens]]:
-    return {p.worker: list(p.batch.items) for p in plan.workers}
+    return {p.worker: list(token_items(p.batch)) for p in plan.workers}
 
 
 def test_ended_rid_is_reopened_with_its_finish_when_its_worker_dies_before_delivery() -> None:
@@ -54,7 +55,7 @@ def test_rid_stopped_by_its_worker_is_reopened_up_to_where_it_stopped() -> None:
     scheduler.worker_unreachable(owner)
     (worker_plan,) = step(scheduler).workers
     assert worker_plan.worker != owner
-    assert worker_plan.batch.items == [Tokens("r1", [5, 6, 7, 8], "stop")]
+    assert token_items(worker_plan.batch) == [Tokens("r1", [5, 6, 7, 8], "stop")]
 
 
 def test_delivered_after_a_reopen_stops_the_rerun_without_counting_an_abort() -> None:

@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
 from detok_worker.parse.base import ParsedOutput
@@ -230,7 +231,7 @@ def stream_case(
         finish = "stop" if start + size >= len(ids) else None
         opens = [Open(rid, tail, params)] if first else []
         result = worker.handle_batch(TokenBatch(step, 0, opens, [Tokens(rid, chunk, finish)]))
-        received.take(result.text_batch.items)
+        received.take(text_deltas(result.text_batch))
         start += size
         if received.last is not None:
             break

@@ -10,6 +10,7 @@ from helpers.bus_peers import PlayedWorker, bus_config, short_runtime_dir, start
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
+from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
 from engine_stub.engine import run_engine
 from engine_stub.sources import primary_eos_id
@@ -27,7 +28,7 @@ def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], t
             for open_ in message.opens:
                 assert open_.rid not in ids, "re-opened although nothing was lost"
                 ids[open_.rid] = []
-            for item in message.items:
+            for item in token_items(message):
                 ids[item.rid].extend(item.ids)
                 if item.finish is not None:
                     finished.add(item.rid)

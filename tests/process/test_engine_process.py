@@ -16,6 +16,7 @@ from helpers.fixtures import REPO, load_fixture_tokenizer
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
+from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import (
     DetokParams,
     Finish,
@@ -55,7 +56,7 @@ class TokenLog:
                 batches.append(message)
                 for open_ in message.opens:
                     self.opens.setdefault(open_.rid, []).append(open_)
-                for item in message.items:
+                for item in token_items(message):
                     self.ids.setdefault(item.rid, []).extend(item.ids)
                     if item.finish is not None:
                         self.finish[item.rid] = item.finish

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
 from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
@@ -31,14 +32,14 @@ def _step(scheduler: Scheduler, now: float = 0.0, *, commit: bool = True) -> Ste
 
 
 def _items(plan: StepPlan) -> dict[str, list[Tokens]]:
-    return {p.worker: list(p.batch.items) for p in plan.workers}
+    return {p.worker: list(token_items(p.batch)) for p in plan.workers}
 
 
 def _run_to_end(scheduler: Scheduler, rid: str, limit: int = 100) -> list[int]:
     ids: list[int] = []
     for _ in range(limit):
         for worker_plan in _step(scheduler).workers:
-            for item in worker_plan.batch.items:
+            for item in token_items(worker_plan.batch):
                 if item.rid == rid:
                     ids.extend(item.ids)
                     if item.finish:
@@ -67,7 +68,7 @@ def test_open_then_tokens_then_finish_stop_at_eos():
     assert worker_plan.batch.sent_ns == 123
     (open_,) = worker_plan.batch.opens
     assert open_ == Open("r1", prompt[-PROMPT_TAIL:], DetokParams(stop=["x"], stop_token_ids=[7, EOS]))
-    assert worker_plan.batch.items == [Tokens("r1", [5])]
+    assert token_items(worker_plan.batch) == [Tokens("r1", [5])]
     assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [6])]}
     assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [EOS], "stop")]}
     assert _step(scheduler).workers == []
@@ -81,7 +82,7 @@ def test_ignore_eos_keeps_stop_ids_and_max_tokens_gives_length():
     scheduler.submit("r1", [1], RequestParams(max_tokens=3, ignore_eos=True), [5, 6, 7, 8, EOS])
     plan = _step(scheduler)
     assert plan.workers[0].batch.opens[0].params.stop_token_ids == []
-    assert plan.workers[0].batch.items == [Tokens("r1", [5, 6])]
+    assert token_items(plan.workers[0].batch) == [Tokens("r1", [5, 6])]
     assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [7], "length")]}
 
 
@@ -91,7 +92,7 @@ def test_max_tokens_zero_ends_at_once():
     scheduler.submit("r1", [1], RequestParams(max_tokens=0), [5, EOS])
     plan = _step(scheduler)
     assert [o.rid for o in plan.workers[0].batch.opens] == ["r1"]
-    assert plan.workers[0].batch.items == [Tokens("r1", [], "length")]
+    assert token_items(plan.workers[0].batch) == [Tokens("r1", [], "length")]
     assert scheduler.live_rids == 0
 
 
@@ -111,9 +112,9 @@ def test_continuous_batching_respects_max_batch():
     for rid, length in (("a", 1), ("b", 3), ("c", 2)):
         scheduler.submit(rid, [1], RequestParams(max_tokens=50), list(range(length)))
     first = _step(scheduler)
-    assert {item.rid for item in first.workers[0].batch.items} == {"a", "b"}
+    assert {item.rid for item in token_items(first.workers[0].batch)} == {"a", "b"}
     second = _step(scheduler)  # "a" ended in the first step, so "c" starts now
-    assert {item.rid for item in second.workers[0].batch.items} == {"b", "c"}
+    assert {item.rid for item in token_items(second.workers[0].batch)} == {"b", "c"}
     assert [o.rid for o in second.workers[0].batch.opens] == ["c"]
 
 
@@ -126,10 +127,10 @@ def test_least_load_routing_and_one_batch_per_worker():
     plan = _step(scheduler)
     assert sorted(p.worker for p in plan.workers) == ["w1", "w2"]
     assert scheduler.worker_loads() == {"w1": 3, "w2": 3}
-    owners = {item.rid: p.worker for p in plan.workers for item in p.batch.items}
+    owners = {item.rid: p.worker for p in plan.workers for item in token_items(p.batch)}
     for _ in range(2):  # a rid stays on its worker
         for p in _step(scheduler).workers:
-            assert all(owners[item.rid] == p.worker for item in p.batch.items)
+            assert all(owners[item.rid] == p.worker for item in token_items(p.batch))
 
 
 def test_finish_from_owner_stops_generation_stray_finish_is_ignored():
@@ -153,7 +154,8 @@ def test_abort_sends_abort_item_to_the_owner_and_frees():
     _step(scheduler)
     assert scheduler.abort("r1")
     plan = _step(scheduler)
-    assert plan.workers[0].batch.items == [Tokens("r1", [], "abort"), Tokens("r2", [1])]
+    batch = plan.workers[0].batch
+    assert (batch.rids, batch.ids, batch.items) == (["r2"], [1], [Tokens("r1", [], "abort")])  # r2's id: a column
     assert _items(_step(scheduler)) == {"w1": [Tokens("r2", [2])]}  # delivered once
     assert scheduler.aborted == 1 and scheduler.live_rids == 1
     assert not scheduler.abort("unknown")
@@ -177,7 +179,7 @@ def test_abort_of_a_waiting_request():
     _step(scheduler)
     assert scheduler.abort("r2")
     assert scheduler.live_rids == 1
-    assert "r2" not in {i.rid for p in _step(scheduler).workers for i in p.batch.items}
+    assert "r2" not in {i.rid for p in _step(scheduler).workers for i in token_items(p.batch)}
 
 
 def test_uncommitted_plan_is_planned_again():
@@ -187,7 +189,7 @@ def test_uncommitted_plan_is_planned_again():
     first = _step(scheduler, commit=False)  # the worker's queue was full
     again = _step(scheduler, commit=False)
     assert first.workers[0].batch.opens == again.workers[0].batch.opens != []
-    assert first.workers[0].batch.items == again.workers[0].batch.items == [Tokens("r1", [5])]
+    assert token_items(first.workers[0].batch) == token_items(again.workers[0].batch) == [Tokens("r1", [5])]
     _step(scheduler)
     assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [6])]}
 
@@ -205,7 +207,7 @@ def test_dead_worker_rids_are_reopened_with_full_history():
     (worker_plan,) = plan.workers
     assert worker_plan.worker == "w2"
     assert [o.rid for o in worker_plan.batch.opens] == ["r1"]
-    assert worker_plan.batch.items == [Tokens("r1", [5, 6, 7])]  # history + this step's id
+    assert token_items(worker_plan.batch) == [Tokens("r1", [5, 6, 7])]  # history + this step's id
     assert scheduler.reopened == 1
     # the dead worker comes back still holding state: it must be told to go
     assert scheduler.heartbeat("w1", 1, 1.6) is False
@@ -220,7 +222,7 @@ def test_hello_from_a_known_worker_means_it_restarted():
     scheduler.hello("w1", 2, 0.1)
     plan = _step(scheduler, 0.1)
     assert [o.rid for o in plan.workers[0].batch.opens] == ["r1"]
-    assert plan.workers[0].batch.items == [Tokens("r1", [5, 6])]
+    assert token_items(plan.workers[0].batch) == [Tokens("r1", [5, 6])]
 
 
 def test_goodbye_and_unreachable_move_rids():
@@ -261,7 +263,7 @@ def test_paced_replay_releases_ids_at_their_times():
     scheduler.hello("w1", 1, 0.0)
     ns = 1_000_000_000
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, 8], release_ns=[ns, ns, 2 * ns, 3 * ns])
-    assert _step(scheduler, 0.5).workers[0].batch.items == [Tokens("r1", [])]  # Open only, nothing due yet
+    assert token_items(_step(scheduler, 0.5).workers[0].batch) == [Tokens("r1", [])]  # Open only, nothing due yet
     assert scheduler.next_release_ns() == ns
     assert _items(_step(scheduler, 1.0)) == {"w1": [Tokens("r1", [5, 6])]}  # both due: pacing beats tokens_per_step
     assert _step(scheduler, 1.5).workers == []
@@ -273,7 +275,7 @@ def test_recorded_finish_is_used_unless_truncated():
     scheduler.hello("w1", 1, 0.0)
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5], finish="abort")
     scheduler.submit("r2", [1], RequestParams(max_tokens=1), [5, 6], finish="stop")
-    assert {i.rid: i.finish for i in _step(scheduler).workers[0].batch.items} == {"r1": "abort", "r2": "length"}
+    assert {i.rid: i.finish for i in token_items(_step(scheduler).workers[0].batch)} == {"r1": "abort", "r2": "length"}
 
 
 def test_commit_reports_new_ids_only():

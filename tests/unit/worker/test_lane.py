@@ -11,6 +11,7 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.texts import load_texts
 
+from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
 from detok_worker.stream.stop.decoder import StopSequenceDecoder as Decoder
@@ -66,28 +67,38 @@ def _batches(requests: list[tuple[DetokParams, list[int]]], seed: int) -> list[T
     return batches
 
 
-def _run(tokenizer, batches: list[TokenBatch]) -> tuple[list[tuple], list[tuple], int]:
+def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[tuple]], list[tuple], int]:
+    """Per rid its deltas in order (a batch's columns and items interleave rids differently), the Finishes."""
     state = WorkerState(tokenizer, "w")
-    deltas, finishes = [], []
+    deltas: dict[str, list[tuple]] = {}
+    finishes = []
     for batch in batches:
         result = state.handle_batch(batch)
-        items = result.text_batch.items
-        deltas += [(d.rid, d.offset, d.text, d.n_tokens, d.finish, d.stop_reason, d.error) for d in items]
+        for d in text_deltas(result.text_batch):
+            deltas.setdefault(d.rid, []).append((d.offset, d.text, d.n_tokens, d.finish, d.stop_reason, d.error))
         finishes += [(f.rid, f.reason, f.stop_reason) for f in result.finishes]
-    return deltas, finishes, state.tokens_consumed
+    return deltas, sorted(finishes), state.tokens_consumed
+
+
+def _columnar(batches: list[TokenBatch]) -> list[TokenBatch]:
+    return [token_batch(batch.step, batch.sent_ns, batch.opens, batch.items) for batch in batches]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral-sp-v1", "gpt4o"])
 def test_the_lane_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = load_fixture_tokenizer(family)
     batches = _batches(_requests(tokenizer, seed=16), seed=61)
-    with_lane = _run(tokenizer, batches)
+    columnar = _columnar(batches)
+    assert sum(len(batch.rids) for batch in columnar) > 5 * sum(len(batch.items) for batch in columnar)
+    with_lane = _run(tokenizer, columnar)
+    items_only = _run(tokenizer, batches)
     monkeypatch.setattr(Decoder, "lane", lambda self: None)
-    without_lane = _run(tokenizer, batches)
-    assert with_lane == without_lane
+    without_lane = _run(tokenizer, columnar)
+    assert with_lane == items_only == without_lane
     deltas, finishes, _ = with_lane
-    assert sum(1 for d in deltas if d[4] == "stop") >= 3  # stop strings and stop tokens were reached
-    assert any(d[6] for d in deltas)  # and a bad id ended its request
+    ends = [rid_deltas[-1] for rid_deltas in deltas.values()]
+    assert sum(1 for end in ends if end[3] == "stop") >= 3  # stop strings and stop tokens were reached
+    assert any(end[5] for end in ends)  # and a bad id ended its request
 
 
 def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:

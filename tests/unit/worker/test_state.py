@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
+from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.worker.state import (
@@ -47,10 +48,10 @@ class Harness:
         assert result.text_batch.step == self.step
         assert result.text_batch.sent_ns == 1000 + self.step
         assert result.text_batch.worker == "w-test"
-        for delta in result.text_batch.items:
+        for delta in text_deltas(result.text_batch):
             self.deltas.setdefault(delta.rid, []).append(delta)
         self.finishes.extend(result.finishes)
-        return list(result.text_batch.items)
+        return list(text_deltas(result.text_batch))
 
     def text(self, rid: str) -> str:
         """The client's view: deltas joined by offset (re-sent text dropped)."""
