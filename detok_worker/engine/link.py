@@ -21,44 +21,28 @@ only generates:
 Never blocks on a peer: a TokenBatch a worker cannot take now is planned again at the next step (its ids wait in
 the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
 is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
-to live workers. Messages to a stalled front wait in a bounded outbox. Every bad frame is counted and skipped.
-With several front processes (front.processes) the link remembers each rid's Submit.front: it goes into the rid's
-Opens (the worker sends the rid's text there) and the rid's Reject goes there; a FrontHello aborts the rids of
-that front index (its earlier process died with their clients).
+to live workers. Every bad frame is counted and skipped. The front side (Submit/Abort/Delivered/FrontHello in,
+Rejects and stats out, which rid goes to which front process): front_channel.py; the worker side
+(Hello/Heartbeat/Finish/Goodbye in, liveness, non-blocking sends): worker_channel.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import zmq
 
-from detok_worker.bus.codec import BAD_MULTIPART, encode, engine_decoder
-from detok_worker.bus.messages import (
-    FINISH_ERROR,
-    Abort,
-    Delivered,
-    DetokParams,
-    EngineStats,
-    Finish,
-    FrontHello,
-    Goodbye,
-    Heartbeat,
-    Hello,
-    Reject,
-    Shutdown,
-    Submit,
-    TokenLogprob,
-)
-from detok_worker.bus.sockets import BusSockets, recv_single_frame
+from detok_worker.bus.codec import encode, engine_decoder
+from detok_worker.bus.messages import FINISH_ERROR, DetokParams, EngineStats, Reject, Submit, TokenLogprob
+from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
+from detok_worker.engine.front_channel import BusNews, FrontChannel
 from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.scheduler import Scheduler
+from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -66,21 +50,7 @@ from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
 
-FRAMES_PER_WAKEUP = 1024
-FRONT_OUTBOX_LIMIT = 100_000
-BAD_UNEXPECTED = "unexpected"  # a valid message on the wrong socket (e.g. Hello at the front's PULL)
 BAD_SOURCE = "source_error"
-BAD_FRONT_INDEX = "front_index"  # a Submit/FrontHello naming a front index outside front.processes
-BAD_WORKER_ID = "worker_id"  # a worker message whose routing id is not a UTF-8 worker id
-STALE_WORKER = "you hold requests this engine does not know (declared dead, or the engine restarted)"
-
-
-@dataclass(slots=True)
-class BusNews:
-    """What happened on the bus since the last poll."""
-
-    submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
-    stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
 
 
 def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:
@@ -114,23 +84,18 @@ class EngineLink:
         self.decoder = engine_decoder()
         self.metrics = EngineMetrics()
         self.sockets = BusSockets(config)
-        self.from_front = self.sockets.engine_pull()
-        self.workers = self.sockets.worker_router()
-        self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
-        self.to_front = self.to_fronts[0]
-        # rid -> front index, for rids of fronts other than 0: set on their Opens, where their Rejects go
-        self.rid_fronts: dict[str, int] = {}
-        self.sockets.watch_drops(self.from_front)
-        self.sockets.watch_drops(self.workers)
+        from_front = self.sockets.engine_pull()
+        to_workers = self.sockets.worker_router()
+        self.fronts = FrontChannel(from_front, self.sockets.front_pushes(), self.scheduler, self.decoder, recorder)
+        self.workers = WorkerChannel(to_workers, self.scheduler, self.decoder, recorder)
+        self.sockets.watch_drops(from_front)
+        self.sockets.watch_drops(to_workers)
         self.poller = zmq.Poller()
-        self.poller.register(self.from_front, zmq.POLLIN)
-        self.poller.register(self.workers, zmq.POLLIN)
-        self.front_outbox: deque[tuple[int, bytes]] = deque()  # (front index, frame)
+        self.poller.register(from_front, zmq.POLLIN)
+        self.poller.register(to_workers, zmq.POLLIN)
         self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
-        self.blocked_sends = 0
         self.dropped_connections = 0
-        self._goodbyes = 0  # workers that said Goodbye and whose connection has not closed yet (an expected drop)
         self._news = BusNews()
         self.next_stats = time.monotonic()
 
@@ -140,21 +105,18 @@ class EngineLink:
         """Wait up to timeout_s for bus traffic, take all of it, run the timers (worker liveness, stats);
         returns the news since the last poll."""
         events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
-        if self.workers in events:
-            self._drain_workers()
-        if self.from_front in events:
-            self._drain_front()
+        if self.workers.router in events:
+            drained_at = time.monotonic()
+            if self.workers.drain(self._news, drained_at):
+                self.next_stats = drained_at  # a worker joined or left: the fronts learn of it now
+        if self.fronts.pull in events:
+            self.fronts.drain(self._news)
         now = time.monotonic()
-        for worker in self.scheduler.expire_workers(now):
-            log.warning(
-                "engine: worker %s missed its heartbeats or left its TokenBatches unanswered for "
-                "engine.batch_answer_timeout_s; re-opening its requests elsewhere",
-                worker,
-            )
+        self.workers.expire(now)
         if now >= self.next_stats:
             self._send_stats()
             self.next_stats = now + self.config.engine.stats_interval_s
-        self._flush_front()
+        self.fronts.flush()
         news, self._news = self._news, BusNews()
         return news
 
@@ -170,9 +132,8 @@ class EngineLink:
         """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
         stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
         should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
-        rid, prompt_ids, params, front = submit.rid, submit.prompt_ids, submit.params, submit.front
-        if front:
-            self.rid_fronts[rid] = front
+        rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
+        self.fronts.remember(rid, submit.front)
         if planned is None:
             reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
         else:
@@ -180,7 +141,7 @@ class EngineLink:
                 rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
             )
         if reject is not None:
-            self._to_front(reject)
+            self.fronts.send(reject)
             return None
         if self.recorder is not None:
             self.recorder.request(rid, prompt_ids, params)
@@ -203,8 +164,8 @@ class EngineLink:
         cannot honour); its worker frees it. The Reject leaves now; the worker's own final delta, which the next
         step causes, carries the same message (the two reach the front on different connections)."""
         if self.scheduler.drop(rid, FINISH_ERROR, error):
-            self._to_front(Reject(rid, error, param))
-            self._flush_front()
+            self.fronts.send(Reject(rid, error, param))
+            self.fronts.flush()
             if self.recorder is not None:
                 self.recorder.tokens(rid, [], "error")
 
@@ -213,163 +174,41 @@ class EngineLink:
         plan = self.scheduler.plan_step(time.monotonic(), time.monotonic_ns(), time.time_ns())
         for reject in plan.rejects:
             self._news.stopped.append(reject.rid)
-            self._to_front(reject)
+            self.fronts.send(reject)
         sent = 0
-        blocked_before = self.blocked_sends
+        blocked_before = self.workers.blocked_sends
         recorder = self.recorder
-        rid_fronts = self.rid_fronts
         for worker_plan in plan.workers:
-            if rid_fronts:
-                for open_ in worker_plan.batch.opens:
-                    open_.front = rid_fronts.get(open_.rid, 0)
-            if self._send_worker(worker_plan.worker.encode("utf-8"), worker_plan.batch):
+            self.fronts.address_opens(worker_plan.batch.opens)
+            if self.workers.send(worker_plan.worker.encode("utf-8"), worker_plan.batch):
                 emitted = self.scheduler.commit(worker_plan, report=recorder is not None)
                 sent += 1
                 if recorder is not None:
                     for item in emitted:
                         recorder.tokens(item.rid, item.ids, item.finish)
         self.steps += 1
-        self.blocked = self.blocked_sends > blocked_before
-        self._flush_front()
+        self.blocked = self.workers.blocked_sends > blocked_before
+        self.fronts.flush()
         return sent
 
     def reject(self, rid: str, error: str, *, front: int = 0) -> None:
         """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
         Submit.front."""
-        self._to_front(Reject(rid, error), front)
+        self.fronts.send(Reject(rid, error), front)
 
     def close(self) -> None:
         self.sockets.close()
         if self.recorder is not None:
             self.recorder.close()
 
-    # ---- incoming ---------------------------------------------------------------------------------------
-
-    def _drain_front(self) -> None:
-        scheduler = self.scheduler
-        for _ in range(FRAMES_PER_WAKEUP):
-            try:
-                frame = recv_single_frame(self.from_front, self.decoder)
-            except zmq.Again:
-                return
-            message = self.decoder.decode(frame) if frame is not None else None
-            if isinstance(message, (Submit, FrontHello)) and not 0 <= message.front < len(self.to_fronts):
-                self.decoder.count_bad(BAD_FRONT_INDEX, message.front)  # no such front: nowhere to answer
-            elif isinstance(message, Submit):
-                self._news.submitted.append(message)
-            elif isinstance(message, FrontHello):
-                self._front_restarted(message)
-            elif isinstance(message, Abort):
-                if scheduler.abort(message.rid):
-                    self._news.stopped.append(message.rid)
-                    if self.recorder is not None:
-                        self.recorder.tokens(message.rid, [], message.reason)
-                else:
-                    self._withdraw(message.rid)
-            elif isinstance(message, Delivered):
-                scheduler.delivered(message.rid)
-            elif message is not None:
-                self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
-
-    def _front_restarted(self, hello: FrontHello) -> None:
-        """The requests of an earlier process at this front index lost their clients with it: abort them."""
-        scheduler, rid_fronts = self.scheduler, self.rid_fronts
-        live = [r.rid for r in (*scheduler.running.values(), *scheduler.waiting)]
-        rids = [rid for rid in live if rid_fronts.get(rid, 0) == hello.front]
-        rids += [submit.rid for submit in self._news.submitted if submit.front == hello.front]
-        for rid in rids:
-            if scheduler.abort(rid):
-                self._news.stopped.append(rid)
-            else:
-                self._withdraw(rid)
-            self.rid_fronts.pop(rid, None)
-        log.info(
-            "engine: front %d (pid %d) is up; %d requests of its predecessor aborted", hello.front, hello.pid, len(rids)
-        )
-
-    def _withdraw(self, rid: str) -> None:
-        """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
-        submitted = self._news.submitted
-        for index, submit in enumerate(submitted):
-            if submit.rid == rid:
-                del submitted[index]
-                self.scheduler.aborted += 1
-                return
-
-    def _drain_workers(self) -> None:
-        now = time.monotonic()
-        scheduler = self.scheduler
-        for _ in range(FRAMES_PER_WAKEUP):
-            try:
-                parts = self.workers.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(parts) != 2:
-                self.decoder.count_bad(BAD_MULTIPART, f"{len(parts)} parts")
-                continue
-            identity, frame = parts
-            try:
-                worker = identity.decode("utf-8")
-            except UnicodeDecodeError:  # a DEALER without ROUTING_ID: nothing could be routed back to it by name
-                self.decoder.count_bad(BAD_WORKER_ID, identity)
-                continue
-            message = self.decoder.decode(frame)
-            if isinstance(message, Heartbeat):
-                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked):
-                    self._send_worker(identity, Shutdown(STALE_WORKER, rejoin=True))
-            elif isinstance(message, Finish):
-                if scheduler.finish(message.rid, worker):
-                    self._news.stopped.append(message.rid)
-                    if self.recorder is not None:
-                        self.recorder.tokens(message.rid, [], message.reason)
-            elif isinstance(message, Hello):
-                log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
-                scheduler.hello(worker, message.pid, now)
-                self.next_stats = now  # the front learns of a new worker now, not at the next stats interval
-            elif isinstance(message, Goodbye):
-                log.info("engine: worker %s leaves", worker)
-                scheduler.goodbye(worker)
-                self._goodbyes += 1
-                self.next_stats = now
-            elif message is not None:
-                self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
-
-    def _send_worker(self, identity: bytes, message: object) -> bool:
-        try:
-            self.workers.send_multipart([identity, encode(message)], zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            self.blocked_sends += 1  # its queue is full: retried next step
-            return False
-        except zmq.ZMQError as exc:
-            worker = identity.decode("utf-8", "replace")
-            log.warning("engine: cannot send to worker %s (%s); re-opening its requests elsewhere", worker, exc)
-            self.scheduler.worker_unreachable(worker)
-            return False
-
-    # ---- to the front -------------------------------------------------------------------------------------
-
-    def _to_front(self, message: Reject, front: int | None = None) -> None:
-        if len(self.front_outbox) < FRONT_OUTBOX_LIMIT:
-            if front is None:
-                front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
-            self.front_outbox.append((front, encode(message)))
-
-    def _flush_front(self) -> None:
-        while self.front_outbox:
-            front, frame = self.front_outbox[0]
-            try:
-                self.to_fronts[front].send(frame, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.front_outbox.popleft()
+    # ---- stats -----------------------------------------------------------------------------------------
 
     def _send_stats(self) -> None:
         scheduler = self.scheduler
         if dropped := self.sockets.dropped_connections():
             self.dropped_connections += dropped
-            expected = min(dropped, self._goodbyes)  # workers leaving gracefully close their connection
-            self._goodbyes -= expected
+            expected = min(dropped, self.workers.goodbyes)  # workers leaving gracefully close their connection
+            self.workers.goodbyes -= expected
             log.log(
                 logging.WARNING if dropped > expected else logging.INFO,
                 "engine: %d bus connection(s) dropped (%d so far, %d of them workers that said goodbye): a frame "
@@ -390,10 +229,5 @@ class EngineLink:
             dropped_connections=self.dropped_connections,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
-        frame = encode(stats)
-        for to_front in self.to_fronts:
-            with contextlib.suppress(zmq.Again):  # periodic; the next one will do
-                to_front.send(frame, zmq.NOBLOCK)
-        if self.rid_fronts:  # forget the fronts of rids the engine no longer holds
-            known, ended = scheduler.has_rid, scheduler.delivering  # an ended rid may be re-opened
-            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid) or rid in ended}
+        self.fronts.broadcast(encode(stats))
+        self.fronts.forget_ended()

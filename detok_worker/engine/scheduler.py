@@ -13,10 +13,8 @@ Ownership: a request is assigned to the live worker with the fewest requests whe
 there. When a worker dies (heartbeat timeout, unreachable, Goodbye, or a Hello that shows it restarted), each of
 its requests is re-opened on a live worker: Open again, and a Tokens item with the full history so far.
 
-Delivery: a request whose generation ended (its last ids were sent, or its worker found a stop) is kept, with its
-history, until the front reports `Delivered` (detok_worker/engine/delivery.py). If its worker is lost meanwhile, the
-request is re-opened like a live one, its Tokens item carrying the whole history and the finish, so the front
-still gets the last characters that died in the worker's queues.
+Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
+meanwhile, it is re-opened like a live one, its Tokens item carrying the finish too (why: engine/delivery.py).
 """
 
 from __future__ import annotations
@@ -93,6 +91,10 @@ class Scheduler:
 
     def has_rid(self, rid: str) -> bool:
         return rid in self.running or rid in self._waiting_by_rid
+
+    def list_live_rids(self) -> list[str]:
+        """The rids of the running and the waiting requests (`live_rids` counts them)."""
+        return [request.rid for request in (*self.running.values(), *self.waiting)]
 
     def submit(
         self,
@@ -210,8 +212,7 @@ class Scheduler:
 
     def hello(self, worker: str, pid: int, now: float) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
-        lost = self.registry.hello(worker, pid, now)
-        if lost is not None:
+        if (lost := self.registry.hello(worker, pid, now)) is not None:
             self._reopen(lost)
 
     def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
@@ -358,8 +359,7 @@ class Scheduler:
             info.rids.discard(request.rid)
 
     def _lose_worker(self, worker: str) -> None:
-        info = self.registry.remove(worker)
-        if info is not None:
+        if (info := self.registry.remove(worker)) is not None:
             self._reopen(info)
 
     def _reopen(self, info: WorkerInfo) -> None:

@@ -1,9 +1,12 @@
-"""OpenAI-style API errors: one exception type carrying the HTTP status and the `{"error": {...}}` body fields."""
+"""OpenAI-style API errors: one exception type carrying the HTTP status and the `{"error": {...}}` body fields,
+and its JSON response."""
 
 from __future__ import annotations
 
 import msgspec
+from starlette.responses import Response
 
+JSON = "application/json"
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
@@ -53,3 +56,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 
 def encode_error(error: APIError) -> bytes:
     return msgspec.json.encode(error.body())
+
+
+def error_response(error: APIError, headers: dict[str, str] | None = None) -> Response:
+    """The JSON response of an error (a 401 also asks for a Bearer token)."""
+    if error.status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    return Response(encode_error(error), status_code=error.status, media_type=JSON, headers=headers)

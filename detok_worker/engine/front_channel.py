@@ -1,0 +1,154 @@
+"""The engine's side of its connections to the front processes, a part of EngineLink (link.py).
+
+`FrontChannel` takes Submit/Abort/Delivered/FrontHello from the engine's PULL (Submits become BusNews for the
+engine loop, Aborts and Delivered go to the Scheduler), and sends Rejects and EngineStats to the fronts' PUSH
+sockets; Rejects wait in a bounded outbox while a front is stalled. With several front processes
+(front.processes) it remembers each rid's Submit.front: the rid's Opens name it (the worker sends the rid's text
+there) and the rid's Reject goes there; a FrontHello aborts the rids of that front index (its earlier process died
+with their clients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from detok_worker.bus.codec import FrameDecoder, encode
+from detok_worker.bus.messages import Abort, Delivered, FrontHello, Open, Reject, Submit, ToEngine
+from detok_worker.bus.sockets import recv_single_frame
+from detok_worker.engine.scheduler import Scheduler
+from detok_worker.trace.format import TraceWriter
+
+log = logging.getLogger(__name__)
+
+FRAMES_PER_WAKEUP = 1024
+FRONT_OUTBOX_LIMIT = 100_000
+BAD_UNEXPECTED = "unexpected"  # a valid message on the wrong socket (e.g. Hello at the front's PULL)
+BAD_FRONT_INDEX = "front_index"  # a Submit/FrontHello naming a front index outside front.processes
+
+
+@dataclass(slots=True)
+class BusNews:
+    """What happened on the bus since the last poll."""
+
+    submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
+    stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
+
+
+class FrontChannel:
+    def __init__(
+        self,
+        pull: zmq.Socket[Any],
+        pushes: list[zmq.Socket[Any]],
+        scheduler: Scheduler,
+        decoder: FrameDecoder[ToEngine],
+        recorder: TraceWriter | None,
+    ) -> None:
+        self.pull = pull
+        self.pushes = pushes  # by front index (front.processes)
+        self.scheduler = scheduler
+        self.decoder = decoder
+        self.recorder = recorder
+        # rid -> front index, for rids of fronts other than 0: set on their Opens, where their Rejects go
+        self.rid_fronts: dict[str, int] = {}
+        self.outbox: deque[tuple[int, bytes]] = deque()  # (front index, frame)
+
+    def remember(self, rid: str, front: int) -> None:
+        """An accepted request's Submit.front."""
+        if front:
+            self.rid_fronts[rid] = front
+
+    def address_opens(self, opens: list[Open]) -> None:
+        """Name each Open's front process (Open.front), where its worker sends the rid's text."""
+        rid_fronts = self.rid_fronts
+        if rid_fronts:
+            for open_ in opens:
+                open_.front = rid_fronts.get(open_.rid, 0)
+
+    # ---- incoming ---------------------------------------------------------------------------------------
+
+    def drain(self, news: BusNews) -> None:
+        """Take what the fronts sent (up to FRAMES_PER_WAKEUP frames) into `news` and the Scheduler."""
+        scheduler = self.scheduler
+        for _ in range(FRAMES_PER_WAKEUP):
+            try:
+                frame = recv_single_frame(self.pull, self.decoder)
+            except zmq.Again:
+                return
+            message = self.decoder.decode(frame) if frame is not None else None
+            if isinstance(message, (Submit, FrontHello)) and not 0 <= message.front < len(self.pushes):
+                self.decoder.count_bad(BAD_FRONT_INDEX, message.front)  # no such front: nowhere to answer
+            elif isinstance(message, Submit):
+                news.submitted.append(message)
+            elif isinstance(message, FrontHello):
+                self._front_restarted(message, news)
+            elif isinstance(message, Abort):
+                if scheduler.abort(message.rid):
+                    news.stopped.append(message.rid)
+                    if self.recorder is not None:
+                        self.recorder.tokens(message.rid, [], message.reason)
+                else:
+                    self._withdraw(message.rid, news)
+            elif isinstance(message, Delivered):
+                scheduler.delivered(message.rid)
+            elif message is not None:
+                self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
+
+    def _front_restarted(self, hello: FrontHello, news: BusNews) -> None:
+        """The requests of an earlier process at this front index lost their clients with it: abort them."""
+        scheduler, rid_fronts = self.scheduler, self.rid_fronts
+        rids = [rid for rid in scheduler.list_live_rids() if rid_fronts.get(rid, 0) == hello.front]
+        rids += [submit.rid for submit in news.submitted if submit.front == hello.front]
+        for rid in rids:
+            if scheduler.abort(rid):
+                news.stopped.append(rid)
+            else:
+                self._withdraw(rid, news)
+            self.rid_fronts.pop(rid, None)
+        log.info(
+            "engine: front %d (pid %d) is up; %d requests of its predecessor aborted", hello.front, hello.pid, len(rids)
+        )
+
+    def _withdraw(self, rid: str, news: BusNews) -> None:
+        """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
+        submitted = news.submitted
+        for index, submit in enumerate(submitted):
+            if submit.rid == rid:
+                del submitted[index]
+                self.scheduler.aborted += 1
+                return
+
+    # ---- to the fronts ------------------------------------------------------------------------------------
+
+    def send(self, message: Reject, front: int | None = None) -> None:
+        """Queue a Reject for the rid's front (`front` when given); `flush` sends what the fronts can take."""
+        if len(self.outbox) < FRONT_OUTBOX_LIMIT:
+            if front is None:
+                front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
+            self.outbox.append((front, encode(message)))
+
+    def flush(self) -> None:
+        while self.outbox:
+            front, frame = self.outbox[0]
+            try:
+                self.pushes[front].send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.outbox.popleft()
+
+    def broadcast(self, frame: bytes) -> None:
+        """A periodic frame (EngineStats) to every front; dropped where a queue is full (the next one will do)."""
+        for push in self.pushes:
+            with contextlib.suppress(zmq.Again):
+                push.send(frame, zmq.NOBLOCK)
+
+    def forget_ended(self) -> None:
+        """Forget the fronts of rids the engine no longer holds (an ended rid may still be re-opened)."""
+        if self.rid_fronts:
+            known, ended = self.scheduler.has_rid, self.scheduler.delivering
+            self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if known(rid) or rid in ended}

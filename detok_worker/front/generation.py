@@ -1,0 +1,184 @@
+"""The generation routes, POST /v1/completions and /v1/chat/completions (stream or not), on the Front's parts
+(app.py): decode and check the request, tokenize its prompt (on the event loop when it is short, else on a thread),
+submit one engine request per choice (choices.py), then answer with an SSE stream or one JSON body, releasing the
+engine requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and
+sse.py. While the front drains (`draining`) new generations get a 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from detok_worker.bus.messages import LogprobText, RequestParams
+from detok_worker.front import sse
+from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
+from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
+from detok_worker.front.errors import JSON, APIError, error_response
+from detok_worker.front.middleware import request_rid
+from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
+from detok_worker.front.parsing import ParserChoice
+from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
+from detok_worker.front.request_intake import RequestIntake
+from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter
+from detok_worker.front.validation import (
+    CheckedParams,
+    Limits,
+    check_generation,
+    check_model,
+    decode_chat,
+    decode_completion,
+    truncate_prompt,
+)
+from detok_worker.parse.base import ParsedOutput
+from detok_worker.tokenizer.protocol import Tokenizer
+
+# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU (~100+ us)
+# than the work (~40 us for a 40-character completion prompt; BENCHMARKS.md, "Front per chunk").
+INLINE_PROMPT_CHARS = 512
+RETRY_AFTER_S = 5  # what a request refused while draining is told
+R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
+
+
+class Generation:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        limits: Limits,
+        parsers: ParserChoice,
+        dispatcher: Dispatcher,
+        intake: RequestIntake,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.parsers = parsers
+        self.dispatcher = dispatcher
+        self.intake = intake
+        self.draining = False  # set on SIGTERM (Front.drain): new requests get 503, live ones may finish
+        self.open_event_streams = 0
+
+    async def completions(self, request: Request) -> Response:
+        def prompt_ids(body: CompletionRequest) -> list[int]:
+            return completion_prompt_ids(body, self.tokenizer, self.limits)
+
+        return await self._generate(request, decode_completion, prompt_ids, CompletionFormatter, "cmpl")
+
+    async def chat_completions(self, request: Request) -> Response:
+        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
+            return chat_prompt_ids(body, self.tokenizer, self.limits)
+
+        return await self._generate(request, decode_chat, prompt_ids, ChatFormatter, "chatcmpl")
+
+    async def _generate(
+        self,
+        request: Request,
+        decode: Callable[[bytes], R],
+        prompt_ids: Callable[[R], list[int]],
+        formatter_type: type[CompletionFormatter] | type[ChatFormatter],
+        id_kind: str,
+    ) -> Response:
+        if self.draining:
+            return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
+        self.intake.authorize(request)
+        body = decode(await self.intake.read_body(request))
+        model = check_model(body.model, self.limits)
+        checked = check_generation(body, self.limits)
+        params = (
+            self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
+        )
+        size = prompt_chars(body)
+        if size is not None and size <= INLINE_PROMPT_CHARS:
+            ids = truncate_prompt(prompt_ids(body), body)
+        else:  # chat template + tokenizing of a long prompt: off the loop
+            ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body)
+        echo = None
+        if checked.echo and isinstance(body, CompletionRequest):
+            echo = await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
+        rid = request_rid(request, id_kind, body.request_id)
+        choices = self._submit(ids, params, checked, rid)
+        request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
+        self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
+        usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
+        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
+        if body.stream:
+            events = self._events(choices, formatter, checked.include_usage)
+            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
+        return await self._collect(request, choices, formatter)
+
+    def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
+        """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""
+        rids = choice_rids(rid, checked.n)
+        if params.max_tokens == 0:
+            return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules))
+        requests = list(zip(rids, choice_params(params, checked.n), strict=True))
+        return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
+
+    def _release(self, choices: Choices) -> None:
+        for stream in choices.streams:
+            if not stream.done:  # the client went away, the server is stopping, or another choice failed
+                self.dispatcher.abort(stream)
+            self.dispatcher.release(stream)
+
+    async def _events(self, choices: Choices, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
+        clients = self.dispatcher.metrics.sse_clients
+        clients.inc()
+        self.open_event_streams += 1
+        try:
+            for index, stream in enumerate(choices.streams):
+                first = formatter.first_chunk(index, stream)
+                if first is not None:
+                    yield sse.event(first)
+            while True:  # after the end (or a failure) one more round: the text that came with it
+                ready: list[bytes] = []  # the events of one round go out in one write
+                for index, news, ended in await choices.changes():
+                    stream = choices.streams[index]
+                    logprobs = stream.take_logprobs()
+                    if news or logprobs:
+                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs)))
+                    if ended and stream.failure is None:
+                        ready.append(sse.event(formatter.final_chunk(index, stream)))
+                if choices.finished:
+                    break
+                if ready:
+                    yield ready[0] if len(ready) == 1 else b"".join(ready)
+            failure = choices.failure
+            if failure is not None:
+                self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
+                ready.append(sse.error_event(failure))
+            elif include_usage:
+                ready.append(sse.event(formatter.usage_chunk(choices)))
+            yield b"".join([*ready, sse.DONE])
+        finally:
+            clients.dec()
+            self.open_event_streams -= 1
+
+    async def _collect(self, request: Request, choices: Choices, formatter: Formatter) -> Response:
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
+        logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
+        try:
+            while True:
+                for index, news, _ in await choices.changes():
+                    pieces[index].append(news)
+                    logprobs[index] += choices.streams[index].take_logprobs()
+                if choices.finished:
+                    break
+        finally:
+            watcher.cancel()
+            self._release(choices)
+        if choices.failure is not None:
+            return error_response(choices.failure)
+        return Response(formatter.whole(pieces, choices, logprobs), media_type=JSON)
+
+    async def _abort_on_disconnect(self, request: Request, choices: Choices) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                error = APIError(499, "the client closed the connection", code="disconnected")
+                for stream in choices.streams:
+                    self.dispatcher.abort(stream, error)
+                return
