@@ -23,6 +23,13 @@ def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
     parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
     parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
+    parser.add_argument(
+        "--cancel-starts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fault injection for tests: end the first N Generate calls with CANCELLED before any response",
+    )
 
 
 def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:

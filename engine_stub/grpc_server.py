@@ -13,7 +13,8 @@ responsive; each step's ids go out as one chunk per request. Abort (and a cancel
 generation is cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten
 every 0.1 s while they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming
 a request that was running, or whose stream the client had just cancelled), abort_calls, generated (ids a
-generating source made). With --requests-log, one JSON line per
+generating source made), cancelled_starts (Generate calls ended with CANCELLED at once: --cancel-starts N, a fault
+for the gateway's retries). With --requests-log, one JSON line per
 ended request: {"rid", "prompt_ids", "ids" (every id streamed), "finish"}: a bench checks a gateway's text
 against the decode of exactly what the engine sent.
 GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
@@ -93,6 +94,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         tokenizer: Tokenizer,
         source: TokenSource | GeneratingSource,
         requests_log: TextIO | None = None,
+        cancel_starts: int = 0,
     ) -> None:
         engine = config.engine
         self.tokenizer = tokenizer
@@ -117,9 +119,14 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         self.counts: Counter[str] = Counter()
         self.requests_log = requests_log
         self.last_sampling: dict[str, Any] = {}
+        self.cancel_starts = cancel_starts  # Generate calls still to be ended with CANCELLED (--cancel-starts)
 
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802 - the gRPC method
         rid = request.request_id
+        if self.cancel_starts > 0:
+            self.cancel_starts -= 1
+            self.counts["cancelled_starts"] += 1
+            await context.abort(grpc.StatusCode.CANCELLED, "cancelled at start (--cancel-starts)")
         sampling = request.sampling_params
         params = RequestParams(
             max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
@@ -274,12 +281,17 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
 
 
 async def serve_engine(
-    config: DetokConfig, listen: str, stats_file: str | None = None, requests_log: str | None = None
+    config: DetokConfig,
+    listen: str,
+    stats_file: str | None = None,
+    requests_log: str | None = None,
+    cancel_starts: int = 0,
 ) -> None:
     tokenizer = load_configured_tokenizer(config)
     with contextlib.ExitStack() as files:
         log_file = files.enter_context(open(requests_log, "a", buffering=1)) if requests_log else None
-        servicer = StubEngineServicer(config, tokenizer, create_source(config, tokenizer), log_file)
+        source = create_source(config, tokenizer)
+        servicer = StubEngineServicer(config, tokenizer, source, log_file, cancel_starts)
         await _serve(servicer, listen, stats_file)
 
 
@@ -316,7 +328,7 @@ def write_stats(path: str, stats: dict[str, Any]) -> None:
 
 
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
-    asyncio.run(serve_engine(config, args.listen, args.stats_file, args.requests_log))
+    asyncio.run(serve_engine(config, args.listen, args.stats_file, args.requests_log, args.cancel_starts))
     return 0
 
 

@@ -66,6 +66,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     engine_url: str = ""  # source = grpc: grpc://host:port of an engine serving the token-only gRPC API
     engine_service: str = "auto"  # auto | vllm (VllmEngine) | sglang (SglangScheduler)
     connect_timeout_s: float = 10.0  # source = grpc: how long to wait for the engine at start-up
+    start_retries: int = 3  # source = grpc: a Generate that fails before its first chunk is sent again this often
     trace: str = ""
     corpus: str = ""  # "" = the corpus shipped with engine_stub
     step_interval_ms: float = 20.0
@@ -188,6 +189,7 @@ def validate(config: DetokConfig) -> None:
             "engine.engine_service must be auto, vllm or sglang",
         ),
         (config.engine.connect_timeout_s > 0, "engine.connect_timeout_s must be > 0"),
+        (config.engine.start_retries >= 0, "engine.start_retries must be >= 0"),
         (config.engine.step_interval_ms >= 0, "engine.step_interval_ms must be >= 0"),
         (config.engine.max_batch >= 1, "engine.max_batch must be >= 1"),
         (config.engine.model_threads >= 1, "engine.model_threads must be >= 1"),

@@ -4,7 +4,8 @@
 One asyncio loop: every Submit opens a streaming Generate on the engine (grpc_api.Dialect.generate_request); the
 ids of its chunks are pushed into the EngineLink as they arrive, and every engine.step_interval_ms the link sends
 one TokenBatch per worker with what arrived meanwhile. A rid a worker stopped (stop string) or the client left is
-aborted on the engine (the stream is cancelled and Abort is sent). An engine failure mid-stream ends each open
+aborted on the engine (the stream is cancelled and Abort is sent). A stream that fails before its first response
+(CANCELLED, UNAVAILABLE) is opened again, up to engine.start_retries times. An engine failure mid-stream ends each open
 request with an error naming the engine (the client gets it at once); new requests fail the same way until the
 engine is back, then work again (the channel reconnects by itself).
 Backpressure: while a rid's ids wait in the link (its worker's queue is full) its stream is not read, so gRPC's
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.05  # nothing in flight: wait this long on the bus sockets
 BACKLOG_LIMIT = 256  # ids of a rid waiting for its worker before its stream is read again
 ABORT_TIMEOUT_S = 5.0
+RETRY_BACKOFF_S = 0.05  # before the first retry of a Generate; doubled for each next one
+# a Generate that ends with one of these before any response is opened again (engine.start_retries)
+RETRIED_CODES = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 
 
 class GrpcGateway:
@@ -59,6 +63,7 @@ class GrpcGateway:
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
         self.engine_aborts = 0
+        self.start_retries = 0  # Generate streams opened again after a failed start
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -121,18 +126,45 @@ class GrpcGateway:
             stream.cancel()
 
     async def _generate(self, rid: str, request: Any) -> None:
+        """Stream the rid's ids from the engine into the link. A stream the engine ends with a retried code before
+        any response (nothing of it reached the link, let alone the client) is opened again, up to
+        engine.start_retries times: grpcio's aio server cancels a few of ~1500 concurrent streams as they start."""
+        try:
+            for attempt in range(self.config.engine.start_retries):
+                code = await self._stream(rid, request)
+                if code is None:
+                    return
+                self.start_retries += 1
+                log.info(
+                    "engine: Generate(%s) on %s ended %s before any output; retry %d",
+                    rid,
+                    self.api.url,
+                    code.name,
+                    attempt + 1,
+                )
+                await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
+            await self._stream(rid, request, last=True)
+        finally:
+            if self.streams.get(rid) is asyncio.current_task():
+                del self.streams[rid]
+
+    async def _stream(self, rid: str, request: Any, last: bool = False) -> grpc.StatusCode | None:
+        """One Generate stream of the rid. Returns the status code of a failure worth a retry (unless `last`);
+        None when the rid is done with (ended, failed, or stopped by us)."""
         link = self.link
         api = self.api
         received = 0
+        responded = False
         call = api.stub.Generate(request)
         try:
             async for response in call:
+                responded = True
                 kind = response.WhichOneof("response")
                 if kind == "chunk":
                     ids = list(response.chunk.token_ids)
                     received += len(ids)
                     if not link.push(rid, ids, None, output_logprobs(response.chunk)):
-                        return
+                        return None
                     while link.backlog(rid) > BACKLOG_LIMIT:
                         await asyncio.sleep(self.tick_s or 0.001)
                 elif kind == "complete":
@@ -143,17 +175,18 @@ class GrpcGateway:
                     else:
                         new_ids = new_ids_of_complete(list(complete.output_ids), received)
                         link.push(rid, new_ids, finish, output_logprobs(complete, received) if new_ids else None)
-                    return
+                    return None
             link.fail(rid, f"the gRPC engine at {api.url} ended the stream without GenerateComplete")
         except grpc.aio.AioRpcError as exc:
-            # CANCELLED is ours when _stop took the stream; otherwise the engine side cancelled it (grpcio's aio
-            # server does for a few of ~1500 streams on one connection), and the client must hear of it
-            if exc.code() != grpc.StatusCode.CANCELLED or self.streams.get(rid) is asyncio.current_task():
-                link.fail(rid, engine_failure(api.url, exc))
+            stopped = self.streams.get(rid) is not asyncio.current_task()  # _stop took the stream: its CANCELLED
+            if stopped and exc.code() == grpc.StatusCode.CANCELLED:
+                return None
+            if not stopped and not responded and not last and exc.code() in RETRIED_CODES:
+                return exc.code()
+            link.fail(rid, engine_failure(api.url, exc))
         finally:
             call.cancel()
-            if self.streams.get(rid) is asyncio.current_task():
-                del self.streams[rid]
+        return None
 
 
 def run_gateway(config: DetokConfig) -> None:

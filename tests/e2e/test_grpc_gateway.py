@@ -158,6 +158,28 @@ def test_engine_down_mid_stream_fails_every_open_request_then_serves_again(qwen3
         engine.cleanup()
 
 
+def test_a_stream_the_engine_cancels_at_start_is_opened_again_up_to_the_retry_limit(qwen3):
+    engine = EngineServer("--source", "echo", "--cancel-starts", "4")
+    try:
+        with serving(gateway(engine, "--set", "engine.start_retries=2")) as service:
+
+            async def one(text: str) -> Outcome:
+                async with http_client(service) as client:
+                    return await bounded(complete(client, {"prompt": text, "max_tokens": 50}))
+
+            first = asyncio.run(one("Cancelled three times."))  # 1 + 2 retries, all cancelled: the client hears
+            assert first.status == 503, first
+            assert engine.url in first.error["message"] and "CANCELLED" in first.error["message"]
+            wait_for(lambda: engine.count("cancelled_starts") == 3, 5, what="the engine server's count")
+            text = "Cancelled once, then served."
+            second = asyncio.run(one(text))  # the echo source returns the prompt: exact text after one retry
+            assert (second.status, second.text, second.finish_reason) == (200, text, "stop")
+            wait_for(lambda: engine.stats().get("cancelled_starts") == 4 and engine.count("completed") == 1, 5,
+                     what="the engine server's counts")  # fmt: skip
+    finally:
+        engine.cleanup()
+
+
 def run_engine_command(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="detok-test-xdg-") as xdg:
         return subprocess.run(
