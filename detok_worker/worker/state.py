@@ -21,16 +21,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok
 from detok_worker.bus.messages import (
-    FINISH_ERROR,
-    FINISH_REASONS,
-    FINISH_STOP,
     Finish,
     Open,
-    ParsedDelta,
     TextBatch,
     TextDelta,
     TokenBatch,
@@ -40,19 +35,17 @@ from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.ended import RecentlyEnded
+from detok_worker.worker.endings import RidEndings
 from detok_worker.worker.lane import TICK_EVERY_ITEMS, RidState, step_lanes
 from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.parsing import parsing_for
 
 log = logging.getLogger(__name__)
 
-BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
 BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
-BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 BAD_STOP_BUDGET = "stop_budget"  # Open refused: the live rids' stop strings would pass worker.max_live_stop_chars
 DEFAULT_MAX_LIVE_STOP_CHARS = 4_194_304
 RECENTLY_ENDED_CAPACITY = 16_384
-ENGINE_ERROR = "the engine ended the request with an error"
 
 
 @dataclass(slots=True)
@@ -63,7 +56,7 @@ class BatchResult:
     finishes: list[Finish] = field(default_factory=list)
 
 
-class WorkerState:
+class WorkerState(RidEndings):
     """Per-rid stream and stop state of one worker."""
 
     def __init__(
@@ -179,51 +172,12 @@ class WorkerState:
         self.chars_out += chars_out
         self.holds += holds
 
-    def _item_output(
-        self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]
-    ) -> None:
-        """The output of an item the fused branch did not take (several ids, a parser, a stop, an error)."""
-        consumed = out.consumed
-        state.n_tokens += consumed
-        self.tokens_consumed += consumed
-        text = out.text
-        if state.parsing is not None:
-            self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
-        elif out.stopped or out.error is not None:
-            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
-        elif text:
-            deltas.append(TextDelta(rid, state.offset, text, state.n_tokens))
-            state.offset += len(text)
-            self.chars_out += len(text)
-        elif ids:
-            self.holds += 1
-
     def drop_all(self) -> list[str]:
         """Forget every live rid (worker shutting down); returns them."""
         rids = list(self.live)
         self.live.clear()
         self.live_stop_chars = 0
         return rids
-
-    def _parsed_step(self, rid: str, state: RidState, out: Any, deltas: list[TextDelta], finishes: list[Finish]) -> int:
-        """The item step of a request with parsers: the text's split goes with it; a stop string in the content
-        ends the request. Returns the characters emitted."""
-        text = out.text
-        if out.stopped or out.error is not None:
-            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
-            return 0
-        if not text:
-            return 0
-        assert state.parsing is not None
-        parsed, match = state.parsing.take(text, final=False)
-        if match is not None:
-            self.stops["string"] += 1
-            self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
-            finishes.append(Finish(rid, FINISH_STOP, match.stop))
-            return 0
-        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
-        state.offset += len(text)
-        return len(text)
 
     def _logprobs_item(self, item: Tokens, state: RidState, deltas: list[TextDelta], finishes: list[Finish]) -> None:
         """An item of a rid with logprobs: handled as one without them, then its consumed ids' entries (and any
@@ -288,100 +242,3 @@ class WorkerState:
         lane = decoder.lane() if parsing is None else None
         self.live[rid] = RidState(decoder=decoder, parsing=parsing, stop_chars=stop_chars, lane=lane)
         self.live_stop_chars += stop_chars
-
-    def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:
-        """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
-        rid = item.rid
-        if state is None:
-            if rid not in self._ended:
-                self._count_bad(BAD_UNKNOWN_RID, rid)
-            return
-        self.tokens_in += len(item.ids)
-        if item.finish not in FINISH_REASONS:
-            message = f"the engine ended the request with an unknown finish reason {item.finish!r}"
-            self._end_with_error(rid, state, "", message, deltas, finishes)
-            return
-        decoder = state.decoder
-        try:
-            out = decoder.process_tokens(item.ids)
-            text, stop_reason, error = out.text, out.stop_reason, out.error
-            state.n_tokens += out.consumed
-            self.tokens_consumed += out.consumed
-            if not out.stopped and error is None:
-                text += decoder.flush().text  # a stop string may still match in the flushed text
-                stop_reason = decoder.stop_reason
-        except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-            self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-            return
-        self._end_decoded(rid, state, text, stop_reason, error, item.finish, deltas, finishes, item.error)
-
-    # ---- endings ---------------------------------------------------------------------------------------
-
-    def _end_decoded(
-        self,
-        rid: str,
-        state: RidState,
-        text: str,
-        stop_reason: str | int | None,
-        error: str | None,
-        engine_finish: str | None,
-        deltas: list[TextDelta],
-        finishes: list[Finish],
-        engine_error: str | None = None,
-    ) -> None:
-        """The last delta of a rid: a bad id (error), a stop found here, or the engine's finish (`engine_error`:
-        the engine's message when it failed the rid)."""
-        if error is not None:
-            self._end_with_error(rid, state, text, error, deltas, finishes)
-        elif stop_reason is not None:
-            self.stops["string" if isinstance(stop_reason, str) else "token"] += 1
-            self._end(rid, state, text, FINISH_STOP, stop_reason, deltas)
-            if engine_finish is None:  # the engine still generates this rid: tell it to stop
-                finishes.append(Finish(rid, FINISH_STOP, stop_reason))
-        elif engine_finish == FINISH_ERROR:
-            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
-        else:
-            self._end(rid, state, text, engine_finish or FINISH_STOP, None, deltas)
-
-    def _end(
-        self,
-        rid: str,
-        state: RidState,
-        text: str,
-        finish: str,
-        stop_reason: str | int | None,
-        deltas: list[TextDelta],
-        error: str | None = None,
-        parsed: ParsedDelta | None = None,
-    ) -> None:
-        if state.parsing is not None and parsed is None:
-            parsed, match = state.parsing.take(text, final=True)
-            if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
-                finish, stop_reason = FINISH_STOP, match.stop
-        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error, parsed))
-        self.chars_out += len(text)
-        if self.live.pop(rid, None) is not None:
-            self.live_stop_chars -= state.stop_chars
-        self._ended.add(rid)
-
-    def _end_with_error(
-        self,
-        rid: str,
-        state: RidState,
-        text: str,
-        message: str,
-        deltas: list[TextDelta],
-        finishes: list[Finish],
-        kind: str = BAD_RID_ERROR,
-    ) -> None:
-        self.bad[kind] += 1
-        # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
-        # the client's X-Request-Id, so a request can be followed from the front's access log to here
-        log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
-        self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
-        finishes.append(Finish(rid, FINISH_ERROR))
-
-    def _count_bad(self, kind: str, detail: object) -> None:
-        self.bad[kind] += 1
-        if self.bad[kind] == 1 or self.bad[kind] % 1000 == 0:
-            log.warning("worker %s: %s (%d so far): %s", self.worker_id, kind, self.bad[kind], detail)

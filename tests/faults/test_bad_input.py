@@ -16,7 +16,8 @@ from helpers.fixtures import load_fixture_tokenizer
 from detok_worker.bus.codec import BAD_SCHEMA, BAD_UNDECODABLE, engine_decoder, front_decoder, worker_decoder
 from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import Abort, DetokParams, Finish, Open, Reject, Shutdown, TextDelta, TokenBatch, Tokens
-from detok_worker.worker.state import BAD_RID_ERROR, WorkerState
+from detok_worker.worker.endings import BAD_RID_ERROR
+from detok_worker.worker.state import WorkerState
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ from helpers.fixtures import load_fixture_tokenizer
 from detok_worker.bus.codec import BAD_SCHEMA, encode, front_decoder, worker_decoder
 from detok_worker.bus.columns import split_text_batch, text_deltas, token_batch, token_items
 from detok_worker.bus.messages import DetokParams, Open, TextBatch, TextDelta, TokenBatch, Tokens
-from detok_worker.worker.state import BAD_UNKNOWN_RID, WorkerState
+from detok_worker.worker.endings import BAD_UNKNOWN_RID
+from detok_worker.worker.state import WorkerState
 
 
 def _per_rid(items: list) -> dict[str, list]:

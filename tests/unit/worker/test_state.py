@@ -8,13 +8,8 @@ from helpers.fixtures import load_fixture_tokenizer
 from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
 from detok_worker.stream.stop.rules import StopLimits
-from detok_worker.worker.state import (
-    BAD_PARAMS,
-    BAD_STOP_BUDGET,
-    BAD_UNKNOWN_RID,
-    RECENTLY_ENDED_CAPACITY,
-    WorkerState,
-)
+from detok_worker.worker.endings import BAD_UNKNOWN_RID
+from detok_worker.worker.state import BAD_PARAMS, BAD_STOP_BUDGET, RECENTLY_ENDED_CAPACITY, WorkerState
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -1,0 +1,177 @@
+"""How a worker's rid ends, and the decoder outputs that are not plain text: a stop (string, stop token), a bad
+id, the engine's finish, a parsed request's step. The base of WorkerState (state.py): the same per-rid table and
+counters, in their own module so the hot paths (state.py, lane.py) stay readable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from detok_worker.bus.messages import (
+    FINISH_ERROR,
+    FINISH_REASONS,
+    FINISH_STOP,
+    Finish,
+    ParsedDelta,
+    TextDelta,
+    Tokens,
+)
+from detok_worker.worker.ended import RecentlyEnded
+from detok_worker.worker.lane import RidState
+
+log = logging.getLogger(__name__)
+
+BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
+BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
+ENGINE_ERROR = "the engine ended the request with an error"
+
+
+class RidEndings:
+    """Endings and non-plain outputs of a worker's rids (WorkerState's table and counters)."""
+
+    worker_id: str
+    live: dict[str, RidState]
+    live_stop_chars: int
+    _ended: RecentlyEnded
+    bad: Counter[str]
+    stops: Counter[str]
+    tokens_in: int
+    tokens_consumed: int
+    chars_out: int
+    holds: int
+
+    def _item_output(
+        self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]
+    ) -> None:
+        """The output of an item the fused branch did not take (several ids, a parser, a stop, an error)."""
+        consumed = out.consumed
+        state.n_tokens += consumed
+        self.tokens_consumed += consumed
+        text = out.text
+        if state.parsing is not None:
+            self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
+        elif out.stopped or out.error is not None:
+            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+        elif text:
+            deltas.append(TextDelta(rid, state.offset, text, state.n_tokens))
+            state.offset += len(text)
+            self.chars_out += len(text)
+        elif ids:
+            self.holds += 1
+
+    def _parsed_step(self, rid: str, state: RidState, out: Any, deltas: list[TextDelta], finishes: list[Finish]) -> int:
+        """The item step of a request with parsers: the text's split goes with it; a stop string in the content
+        ends the request. Returns the characters emitted."""
+        text = out.text
+        if out.stopped or out.error is not None:
+            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+            return 0
+        if not text:
+            return 0
+        assert state.parsing is not None
+        parsed, match = state.parsing.take(text, final=False)
+        if match is not None:
+            self.stops["string"] += 1
+            self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
+            finishes.append(Finish(rid, FINISH_STOP, match.stop))
+            return 0
+        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
+        state.offset += len(text)
+        return len(text)
+
+    def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+        """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
+        rid = item.rid
+        if state is None:
+            if rid not in self._ended:
+                self._count_bad(BAD_UNKNOWN_RID, rid)
+            return
+        self.tokens_in += len(item.ids)
+        if item.finish not in FINISH_REASONS:
+            message = f"the engine ended the request with an unknown finish reason {item.finish!r}"
+            self._end_with_error(rid, state, "", message, deltas, finishes)
+            return
+        decoder = state.decoder
+        try:
+            out = decoder.process_tokens(item.ids)
+            text, stop_reason, error = out.text, out.stop_reason, out.error
+            state.n_tokens += out.consumed
+            self.tokens_consumed += out.consumed
+            if not out.stopped and error is None:
+                text += decoder.flush().text  # a stop string may still match in the flushed text
+                stop_reason = decoder.stop_reason
+        except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+            self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+            return
+        self._end_decoded(rid, state, text, stop_reason, error, item.finish, deltas, finishes, item.error)
+
+    def _end_decoded(
+        self,
+        rid: str,
+        state: RidState,
+        text: str,
+        stop_reason: str | int | None,
+        error: str | None,
+        engine_finish: str | None,
+        deltas: list[TextDelta],
+        finishes: list[Finish],
+        engine_error: str | None = None,
+    ) -> None:
+        """The last delta of a rid: a bad id (error), a stop found here, or the engine's finish (`engine_error`:
+        the engine's message when it failed the rid)."""
+        if error is not None:
+            self._end_with_error(rid, state, text, error, deltas, finishes)
+        elif stop_reason is not None:
+            self.stops["string" if isinstance(stop_reason, str) else "token"] += 1
+            self._end(rid, state, text, FINISH_STOP, stop_reason, deltas)
+            if engine_finish is None:  # the engine still generates this rid: tell it to stop
+                finishes.append(Finish(rid, FINISH_STOP, stop_reason))
+        elif engine_finish == FINISH_ERROR:
+            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
+        else:
+            self._end(rid, state, text, engine_finish or FINISH_STOP, None, deltas)
+
+    def _end(
+        self,
+        rid: str,
+        state: RidState,
+        text: str,
+        finish: str,
+        stop_reason: str | int | None,
+        deltas: list[TextDelta],
+        error: str | None = None,
+        parsed: ParsedDelta | None = None,
+    ) -> None:
+        if state.parsing is not None and parsed is None:
+            parsed, match = state.parsing.take(text, final=True)
+            if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
+                finish, stop_reason = FINISH_STOP, match.stop
+        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error, parsed))
+        self.chars_out += len(text)
+        if self.live.pop(rid, None) is not None:
+            self.live_stop_chars -= state.stop_chars
+        self._ended.add(rid)
+
+    def _end_with_error(
+        self,
+        rid: str,
+        state: RidState,
+        text: str,
+        message: str,
+        deltas: list[TextDelta],
+        finishes: list[Finish],
+        kind: str = BAD_RID_ERROR,
+    ) -> None:
+        self.bad[kind] += 1
+        # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
+        # the client's X-Request-Id, so a request can be followed from the front's access log to here
+        log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
+        self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
+        finishes.append(Finish(rid, FINISH_ERROR))
+
+    def _count_bad(self, kind: str, detail: object) -> None:
+        self.bad[kind] += 1
+        if self.bad[kind] == 1 or self.bad[kind] % 1000 == 0:
+            log.warning("worker %s: %s (%d so far): %s", self.worker_id, kind, self.bad[kind], detail)
