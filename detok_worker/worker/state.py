@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok, text_deltas
 from detok_worker.bus.messages import (
     Finish,
     Open,
@@ -113,17 +113,20 @@ class WorkerState(RidEndings):
             self.tokens_consumed += stepped
             self.chars_out += chars_out
             self.holds += holds
-        self._items(slow + batch.items if slow else batch.items, deltas, finishes, tick)
+        self._items(slow + batch.items if slow else batch.items, text_batch, finishes, tick)
         return BatchResult(text_batch, finishes)
 
     def _items(
-        self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
+        self, items: list[Tokens], out: TextBatch, finishes: list[Finish], tick: Callable[[], None] | None
     ) -> None:
         """Items one by one through the rid's decoder. An item that only adds text is handled inline (one id, no
-        parser: process_one's text goes straight into a TextDelta); endings and unknown rids go through _end_item.
-        After its item a rid gets its lane back for the next batch's columns."""
+        parser: process_one's text goes straight into `out`'s columns, unless the rid already has a delta in
+        `out.items`: then after it, bus/columns.py's order rule); endings and unknown rids go through _end_item.
+        A rid that released text gets its lane back for the next batch's columns."""
+        deltas = out.items
         live_get = self.live.get
-        append = deltas.append
+        out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
+        itemized: set[str] = set()  # rids with a delta in out.items: their plain deltas follow there
         tokens_in = chars_out = holds = single = 0
         for start in range(0, len(items), TICK_EVERY_ITEMS):
             if tick is not None and start:
@@ -134,39 +137,47 @@ class WorkerState(RidEndings):
                 if state is not None and state.lane is not None:
                     state.decoder.sync_generated(state.n_tokens)
                     state.lane = None
-                if item.logprobs is not None and state is not None:
-                    self._logprobs_item(item, state, deltas, finishes)
-                    continue
-                if state is None or item.finish is not None:
-                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                        self._logprobs_item(item, state, deltas, finishes)
+                ids = item.ids
+                before = len(deltas)
+                if state is None or item.finish is not None or item.logprobs is not None:
+                    if state is not None and (item.logprobs is not None or state.logprobs):
+                        self._logprobs_item(item, state, deltas, finishes)  # held entries go with the last delta
                     else:
                         self._end_item(item, state, deltas, finishes)
-                    continue
-                ids = item.ids
-                try:
-                    if len(ids) == 1 and state.parsing is None:
-                        out = state.decoder.process_one(ids[0])
-                    else:
-                        out = state.decoder.process_tokens(ids)
-                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    tokens_in += len(ids)
-                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                    continue
-                if state.parsing is None:
-                    state.lane = state.decoder.lane()
-                if type(out) is not str:
-                    tokens_in += len(ids)
-                    self._item_output(rid, state, ids, out, deltas, finishes)
-                    continue
-                single += 1
-                n_tokens = state.n_tokens = state.n_tokens + 1
-                if out:
-                    append(TextDelta(rid, state.offset, out, n_tokens))
-                    state.offset += len(out)
-                    chars_out += len(out)
                 else:
-                    holds += 1
+                    try:
+                        if len(ids) == 1 and state.parsing is None:
+                            result = state.decoder.process_one(ids[0])
+                        else:
+                            result = state.decoder.process_tokens(ids)
+                    except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                        tokens_in += len(ids)
+                        self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                        itemized.add(rid)
+                        continue
+                    if type(result) is str:  # the fused branch: one id, no parser, text only
+                        single += 1
+                        n_tokens = state.n_tokens = state.n_tokens + 1
+                        if not result:
+                            holds += 1  # bytes of a character or a possible stop string held: no lane yet
+                            continue
+                        if rid in itemized:
+                            deltas.append(TextDelta(rid, state.offset, result, n_tokens))
+                        else:
+                            out_rids.append(rid)
+                            out_offsets.append(state.offset)
+                            out_texts.append(result)
+                            out_n_tokens.append(n_tokens)
+                        state.offset += len(result)
+                        chars_out += len(result)
+                        state.lane = state.decoder.lane()
+                        continue
+                    if state.parsing is None:
+                        state.lane = state.decoder.lane()
+                    tokens_in += len(ids)
+                    self._item_output(rid, state, ids, result, deltas, finishes)
+                if len(deltas) != before:
+                    itemized.add(rid)
         self.tokens_in += tokens_in + single
         self.tokens_consumed += single
         self.chars_out += chars_out
@@ -193,7 +204,7 @@ class WorkerState(RidEndings):
         result = self.handle_batch(plain)
         finishes.extend(result.finishes)
         held += entries[: state.n_tokens - before]
-        produced = result.text_batch.items
+        produced = text_deltas(result.text_batch)
         if produced:
             produced[-1].logprobs = held
             deltas.extend(produced)

@@ -8,7 +8,7 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import BAD_SCHEMA, encode, front_decoder, worker_decoder
 from detok_worker.bus.columns import split_text_batch, text_deltas, token_batch, token_items
-from detok_worker.bus.messages import DetokParams, Open, TextBatch, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.messages import DetokParams, Open, TextBatch, TextDelta, TokenBatch, TokenLogprob, Tokens
 from detok_worker.worker.endings import BAD_UNKNOWN_RID
 from detok_worker.worker.state import WorkerState
 
@@ -76,23 +76,43 @@ def test_text_deltas_and_the_per_front_split_keep_the_order() -> None:
     assert split_text_batch(TextBatch("w", 5, 7, []), fronts.__getitem__) == {0: TextBatch("w", 5, 7, [])}
 
 
-def test_a_column_id_off_the_lane_sends_the_rids_later_deltas_to_items_in_order() -> None:
+def test_column_ids_off_the_lane_keep_plain_text_in_columns_and_each_rids_order() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     emoji = tokenizer.encode("🪼").ids
     hello = tokenizer.encode(" hello").ids
     assert len(emoji) > 1 and len(hello) == 1
     state = WorkerState(tokenizer, "w")
     state.handle_batch(TokenBatch(0, 0, [Open("a", [], DetokParams()), Open("b", [], DetokParams())], []))
-    # a: a piece of a character (off the lane), its completion, then a whole word; b: a plain lane step
+    # a: pieces of a character (off the lane: held, then released by the decoder), then a whole word; b: a lane step
     rids = ["a", "b", *["a"] * (len(emoji) - 1), "a", "nobody"]
     ids = [emoji[0], hello[0], *emoji[1:], hello[0], hello[0]]
     batch = TokenBatch(1, 0, [], [Tokens("a", [], "length")], rids, ids)
     result = state.handle_batch(batch).text_batch
-    assert (result.rids, result.texts) == (["b"], [" hello"])  # a left the lane at its first id
-    assert [(d.rid, d.text, d.n_tokens, d.finish) for d in result.items] == [
-        ("a", "🪼", len(emoji), None),
-        ("a", " hello", len(emoji) + 1, None),
-        ("a", "", len(emoji) + 1, "length"),
+    assert list(zip(result.rids, result.texts, result.n_tokens, strict=True)) == [
+        ("b", " hello", 1),
+        ("a", "🪼", len(emoji)),
+        ("a", " hello", len(emoji) + 1),
     ]
+    assert [(d.rid, d.text, d.n_tokens, d.finish) for d in result.items] == [("a", "", len(emoji) + 1, "length")]
     assert "".join(d.text for d in text_deltas(result) if d.rid == "a") == tokenizer.decode([*emoji, *hello])
     assert state.bad[BAD_UNKNOWN_RID] == 1
+
+
+def test_after_a_rids_delta_in_items_its_plain_text_follows_in_items() -> None:
+    tokenizer = load_fixture_tokenizer("qwen3")
+    words = tokenizer.encode(" one two three four").ids
+    assert len(words) == 4
+    state = WorkerState(tokenizer, "w")
+    state.handle_batch(TokenBatch(0, 0, [Open("a", [], DetokParams()), Open("b", [], DetokParams())], []))
+    items = [
+        Tokens("a", words[:2]),  # several ids: a delta in items
+        Tokens("a", words[2:3]),  # one id: plain text, but after a's delta in items
+        Tokens("b", words[:1], None, None, [TokenLogprob(-0.5)]),  # logprobs: a delta in items
+        Tokens("b", words[1:2]),
+    ]
+    batch = token_batch(1, 0, [], items)
+    assert batch.rids == []  # both rids have an earlier item in items
+    batch = TokenBatch(1, 0, [], items)  # the same items, handed over as items
+    result = state.handle_batch(batch).text_batch
+    assert result.rids == []
+    assert [(d.rid, d.text) for d in result.items] == [("a", " one two"), ("a", " three"), ("b", " one"), ("b", " two")]
