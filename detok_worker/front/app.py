@@ -63,6 +63,7 @@ class Front:
         self.limits = Limits.from_config(config, self.model_name, tokenizer)
         self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config, index)
+        self.dispatcher.metrics.also_flush(self.tokenizer)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self.intake = RequestIntake(config.front)
         self.generation = Generation(self.tokenizer, self.limits, self.parsers, self.dispatcher, self.intake)

@@ -120,6 +120,7 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self.flush_counters()  # what the last sweep did not write (the files outlive the process)
         if self._engine_monitor is not None:
             self._engine_monitor.close(linger=0)
             self._engine_monitor = None
@@ -282,7 +283,7 @@ class Dispatcher:
         message = self._decoder.decode(frame)
         if isinstance(message, TextBatch):
             if has_text(message):
-                self.metrics.bus_latency.observe((time.time_ns() - message.sent_ns) / 1e9)
+                self.metrics.bus_latency((time.time_ns() - message.sent_ns) / 1e9)
             self._on_text(text_deltas(message))
         elif isinstance(message, WorkerStats):
             self._workers[message.worker] = (message, time.monotonic())
@@ -332,7 +333,8 @@ class Dispatcher:
         self._unflushed_tokens += tokens
 
     def flush_counters(self) -> None:
-        """Copy the chars/tokens counted since the last flush to Prometheus (the sweep, and each /metrics scrape)."""
+        """Write the chars/tokens and what FrontMetrics holds to Prometheus (the sweep, each /metrics scrape, close)."""
+        self.metrics.flush()
         if self._unflushed_chars:
             self.metrics.front_chars.inc(self._unflushed_chars)
             self._unflushed_chars = 0

@@ -124,8 +124,8 @@ class Generation:
             self.dispatcher.release(stream)
 
     async def _events(self, choices: Choices, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
-        clients = self.dispatcher.metrics.sse_clients
-        clients.inc()
+        metrics = self.dispatcher.metrics
+        metrics.sse_opened()
         self.open_event_streams += 1
         try:
             for index, stream in enumerate(choices.streams):
@@ -153,7 +153,7 @@ class Generation:
                 ready.append(sse.event(formatter.usage_chunk(choices)))
             yield b"".join([*ready, sse.DONE])
         finally:
-            clients.dec()
+            metrics.sse_closed()
             self.open_event_streams -= 1
 
     async def _collect(self, request: Request, choices: Choices, formatter: Formatter) -> Response:

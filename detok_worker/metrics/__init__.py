@@ -9,6 +9,7 @@ directory for every process of one service) to merge processes started by a Proc
 
 Hot paths record per batch, never per token: a worker calls WorkerMetrics.batch() once per TokenBatch (histograms)
 and sync() at its stats interval, which turns the plain-int counters the worker keeps anyway into counter values.
+The front holds its per-request values the same way (FrontMetrics) and writes them at each sweep and scrape.
 
 Metric families (labels in braces; `tokenizer` is the backend type, e.g. hf, tiktoken, sentencepiece):
 - tokenizer: detok_tokenizer_{encode,decode}_duration_seconds{tokenizer,operation},

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from bisect import bisect_left
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter, Histogram
 
-from detok_worker.metrics.families import ABORT_CAUSES, metrics, tokenizer_type
+from detok_worker.metrics.families import ABORT_CAUSES, Metrics, metrics, tokenizer_type
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -57,6 +59,53 @@ class HeldHistogram:
                 counts[index] = 0
         self._child._sum.inc(self._sum)
         self._sum = 0.0
+
+
+class HeldCounter:
+    """One counter (a labelled child or an unlabelled family) incremented in plain floats, written at flush()."""
+
+    __slots__ = ("_child", "_amount")
+
+    def __init__(self, child: Counter) -> None:
+        self._child = child
+        self._amount = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._amount += amount
+
+    def flush(self) -> None:
+        if self._amount:
+            self._child.inc(self._amount)
+            self._amount = 0.0
+
+
+class _Held(Protocol):
+    def flush(self) -> None: ...
+
+
+HeldT = TypeVar("HeldT", bound=_Held)
+
+
+class HeldFamily(Generic[HeldT]):
+    """A labelled counter or histogram family whose children are held (HeldCounter, HeldHistogram): labels()
+    makes one per label set on first use (creating the Prometheus child, so it is exported from then on)."""
+
+    __slots__ = ("_family", "_held", "_children")
+
+    def __init__(self, family: Any, held: Callable[[Any], HeldT]) -> None:
+        self._family = family
+        self._held = held
+        self._children: dict[tuple[str, ...], HeldT] = {}
+
+    def labels(self, *values: str) -> HeldT:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._held(self._family.labels(*values))
+        return child
+
+    def flush(self) -> None:
+        for child in self._children.values():
+            child.flush()
 
 
 class WorkerMetrics:
@@ -126,39 +175,76 @@ class EngineMetrics:
 
 
 class FrontMetrics:
-    """What the front records: per request, per SSE stream, per TextBatch, per prompt."""
+    """What the front records: per request, per SSE stream, per TextBatch, per prompt. Every per-request value is
+    held in plain numbers (in multiprocess mode each Prometheus write is an mmap write, ~3.5 us) and written by
+    flush(), which the front's sweep and every /metrics scrape call (Dispatcher.flush_counters), so a scrape shows
+    exact values."""
 
-    def __init__(self) -> None:
-        m = metrics()
-        self.m = m
+    def __init__(self, m: Metrics | None = None) -> None:
+        m = m if m is not None else metrics()
         self.draining = m.draining
         self.draining.set(0)
         self._live = m.live_rids.labels("front", "")
         self._bad = CounterSync(m.bad_frames, "front", "")
-        self.sse_clients = m.sse_clients
-        self.bus_latency = m.bus_latency
+        self._sse_clients = m.sse_clients  # multiprocess_mode livesum: each front sets its own count
+        self._open_sse = 0
         self.front_chars = m.front_chars
         self.front_tokens = m.front_tokens
+        self._requests = HeldFamily(m.requests, HeldCounter)
+        self._aborted = HeldFamily(m.aborted, HeldCounter)
+        self._responses = HeldFamily(m.http_responses, HeldCounter)
+        self._request_seconds = HeldFamily(m.request_seconds, HeldHistogram)
+        self._ttft = HeldFamily(m.ttft_seconds, HeldHistogram)
+        self._itl = HeldFamily(m.itl_seconds, HeldHistogram)
+        self._bus_latency = HeldHistogram(m.bus_latency)
+        self._held: list[_Held] = [
+            self._requests,
+            self._aborted,
+            self._responses,
+            self._request_seconds,
+            self._ttft,
+            self._itl,
+            self._bus_latency,
+        ]
         for cause in ABORT_CAUSES:  # exported as 0 from the start, so rate() and alerts see every cause
-            m.aborted.labels(cause)
+            self._aborted.labels(cause)
+
+    def also_flush(self, held: _Held) -> None:
+        """Flush another holder (the front's InstrumentedTokenizer) with these."""
+        self._held.append(held)
 
     def request(self, endpoint: str) -> None:
-        self.m.requests.labels(endpoint).inc()
+        self._requests.labels(endpoint).inc()
 
     def aborted(self, cause: str) -> None:
-        self.m.aborted.labels(cause).inc()
+        self._aborted.labels(cause).inc()
 
     def response(self, endpoint: str, status: int, seconds: float) -> None:
         """One HTTP response: its status by endpoint (a route template) and its duration."""
-        self.m.http_responses.labels(endpoint, str(status)).inc()
-        self.m.request_seconds.labels(endpoint).observe(seconds)
+        self._responses.labels(endpoint, str(status)).inc()
+        self._request_seconds.labels(endpoint).observe(seconds)
 
     def generation(self, endpoint: str, ttft_s: float | None, itl_s: float | None) -> None:
         """One generation request's time to first token and mean inter-token latency (None: not measured)."""
         if ttft_s is not None:
-            self.m.ttft_seconds.labels(endpoint).observe(ttft_s)
+            self._ttft.labels(endpoint).observe(ttft_s)
         if itl_s is not None:
-            self.m.itl_seconds.labels(endpoint).observe(itl_s)
+            self._itl.labels(endpoint).observe(itl_s)
+
+    def bus_latency(self, seconds: float) -> None:
+        """Engine-to-front latency of one TextBatch."""
+        self._bus_latency.observe(seconds)
+
+    def sse_opened(self) -> None:
+        self._open_sse += 1
+
+    def sse_closed(self) -> None:
+        self._open_sse -= 1
+
+    def flush(self) -> None:
+        for held in self._held:
+            held.flush()
+        self._sse_clients.set(self._open_sse)
 
     def sync(self, *, live_rids: int, bad_frames: Mapping[str, int]) -> None:
         self._live.set(live_rids)
@@ -167,42 +253,77 @@ class FrontMetrics:
 
 class InstrumentedTokenizer:
     """Times a tokenizer's prompt-side calls (encode, encode_batch, apply_chat_template, decode); everything else
-    is the wrapped tokenizer's own (attribute access is forwarded)."""
+    is the wrapped tokenizer's own (attribute access is forwarded). The timings and sizes are held (HeldHistogram)
+    until flush(): the front registers it with FrontMetrics.also_flush. Calls come from the event loop and the
+    front's prompt threads, so the held values are updated and flushed under a lock."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, m: Metrics | None = None) -> None:
         self.inner = tokenizer
         self.name = tokenizer.name
-        m = metrics()
+        m = m if m is not None else metrics()
         kind = tokenizer_type(tokenizer)
-        self._encode = m.encode_seconds.labels(kind, "encode")
-        self._encode_batch = m.encode_seconds.labels(kind, "encode_batch")
-        self._template = m.encode_seconds.labels(kind, "chat_template")
-        self._decode = m.decode_seconds.labels(kind, "decode")
-        self._tokens = m.tokens_per_encode.labels(kind)
-        self._chars = m.chars_per_encode.labels(kind)
+        self._lock = threading.Lock()
+        self._encode = HeldHistogram(m.encode_seconds.labels(kind, "encode"))
+        self._encode_batch = HeldHistogram(m.encode_seconds.labels(kind, "encode_batch"))
+        self._template = HeldHistogram(m.encode_seconds.labels(kind, "chat_template"))
+        self._decode = HeldHistogram(m.decode_seconds.labels(kind, "decode"))
+        self._tokens = HeldHistogram(m.tokens_per_encode.labels(kind))
+        self._chars = HeldHistogram(m.chars_per_encode.labels(kind))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
-        with self._encode.time():
+        started = time.perf_counter()
+        try:
             encoding = self.inner.encode(text, add_special_tokens)
-        self._tokens.observe(len(encoding.ids))
-        self._chars.observe(len(text))
+        finally:  # a failed call is timed too
+            self._timed(self._encode, started)
+        self._sizes(((text, encoding),))
         return encoding
 
     def encode_batch(self, texts: Any, add_special_tokens: bool = False) -> Any:
-        with self._encode_batch.time():
+        started = time.perf_counter()
+        try:
             encodings = self.inner.encode_batch(texts, add_special_tokens)
-        for text, encoding in zip(texts, encodings, strict=False):
-            self._tokens.observe(len(encoding.ids))
-            self._chars.observe(len(text))
+        finally:
+            self._timed(self._encode_batch, started)
+        self._sizes(zip(texts, encodings, strict=False))
         return encodings
 
     def apply_chat_template(self, messages: Any, **kwargs: Any) -> str:
-        with self._template.time():
+        started = time.perf_counter()
+        try:
             return self.inner.apply_chat_template(messages, **kwargs)
+        finally:
+            self._timed(self._template, started)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        with self._decode.time():
+        started = time.perf_counter()
+        try:
             return self.inner.decode(ids, skip_special_tokens)
+        finally:
+            self._timed(self._decode, started)
+
+    def _timed(self, histogram: HeldHistogram, started: float) -> None:
+        seconds = time.perf_counter() - started
+        with self._lock:
+            histogram.observe(seconds)
+
+    def _sizes(self, encoded: Iterable[tuple[str, Any]]) -> None:
+        with self._lock:
+            for text, encoding in encoded:
+                self._tokens.observe(len(encoding.ids))
+                self._chars.observe(len(text))
+
+    def flush(self) -> None:
+        with self._lock:
+            for histogram in (
+                self._encode,
+                self._encode_batch,
+                self._template,
+                self._decode,
+                self._tokens,
+                self._chars,
+            ):
+                histogram.flush()

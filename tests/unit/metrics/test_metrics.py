@@ -151,6 +151,7 @@ def test_instrumented_tokenizer_gives_the_same_results_and_counts_calls() -> Non
     assert [e.ids for e in instrumented.encode_batch([text, "x"])] == [ids, tokenizer.encode("x").ids]
     assert instrumented.decode(ids) == tokenizer.decode(ids) == text
     assert instrumented.vocab_size == tokenizer.vocab_size and instrumented.eos_token_ids == tokenizer.eos_token_ids
+    instrumented.flush()  # its observations are held until then (the front flushes at each sweep and scrape)
     added = value("detok_tokenizer_tokens_per_encode_sum") - tokens_before
     assert added == 2 * len(ids) + len(tokenizer.encode("x").ids)  # encode + the batch of two
     assert value("detok_tokenizer_encode_duration_seconds_count", operation="encode_batch") == batches_before + 1
