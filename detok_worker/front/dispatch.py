@@ -84,8 +84,6 @@ class Dispatcher:
         # untaken text over all live streams: added as it arrives, recounted exactly at each sweep
         self.pending_total = 0
         self.metrics = FrontMetrics()
-        self._unflushed_chars = 0
-        self._unflushed_tokens = 0
         self._context: zmq.asyncio.Context | None = None
         self._bus: BusSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -329,18 +327,12 @@ class Dispatcher:
                 self.pending_total > budget and stream.pending_chars > budget // len(self._streams)
             ):
                 self.abort(stream, self._too_slow(stream), drop_text=True, cause="client_too_slow")
-        self._unflushed_chars += chars  # plain ints, flushed to Prometheus by the sweep (a multiprocess write each)
-        self._unflushed_tokens += tokens
+        self.metrics.front_chars.inc(chars)  # held: written by flush_counters
+        self.metrics.front_tokens.inc(tokens)
 
     def flush_counters(self) -> None:
-        """Write the chars/tokens and what FrontMetrics holds to Prometheus (the sweep, each /metrics scrape, close)."""
+        """Write what FrontMetrics holds to Prometheus (the sweep, each /metrics scrape, close)."""
         self.metrics.flush()
-        if self._unflushed_chars:
-            self.metrics.front_chars.inc(self._unflushed_chars)
-            self._unflushed_chars = 0
-        if self._unflushed_tokens:
-            self.metrics.front_tokens.inc(self._unflushed_tokens)
-            self._unflushed_tokens = 0
 
     def _too_slow(self, stream: RequestStream) -> APIError:
         self.counters["client_too_slow"] += 1

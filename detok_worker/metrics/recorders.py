@@ -188,8 +188,8 @@ class FrontMetrics:
         self._bad = CounterSync(m.bad_frames, "front", "")
         self._sse_clients = m.sse_clients  # multiprocess_mode livesum: each front sets its own count
         self._open_sse = 0
-        self.front_chars = m.front_chars
-        self.front_tokens = m.front_tokens
+        self.front_chars = HeldCounter(m.front_chars)  # per TextBatch: characters and tokens the front took
+        self.front_tokens = HeldCounter(m.front_tokens)
         self._requests = HeldFamily(m.requests, HeldCounter)
         self._aborted = HeldFamily(m.aborted, HeldCounter)
         self._responses = HeldFamily(m.http_responses, HeldCounter)
@@ -205,6 +205,8 @@ class FrontMetrics:
             self._ttft,
             self._itl,
             self._bus_latency,
+            self.front_chars,
+            self.front_tokens,
         ]
         for cause in ABORT_CAUSES:  # exported as 0 from the start, so rate() and alerts see every cause
             self._aborted.labels(cause)

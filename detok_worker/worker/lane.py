@@ -4,7 +4,8 @@ by the rids' lanes.
 A rid on its lane (StopSequenceDecoder.lane: no parser, no bytes pending, no stop string held) takes an id that is
 a whole-character table hit, not a stop token and not able to start a stop string by a lookup, no call: its text
 goes straight into the TextBatch's columns, its counters are kept on its RidState, and the decoder learns the count
-(sync_generated) before its next call. Everything else leaves as a Tokens item for WorkerState._items.
+(sync_generated) before its next call. Every other entry goes to the decoder in its place
+(WorkerState._off_lane), so a rid's deltas keep their order; plain text from either goes to the columns.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from detok_worker.bus.messages import LogprobText, TextBatch, Tokens
+from detok_worker.bus.messages import LogprobText, TextBatch
 from detok_worker.stream.stop.decoder import Lane
 from detok_worker.worker.parsing import RidParsing
 
@@ -33,16 +34,24 @@ class RidState:
     lane: Lane | None = None
 
 
+# (rid, id, the rid's state or None) -> the plain text to emit, or None: an entry the lane cannot take
+OffLane = Callable[[str, int, RidState | None], str | None]
+
+
 def step_lanes(
-    live: dict[str, RidState], rids: list[str], ids: list[int], out: TextBatch, tick: Callable[[], None] | None
-) -> tuple[list[Tokens], int, int, int]:
-    """The lane over the batch's columns: plain text into `out`'s columns. Returns the entries it cannot take
-    (not on a lane, not a whole-character table hit, a stop token, a possible stop string) as items, and the ids
-    it stepped, characters it emitted and steps that emitted none. A rid sent off its lane stays off for the rest
-    of the batch, so its later deltas follow in `items`."""
+    live: dict[str, RidState],
+    rids: list[str],
+    ids: list[int],
+    out: TextBatch,
+    tick: Callable[[], None] | None,
+    off_lane: OffLane,
+) -> tuple[int, int, int]:
+    """The batch's columns in order: a rid on its lane takes its id by a lookup; any other entry goes to
+    `off_lane` (the decoder), which returns the plain text to emit, or None (nothing yet, or it emitted an item
+    itself). Plain text goes to `out`'s columns. Returns the ids the lane stepped, the characters emitted and the
+    lane steps that emitted none."""
     live_get = live.get
     out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
-    slow: list[Tokens] = []
     chars_out = holds = stepped = 0
     for start in range(0, len(rids), TICK_EVERY_ITEMS):
         if tick is not None and start:
@@ -50,6 +59,7 @@ def step_lanes(
         end = start + TICK_EVERY_ITEMS
         for rid, token_id in zip(rids[start:end], ids[start:end], strict=True):
             state = live_get(rid)
+            text = None
             if state is not None and (lane := state.lane) is not None:
                 texts, stop_tokens, passthrough = lane
                 try:
@@ -58,18 +68,23 @@ def step_lanes(
                     text = None
                 if text is not None and (passthrough is None or text in passthrough):
                     stepped += 1
-                    n_tokens = state.n_tokens = state.n_tokens + 1
-                    if text:
-                        out_rids.append(rid)
-                        out_offsets.append(state.offset)
-                        out_texts.append(text)
-                        out_n_tokens.append(n_tokens)
-                        state.offset += len(text)
-                        chars_out += len(text)
-                    else:
+                    state.n_tokens += 1
+                    if not text:
                         holds += 1
+                        continue
+                else:
+                    text = None
+                    state.decoder.sync_generated(state.n_tokens)  # the decoder learns the ids the lane stepped
+                    state.lane = None
+            if text is None:
+                text = off_lane(rid, token_id, state)
+                if text is None:
                     continue
-                state.decoder.sync_generated(state.n_tokens)  # the decoder learns the ids the lane stepped
-                state.lane = None
-            slow.append(Tokens(rid, [token_id]))
-    return slow, stepped, chars_out, holds
+                assert state is not None
+            out_rids.append(rid)
+            out_offsets.append(state.offset)
+            out_texts.append(text)
+            out_n_tokens.append(state.n_tokens)
+            state.offset += len(text)
+            chars_out += len(text)
+    return stepped, chars_out, holds

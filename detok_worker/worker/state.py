@@ -94,9 +94,9 @@ class WorkerState(RidEndings):
         every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
         The batch's columns (the usual item: one id) are the hot path, worker/lane.py: a rid on its lane
-        (StopSequenceDecoder.lane) is stepped by a table lookup, no call, and its text goes to the TextBatch's
-        columns; every other column entry, and then every item, goes through _items in order (bus/columns.py:
-        the order rule)."""
+        (StopSequenceDecoder.lane) is stepped by a table lookup, no call; any other entry goes to its decoder in
+        its place (_off_lane); plain text goes to the TextBatch's columns. Then the items, through _items, into
+        the TextBatch's items (bus/columns.py: the order rule)."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
@@ -106,27 +106,60 @@ class WorkerState(RidEndings):
         text_batch = TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
         if not columns_ok(batch):  # the frame decoder drops such frames: this is a caller's bug
             raise ValueError(MISMATCHED_COLUMNS)
-        slow: list[Tokens] = []
         if batch.rids:
-            slow, stepped, chars_out, holds = step_lanes(self.live, batch.rids, batch.ids, text_batch, tick)
+
+            def off_lane(rid: str, token_id: int, state: RidState | None) -> str | None:
+                return self._off_lane(rid, token_id, state, deltas, finishes)
+
+            stepped, chars_out, holds = step_lanes(self.live, batch.rids, batch.ids, text_batch, tick, off_lane)
             self.tokens_in += stepped
             self.tokens_consumed += stepped
             self.chars_out += chars_out
             self.holds += holds
-        self._items(slow + batch.items if slow else batch.items, text_batch, finishes, tick)
+        self._items(batch.items, deltas, finishes, tick)
         return BatchResult(text_batch, finishes)
 
+    def _off_lane(
+        self,
+        rid: str,
+        token_id: int,
+        state: RidState | None,
+        deltas: list[TextDelta],
+        finishes: list[Finish],
+    ) -> str | None:
+        """A column entry the lane could not take, through the rid's decoder (process_one). Returns the plain text
+        for the columns; None when there is none yet (a hold) or the outcome went to `deltas`. That happens only
+        to a rid that ends (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held
+        logprobs): so no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
+        if state is None or state.parsing is not None or state.logprobs:
+            self._items([Tokens(rid, [token_id])], deltas, finishes, None)
+            return None
+        self.tokens_in += 1
+        try:
+            result = state.decoder.process_one(token_id)
+        except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+            self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+            return None
+        if type(result) is not str:  # a stop or a bad id: the rid ends
+            self._item_output(rid, state, [token_id], result, deltas, finishes)
+            return None
+        self.tokens_consumed += 1
+        state.n_tokens += 1
+        if not result:
+            self.holds += 1  # bytes of a character, or a possible stop string, held: no lane yet
+            return None
+        state.lane = state.decoder.lane()
+        return result
+
     def _items(
-        self, items: list[Tokens], out: TextBatch, finishes: list[Finish], tick: Callable[[], None] | None
+        self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
     ) -> None:
-        """Items one by one through the rid's decoder. An item that only adds text is handled inline (one id, no
-        parser: process_one's text goes straight into `out`'s columns, unless the rid already has a delta in
-        `out.items`: then after it, bus/columns.py's order rule); endings and unknown rids go through _end_item.
-        A rid that released text gets its lane back for the next batch's columns."""
-        deltas = out.items
+        """Items one by one through the rid's decoder, their deltas into `deltas` (the TextBatch's items). An item
+        that only adds text is handled inline (one id, no parser: process_one's text straight into a TextDelta);
+        endings and unknown rids go through _end_item. After its item a rid gets its lane back for the next
+        batch's columns."""
         live_get = self.live.get
-        out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
-        itemized: set[str] = set()  # rids with a delta in out.items: their plain deltas follow there
+        append = deltas.append
         tokens_in = chars_out = holds = single = 0
         for start in range(0, len(items), TICK_EVERY_ITEMS):
             if tick is not None and start:
@@ -137,47 +170,39 @@ class WorkerState(RidEndings):
                 if state is not None and state.lane is not None:
                     state.decoder.sync_generated(state.n_tokens)
                     state.lane = None
-                ids = item.ids
-                before = len(deltas)
-                if state is None or item.finish is not None or item.logprobs is not None:
-                    if state is not None and (item.logprobs is not None or state.logprobs):
-                        self._logprobs_item(item, state, deltas, finishes)  # held entries go with the last delta
+                if item.logprobs is not None and state is not None:
+                    self._logprobs_item(item, state, deltas, finishes)
+                    continue
+                if state is None or item.finish is not None:
+                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
+                        self._logprobs_item(item, state, deltas, finishes)
                     else:
                         self._end_item(item, state, deltas, finishes)
-                else:
-                    try:
-                        if len(ids) == 1 and state.parsing is None:
-                            result = state.decoder.process_one(ids[0])
-                        else:
-                            result = state.decoder.process_tokens(ids)
-                    except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                        tokens_in += len(ids)
-                        self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                        itemized.add(rid)
-                        continue
-                    if type(result) is str:  # the fused branch: one id, no parser, text only
-                        single += 1
-                        n_tokens = state.n_tokens = state.n_tokens + 1
-                        if not result:
-                            holds += 1  # bytes of a character or a possible stop string held: no lane yet
-                            continue
-                        if rid in itemized:
-                            deltas.append(TextDelta(rid, state.offset, result, n_tokens))
-                        else:
-                            out_rids.append(rid)
-                            out_offsets.append(state.offset)
-                            out_texts.append(result)
-                            out_n_tokens.append(n_tokens)
-                        state.offset += len(result)
-                        chars_out += len(result)
-                        state.lane = state.decoder.lane()
-                        continue
-                    if state.parsing is None:
-                        state.lane = state.decoder.lane()
+                    continue
+                ids = item.ids
+                try:
+                    if len(ids) == 1 and state.parsing is None:
+                        out = state.decoder.process_one(ids[0])
+                    else:
+                        out = state.decoder.process_tokens(ids)
+                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
                     tokens_in += len(ids)
-                    self._item_output(rid, state, ids, result, deltas, finishes)
-                if len(deltas) != before:
-                    itemized.add(rid)
+                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                    continue
+                if state.parsing is None:
+                    state.lane = state.decoder.lane()
+                if type(out) is not str:
+                    tokens_in += len(ids)
+                    self._item_output(rid, state, ids, out, deltas, finishes)
+                    continue
+                single += 1
+                n_tokens = state.n_tokens = state.n_tokens + 1
+                if out:
+                    append(TextDelta(rid, state.offset, out, n_tokens))
+                    state.offset += len(out)
+                    chars_out += len(out)
+                else:
+                    holds += 1
         self.tokens_in += tokens_in + single
         self.tokens_consumed += single
         self.chars_out += chars_out
