@@ -59,6 +59,9 @@ def main() -> None:
         ("latency_p50_ms", "p50 ms", ".2f"),
         ("latency_p99_ms", "p99 ms", ".2f"),
         ("batches", "batches", "d"),
+        ("engine_us", "engine us/tok", ".3f"),
+        ("workers_us", "workers us/tok", ".3f"),
+        ("collector_us", "collector us/tok", ".3f"),
         ("exact", "exact", "d"),
         ("finished", "finished", "d"),
     ]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgspec
-from common import CONFIGS, HERE, QWEN3_DIR, REPO, percentile
+from common import CONFIGS, HERE, QWEN3_DIR, REPO, cpu_seconds, percentile
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
@@ -40,6 +40,10 @@ class BusResult:
     batches: int
     finished: int
     exact: int  # requests whose text equals decode(ids) (null workers: requests with every token delivered)
+    # CPU per delivered token of each hop over the run (us): the engine, the workers (summed), this collector
+    engine_us: float = 0.0
+    workers_us: float = 0.0
+    collector_us: float = 0.0
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,10 +102,15 @@ def run_bus(
             raise RuntimeError(f"not all {workers} workers registered with the engine within 60 s")
         params = RequestParams(max_tokens=max(len(p) for p in prompts) + 1, detok=DetokParams(skip_special_tokens=True))
         rids = [f"bench-{index}" for index in range(len(prompts))]
+        pids = {child.role + str(index): child.pid for index, child in enumerate(supervisor.children) if child.pid}
+        cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        collector_before = time.process_time()
         start_ns = time.time_ns()
         for rid, prompt in zip(rids, prompts, strict=True):
             collector.submit(rid, prompt, params)
         collector.wait_done(rids, timeout_s)
+        collector_cpu = time.process_time() - collector_before
+        cpu = {role: cpu_seconds(pid) - cpu_before[role] for role, pid in pids.items()}
     finally:
         collector.close()
         supervisor.close()
@@ -126,6 +135,9 @@ def run_bus(
         batches=len(latencies),
         finished=sum(r.done for r in requests),
         exact=exact,
+        engine_us=round(sum(s for role, s in cpu.items() if role.startswith("engine")) / max(tokens, 1) * 1e6, 3),
+        workers_us=round(sum(s for role, s in cpu.items() if role.startswith("worker")) / max(tokens, 1) * 1e6, 3),
+        collector_us=round(collector_cpu / max(tokens, 1) * 1e6, 3),
     )
 
 

@@ -65,6 +65,15 @@ def machine_line() -> str:
     return f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, {info['platform']}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages (the machine's other work, reported beside every number)."""
     return " ".join(f"{value:.2f}" for value in os.getloadavg())

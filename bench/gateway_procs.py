@@ -24,7 +24,6 @@ from common import QWEN3_DIR, REPO
 # A neutral served model name: SMG picks a reasoning parser by itself when the name looks like qwen3, and detok's
 # front has none, so both then do the same string work on /v1/chat/completions.
 MODEL = "bench-model"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GRPC_URL = re.compile(r"engine server listening on (grpc://\S+)")
 HTTP_URL = re.compile(r"serving at (http://\S+)")
 
@@ -42,15 +41,6 @@ def write_tokenizer_dir(root: Path) -> Path:
     eos = next(token["id"] for token in vocab["added_tokens"] if token["content"] == "<|im_end|>")
     (directory / "config.json").write_text(json.dumps({"vocab_size": size, "eos_token_id": eos}))
     return directory
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads); 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def child_pids(parent: int) -> list[int]:

@@ -28,16 +28,8 @@ from typing import Any
 
 import httpx
 from bench_http import _wait_for_url, detok_serve
-from common import HERE, REPO, load_average, print_table
+from common import HERE, REPO, cpu_seconds, load_average, print_table
 from sse_client import StreamStats, stream_completion
-
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
 def _parent_of(pid: str) -> int:
