@@ -16,8 +16,13 @@ from detok_worker.bus.messages import Open, TextBatch, TextDelta, TokenBatch, To
 MISMATCHED_COLUMNS = "the batch's columns have different lengths"
 
 
-def token_batch(step: int, sent_ns: int, opens: list[Open], items: Sequence[Tokens]) -> TokenBatch:
-    """A TokenBatch of these items, in this order, with the usual ones (one id, nothing else) in the columns."""
+def token_batch(
+    step: int, sent_ns: int, opens: list[Open], items: Sequence[Tokens], columns: bool = True
+) -> TokenBatch:
+    """A TokenBatch of these items, in this order, with the usual ones (one id, nothing else) in the columns
+    (`columns` False: all as items, for a worker that does not read columns: one older than them ignores them)."""
+    if not columns:
+        return TokenBatch(step, sent_ns, opens, list(items))
     rids: list[str] = []
     ids: list[int] = []
     rest: list[Tokens] = []

@@ -9,9 +9,9 @@ is only *planned* by `plan_step`; the caller sends each worker's batch and then 
 could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow worker,
 that worker's requests just pause.
 
-Ownership: a request is assigned to the live worker with the fewest requests when it first generates and stays
-there. When a worker dies (heartbeat timeout, unreachable, Goodbye, or a Hello that shows it restarted), each of
-its requests is re-opened on a live worker: Open again, and a Tokens item with the full history so far.
+Ownership: a request goes to the live worker with the fewest requests when it first generates and stays there;
+when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
+Open again, and a Tokens item with the full history. A worker that reads columns (Hello/Heartbeat) gets them.
 
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
 meanwhile, it is re-opened like a live one, its Tokens item carrying the finish too (why: engine/delivery.py).
@@ -210,16 +210,16 @@ class Scheduler:
     def live_workers(self) -> list[str]:
         return self.registry.names()
 
-    def hello(self, worker: str, pid: int, now: float) -> None:
+    def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
-        if (lost := self.registry.hello(worker, pid, now)) is not None:
+        if (lost := self.registry.hello(worker, pid, now, columns)) is not None:
             self._reopen(lost)
 
-    def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
-        """Returns False when an unregistered worker still holds requests: they are not this engine's (it
-        declared the worker dead and re-opened them elsewhere, or the engine restarted), so the worker must be
-        told to shut down rather than keep stale state forever. An unregistered worker without requests joins."""
-        return self.registry.heartbeat(worker, load, now, step, blocked)
+    def heartbeat(
+        self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False, columns: bool = False
+    ) -> bool:
+        """False for an unregistered worker holding requests (stale: it must rejoin empty); one without joins."""
+        return self.registry.heartbeat(worker, load, now, step, blocked, columns)
 
     def goodbye(self, worker: str) -> None:
         self._lose_worker(worker)
@@ -282,7 +282,7 @@ class Scheduler:
         plans = []
         for worker, (opens, items, advances) in groups.items():
             extra = list(self._pending.get(worker, ()))
-            batch = token_batch(self.step_number, sent_ns, opens, extra + items)
+            batch = token_batch(self.step_number, sent_ns, opens, extra + items, self.registry.reads_columns(worker))
             plans.append(WorkerPlan(worker, batch, advances, extra))
         return StepPlan(plans, rejects)
 

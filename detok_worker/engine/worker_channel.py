@@ -62,7 +62,7 @@ class WorkerChannel:
                 continue
             message = self.decoder.decode(frame)
             if isinstance(message, Heartbeat):
-                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked):
+                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked, message.columns):
                     self.send(identity, Shutdown(STALE_WORKER, rejoin=True))
             elif isinstance(message, Finish):
                 if scheduler.finish(message.rid, worker):
@@ -71,7 +71,7 @@ class WorkerChannel:
                         self.recorder.tokens(message.rid, [], message.reason)
             elif isinstance(message, Hello):
                 log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
-                scheduler.hello(worker, message.pid, now)
+                scheduler.hello(worker, message.pid, now, message.columns)
                 joined_or_left = True
             elif isinstance(message, Goodbye):
                 log.info("engine: worker %s leaves", worker)

@@ -20,6 +20,7 @@ class WorkerInfo:
     sent_step: int = -1  # the last TokenBatch step sent to it
     answered_step: int = -1  # the last step its heartbeats say it handled
     waiting_since: float | None = None  # since when it owes an answer without progress
+    columns: bool = False  # it reads TokenBatch columns (Hello/Heartbeat.columns); else items only
 
 
 class WorkerRegistry:
@@ -46,17 +47,24 @@ class WorkerRegistry:
     def least_loaded(self) -> WorkerInfo | None:
         return min(self.workers.values(), key=lambda w: len(w.rids)) if self.workers else None
 
-    def hello(self, worker: str, pid: int, now: float) -> WorkerInfo | None:
+    def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> WorkerInfo | None:
         """Register a (re)started worker; returns its previous incarnation, whose rids are lost."""
         lost = self.workers.pop(worker, None)
-        self.workers[worker] = WorkerInfo(worker, pid, now)
+        self.workers[worker] = WorkerInfo(worker, pid, now, columns=columns)
         return lost
 
-    def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
+    def reads_columns(self, worker: str) -> bool:
+        info = self.workers.get(worker)
+        return info is not None and info.columns
+
+    def heartbeat(
+        self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False, columns: bool = False
+    ) -> bool:
         """False when an unregistered worker still holds rids (see Scheduler.heartbeat); one without joins."""
         info = self.workers.get(worker)
         if info is not None:
             info.last_seen = now
+            info.columns = columns
             if blocked or step >= info.sent_step:
                 info.waiting_since = None
             elif step > info.answered_step:
@@ -65,7 +73,7 @@ class WorkerRegistry:
             return True
         if load > 0:
             return False
-        self.workers[worker] = WorkerInfo(worker, -1, now)
+        self.workers[worker] = WorkerInfo(worker, -1, now, columns=columns)
         return True
 
     def sent(self, worker: str, step: int, now: float) -> None:

@@ -76,7 +76,7 @@ class WorkerProcess:
 
     def run(self) -> None:
         log.info("worker %s (pid %d) connecting to %s", self.worker_id, self.pid, self.sockets.endpoints.workers)
-        self._send_engine(Hello(self.worker_id, self.pid))
+        self._send_engine(Hello(self.worker_id, self.pid, columns=True))
         try:
             while not self.stopping:
                 self._tick()
@@ -117,7 +117,7 @@ class WorkerProcess:
         log.warning(
             "worker %s: the engine asked to rejoin (%s); %d stale rids dropped", self.worker_id, reason, len(dropped)
         )
-        self._send_engine(Hello(self.worker_id, self.pid))
+        self._send_engine(Hello(self.worker_id, self.pid, columns=True))
         self._next_heartbeat = time.monotonic()
 
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
@@ -185,7 +185,9 @@ class WorkerProcess:
     def _tick(self) -> None:
         now = time.monotonic()
         if now >= self._next_heartbeat:
-            self._send_engine(Heartbeat(self.worker_id, self.state.live_rids, self.last_step, self.blocked_on_front))
+            self._send_engine(
+                Heartbeat(self.worker_id, self.state.live_rids, self.last_step, self.blocked_on_front, columns=True)
+            )
             self._next_heartbeat = now + self.config.worker.heartbeat_interval_s
         if now >= self._next_stats:
             self._send_stats()

@@ -1,12 +1,13 @@
-"""The front index fields added for several front processes: trailing and optional, so frames of senders that
-predate them still decode (as front 0), and FrontHello reaches the engine's decoder."""
+"""The fields added after the first release (front index for several front processes, a worker's columns
+capability): trailing and optional, so frames of senders that predate them still decode (as front 0, as a worker
+without columns), and FrontHello reaches the engine's decoder."""
 
 from __future__ import annotations
 
 import msgspec
 
 from detok_worker.bus.codec import encode, engine_decoder, worker_decoder
-from detok_worker.bus.messages import DetokParams, FrontHello, Open, RequestParams, Submit, TokenBatch
+from detok_worker.bus.messages import DetokParams, FrontHello, Heartbeat, Hello, Open, RequestParams, Submit, TokenBatch
 
 
 def test_a_submit_without_the_front_field_decodes_as_front_0():
@@ -22,6 +23,13 @@ def test_an_open_without_the_front_field_decodes_as_front_0():
     old_frame = msgspec.msgpack.encode(["token_batch", 1, 0, [["open", "r1", [7], detok]], []])
     batch = worker_decoder().decode(old_frame)
     assert isinstance(batch, TokenBatch) and batch.opens == [Open("r1", [7], DetokParams(), 0)]
+
+
+def test_a_hello_or_heartbeat_without_the_columns_field_decodes_as_a_worker_without_columns():
+    decoder = engine_decoder()
+    assert decoder.decode(msgspec.msgpack.encode(["hello", "w1", 42])) == Hello("w1", 42, columns=False)
+    assert decoder.decode(msgspec.msgpack.encode(["heartbeat", "w1", 3, 7, False])).columns is False
+    assert decoder.decode(encode(Heartbeat("w1", 3, 7, False, columns=True))).columns is True
 
 
 def test_front_hello_decodes_at_the_engine():
