@@ -134,6 +134,14 @@ class WorkerState(RidEndings):
         if state is None or state.parsing is not None or state.logprobs:
             self._items([Tokens(rid, [token_id])], deltas, finishes, None)
             return None
+        return self._step_one(rid, state, token_id, deltas, finishes)
+
+    def _step_one(
+        self, rid: str, state: RidState, token_id: int, deltas: list[TextDelta], finishes: list[Finish]
+    ) -> str | None:
+        """One id of a live rid without a parser, through process_one, its counts kept: the text it releases (the
+        caller emits it), or None: a hold, or the rid's ending, which went to `deltas`. A rid that released text
+        gets its lane back for the next batch's columns."""
         self.tokens_in += 1
         try:
             result = state.decoder.process_one(token_id)
@@ -155,12 +163,10 @@ class WorkerState(RidEndings):
         self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
     ) -> None:
         """Items one by one through the rid's decoder, their deltas into `deltas` (the TextBatch's items). An item
-        that only adds text is handled inline (one id, no parser: process_one's text straight into a TextDelta);
-        endings and unknown rids go through _end_item. After its item a rid gets its lane back for the next
-        batch's columns."""
+        of one id without a parser takes _step_one, its text straight into a TextDelta; endings and unknown rids
+        go through _end_item. After its item a rid gets its lane back for the next batch's columns."""
         live_get = self.live.get
         append = deltas.append
-        tokens_in = chars_out = holds = single = 0
         for start in range(0, len(items), TICK_EVERY_ITEMS):
             if tick is not None and start:
                 tick()
@@ -180,33 +186,22 @@ class WorkerState(RidEndings):
                         self._end_item(item, state, deltas, finishes)
                     continue
                 ids = item.ids
+                if len(ids) == 1 and state.parsing is None:
+                    text = self._step_one(rid, state, ids[0], deltas, finishes)
+                    if text:
+                        append(TextDelta(rid, state.offset, text, state.n_tokens))
+                        state.offset += len(text)
+                        self.chars_out += len(text)
+                    continue
+                self.tokens_in += len(ids)
                 try:
-                    if len(ids) == 1 and state.parsing is None:
-                        out = state.decoder.process_one(ids[0])
-                    else:
-                        out = state.decoder.process_tokens(ids)
+                    out = state.decoder.process_tokens(ids)
                 except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    tokens_in += len(ids)
                     self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
                     continue
                 if state.parsing is None:
                     state.lane = state.decoder.lane()
-                if type(out) is not str:
-                    tokens_in += len(ids)
-                    self._item_output(rid, state, ids, out, deltas, finishes)
-                    continue
-                single += 1
-                n_tokens = state.n_tokens = state.n_tokens + 1
-                if out:
-                    append(TextDelta(rid, state.offset, out, n_tokens))
-                    state.offset += len(out)
-                    chars_out += len(out)
-                else:
-                    holds += 1
-        self.tokens_in += tokens_in + single
-        self.tokens_consumed += single
-        self.chars_out += chars_out
-        self.holds += holds
+                self._item_output(rid, state, ids, out, deltas, finishes)
 
     def drop_all(self) -> list[str]:
         """Forget every live rid (worker shutting down); returns them."""
