@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter, Histogram
@@ -276,41 +277,35 @@ class InstrumentedTokenizer:
         return getattr(self.inner, name)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
-        started = time.perf_counter()
-        try:
+        with self._timed(self._encode):
             encoding = self.inner.encode(text, add_special_tokens)
-        finally:  # a failed call is timed too
-            self._timed(self._encode, started)
         self._sizes(((text, encoding),))
         return encoding
 
     def encode_batch(self, texts: Any, add_special_tokens: bool = False) -> Any:
-        started = time.perf_counter()
-        try:
+        with self._timed(self._encode_batch):
             encodings = self.inner.encode_batch(texts, add_special_tokens)
-        finally:
-            self._timed(self._encode_batch, started)
         self._sizes(zip(texts, encodings, strict=False))
         return encodings
 
     def apply_chat_template(self, messages: Any, **kwargs: Any) -> str:
-        started = time.perf_counter()
-        try:
+        with self._timed(self._template):
             return self.inner.apply_chat_template(messages, **kwargs)
-        finally:
-            self._timed(self._template, started)
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        with self._timed(self._decode):
+            return self.inner.decode(ids, skip_special_tokens)
+
+    @contextlib.contextmanager
+    def _timed(self, histogram: HeldHistogram) -> Iterator[None]:
+        """Times the block into `histogram`, a failed call too."""
         started = time.perf_counter()
         try:
-            return self.inner.decode(ids, skip_special_tokens)
+            yield
         finally:
-            self._timed(self._decode, started)
-
-    def _timed(self, histogram: HeldHistogram, started: float) -> None:
-        seconds = time.perf_counter() - started
-        with self._lock:
-            histogram.observe(seconds)
+            seconds = time.perf_counter() - started
+            with self._lock:
+                histogram.observe(seconds)
 
     def _sizes(self, encoded: Iterable[tuple[str, Any]]) -> None:
         with self._lock:
