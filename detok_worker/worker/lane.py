@@ -5,7 +5,7 @@ A rid on its lane (StopSequenceDecoder.lane: no parser, no bytes pending, no sto
 a whole-character table hit, not a stop token and not able to start a stop string by a lookup, no call: its text
 goes straight into the TextBatch's columns, its counters are kept on its RidState, and the decoder learns the count
 (sync_generated) before its next call. Every other entry goes to the decoder in its place
-(WorkerState._off_lane), so a rid's deltas keep their order; plain text from either goes to the columns.
+(WorkerState.handle_batch's off_lane), so a rid's deltas keep their order; plain text from either goes to the columns.
 """
 
 from __future__ import annotations

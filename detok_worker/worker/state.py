@@ -95,8 +95,8 @@ class WorkerState(RidEndings):
 
         The batch's columns (the usual item: one id) are the hot path, worker/lane.py: a rid on its lane
         (StopSequenceDecoder.lane) is stepped by a table lookup, no call; any other entry goes to its decoder in
-        its place (_off_lane); plain text goes to the TextBatch's columns. Then the items, through _items, into
-        the TextBatch's items (bus/columns.py: the order rule)."""
+        its place (off_lane, _step_one); plain text goes to the TextBatch's columns. Then the items, through
+        _items, into the TextBatch's items (bus/columns.py: the order rule)."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
@@ -109,7 +109,14 @@ class WorkerState(RidEndings):
         if batch.rids:
 
             def off_lane(rid: str, token_id: int, state: RidState | None) -> str | None:
-                return self._off_lane(rid, token_id, state, deltas, finishes)
+                """A column entry the lane could not take, through the rid's decoder: the plain text for the
+                columns, or None (a hold, or the outcome went to `deltas`). That happens only to a rid that ends
+                (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held logprobs): so
+                no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
+                if state is None or state.parsing is not None or state.logprobs:
+                    self._items([Tokens(rid, [token_id])], deltas, finishes, None)
+                    return None
+                return self._step_one(rid, state, token_id, deltas, finishes)
 
             stepped, chars_out, holds = step_lanes(self.live, batch.rids, batch.ids, text_batch, tick, off_lane)
             self.tokens_in += stepped
@@ -118,23 +125,6 @@ class WorkerState(RidEndings):
             self.holds += holds
         self._items(batch.items, deltas, finishes, tick)
         return BatchResult(text_batch, finishes)
-
-    def _off_lane(
-        self,
-        rid: str,
-        token_id: int,
-        state: RidState | None,
-        deltas: list[TextDelta],
-        finishes: list[Finish],
-    ) -> str | None:
-        """A column entry the lane could not take, through the rid's decoder (process_one). Returns the plain text
-        for the columns; None when there is none yet (a hold) or the outcome went to `deltas`. That happens only
-        to a rid that ends (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held
-        logprobs): so no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
-        if state is None or state.parsing is not None or state.logprobs:
-            self._items([Tokens(rid, [token_id])], deltas, finishes, None)
-            return None
-        return self._step_one(rid, state, token_id, deltas, finishes)
 
     def _step_one(
         self, rid: str, state: RidState, token_id: int, deltas: list[TextDelta], finishes: list[Finish]
