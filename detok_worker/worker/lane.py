@@ -1,10 +1,11 @@
 """A worker's per-rid record, and its hot loop: a TokenBatch's columns (one id per rid, bus/columns.py) stepped
 by the rids' lanes.
 
-A rid on its lane (StopSequenceDecoder.lane: no parser, no bytes pending, no stop string held) takes an id that is
-a whole-character table hit, not a stop token and not able to start a stop string by a lookup, no call: its text
-goes straight into the TextBatch's columns, its counters are kept on its RidState, and the decoder learns the count
-(sync_generated) before its next call. Every other entry goes to the decoder in its place
+A rid on its lane (StopSequenceDecoder.lane: no parser, no stop string held) takes an id by a lookup, no call: a
+whole-character table hit while no bytes are pending, else (byte-level streams) a hit in the stream's memo of
+(pending bytes, id) steps, as long as it is not a stop token and its text cannot start a stop string. Its text goes
+straight into the TextBatch's columns, its counters and pending bytes are kept on its RidState, and the decoder
+learns them (RidState.leave_lane) before its next call. Every other entry goes to the decoder in its place
 (WorkerState.handle_batch's off_lane), so a rid's deltas keep their order; plain text from either goes to the columns.
 """
 
@@ -30,8 +31,14 @@ class RidState:
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
     logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
     # the decoder's lane() while the request has no parser (see step_lanes): set after each call of the decoder,
-    # None from the moment the decoder is synced for its next call
+    # with the bytes pending replaced as the lane steps; None from the moment the decoder is synced (leave_lane)
     lane: Lane | None = None
+
+    def leave_lane(self) -> None:
+        """Before the decoder's next call: it learns the ids its lane stepped and the bytes pending after them."""
+        if (lane := self.lane) is not None:
+            self.decoder.sync_lane(self.n_tokens, lane[4])
+            self.lane = None
 
 
 # (rid, id, the rid's state or None) -> the plain text to emit, or None: an entry the lane cannot take
@@ -61,21 +68,27 @@ def step_lanes(
             state = live_get(rid)
             text = None
             if state is not None and (lane := state.lane) is not None:
-                texts, stop_tokens, passthrough = lane
-                try:
-                    text = texts[token_id] if token_id >= 0 and token_id not in stop_tokens else None
-                except (IndexError, TypeError):  # past the table, or not an id: process_one says why
-                    text = None
-                if text is not None and (passthrough is None or text in passthrough):
+                texts, stop_tokens, passthrough, memo, pending = lane
+                after = pending
+                if token_id not in stop_tokens:
+                    if not pending:
+                        try:
+                            text = texts[token_id] if token_id >= 0 else None
+                        except (IndexError, TypeError):  # past the table, or not an id: process_one says why
+                            text = None
+                    if text is None and memo is not None and (known := memo.get((pending, token_id))) is not None:
+                        text, after = known
+                if text is not None and (passthrough is None or not text or text in passthrough):
                     stepped += 1
                     state.n_tokens += 1
+                    if after is not pending:
+                        state.lane = (texts, stop_tokens, passthrough, memo, after)
                     if not text:
                         holds += 1
                         continue
                 else:
                     text = None
-                    state.decoder.sync_generated(state.n_tokens)  # the decoder learns the ids the lane stepped
-                    state.lane = None
+                    state.leave_lane()
             if text is None:
                 text = off_lane(rid, token_id, state)
                 if text is None:

@@ -94,7 +94,7 @@ class WorkerState(RidEndings):
         every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
         The batch's columns (the usual item: one id) are the hot path, worker/lane.py: a rid on its lane
-        (StopSequenceDecoder.lane) is stepped by a table lookup, no call; any other entry goes to its decoder in
+        (StopSequenceDecoder.lane) is stepped by a lookup, no call; any other entry goes to its decoder in
         its place (off_lane, _step_one); plain text goes to the TextBatch's columns. Then the items, through
         _items, into the TextBatch's items (bus/columns.py: the order rule)."""
         deltas: list[TextDelta] = []
@@ -143,10 +143,10 @@ class WorkerState(RidEndings):
             return None
         self.tokens_consumed += 1
         state.n_tokens += 1
+        state.lane = state.decoder.lane()  # with bytes pending too, on a byte-level stream
         if not result:
-            self.holds += 1  # bytes of a character, or a possible stop string, held: no lane yet
+            self.holds += 1  # bytes of a character, or a possible stop string, held
             return None
-        state.lane = state.decoder.lane()
         return result
 
     def _items(
@@ -163,9 +163,8 @@ class WorkerState(RidEndings):
             for item in items[start : start + TICK_EVERY_ITEMS]:
                 rid = item.rid
                 state = live_get(rid)
-                if state is not None and state.lane is not None:
-                    state.decoder.sync_generated(state.n_tokens)
-                    state.lane = None
+                if state is not None:
+                    state.leave_lane()
                 if item.logprobs is not None and state is not None:
                     self._logprobs_item(item, state, deltas, finishes)
                     continue

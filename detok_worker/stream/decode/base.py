@@ -25,9 +25,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
+from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.tokenizer.protocol import Tokenizer
 
 Factory = Callable[..., "DecodeStream"]
+LaneTables = tuple[Sequence[str | None], FeedMemo | None, bytes]  # DecodeStream.lane_tables()
 _factory: list[Factory] = []  # select.py registers create_decode_stream here when the package is imported
 
 
@@ -80,6 +82,20 @@ class DecodeStream(ABC):
         table[i] and leaves the stream as it was, so the table stays valid for any run of such steps. None when no
         such table holds now (bytes of an unfinished character are pending, or the stream has no table)."""
         return None
+
+    def lane_tables(self) -> LaneTables | None:
+        """(whole_texts() or the table it gives when no bytes are pending, feed memo, pending bytes): what a caller's
+        lookup loop needs to stand for step() (StopSequenceDecoder.lane). A stream without a feed memo gives it
+        only while whole_texts() holds (memo None, no bytes pending). With a memo (the byte-level path): for bytes p
+        pending and an id i, memo[(p, i)] = (text, bytes pending after), where present, is what step(i) would do.
+        The caller gives the pending bytes back with resume_pending() before the stream's next call."""
+        texts = self.whole_texts()
+        return None if texts is None else (texts, None, b"")
+
+    def resume_pending(self, pending: bytes) -> None:
+        """After lookups through lane_tables(): the bytes now pending (b"" for a stream without a feed memo)."""
+        if pending:
+            raise ValueError(f"{type(self).__name__} keeps no pending bytes")
 
     @property
     @abstractmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from detok_worker.stream.decode.base import LaneTables
 from detok_worker.stream.decode.table_stream import TableDecodeStream
 from detok_worker.stream.decode.tables import DecodeTables, check_ids
 from detok_worker.stream.decode.utf8 import decode_finished, unfinished_length
@@ -66,6 +67,14 @@ class ByteLevelDecodeStream(TableDecodeStream):
 
     def whole_texts(self) -> Sequence[str | None] | None:
         return None if self._pending else self._texts
+
+    def lane_tables(self) -> LaneTables | None:
+        if self._owed:  # the pending bytes' character is the prompt's: step() strips it, a memo lookup would not
+            return None if self._pending else (self._texts, None, b"")
+        return self._texts, self._memo, self._pending
+
+    def resume_pending(self, pending: bytes) -> None:
+        self._pending = pending
 
     def step(self, token_id: int) -> str | None:
         if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id

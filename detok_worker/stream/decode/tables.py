@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from detok_worker.tokenizer.protocol import check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
+FeedMemo = dict[tuple[bytes, int], tuple[str, bytes]]  # (pending bytes, id) -> (text, pending bytes after)
+
 log = logging.getLogger(__name__)
 
 # byte_values entries that are not a byte: an ordinary token, and a special token removed by skip_special_tokens.
@@ -40,7 +42,7 @@ class DecodeTables:
     pieces: list[bytes | None]
     byte_values: list[int] | None
     text_enders: frozenset[int] = frozenset()
-    feed_memo: dict[tuple[bytes, int], tuple[str, bytes]] = field(default_factory=dict, compare=False, repr=False)
+    feed_memo: FeedMemo = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

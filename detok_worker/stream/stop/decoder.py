@@ -23,12 +23,14 @@ from dataclasses import dataclass
 import msgspec
 
 from detok_worker.stream.decode.select import create_decode_stream
+from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.stream.stop.matcher import StopStringFilter, compile_stop_strings
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 StopReason = str | int
-# StopSequenceDecoder.lane(): (texts, stop token ids, passthrough texts or None when there are no stop strings)
-Lane = tuple[Sequence[str | None], frozenset[int], set[str] | None]
+# StopSequenceDecoder.lane(): (texts, stop token ids, passthrough texts or None when there are no stop strings,
+# the stream's feed memo or None, the bytes pending)
+Lane = tuple[Sequence[str | None], frozenset[int], set[str] | None, FeedMemo | None, bytes]
 
 
 class StopConfigError(ValueError):
@@ -267,26 +269,32 @@ class StopSequenceDecoder:
 
     def lane(self) -> Lane | None:
         """A shortcut for a caller's hot loop, valid until its next call of any other method: (texts, stop_tokens,
-        passthrough). For an id i >= 0 not in stop_tokens with text = texts[i] not None (an IndexError means no),
-        and passthrough None or text in passthrough, process_one(i) would return text and change nothing but the
-        count of generated tokens. The caller counts the ids it steps this way and reports its total with
-        sync_generated() before its next call. None when no such shortcut holds now (stopped, bytes of an
-        unfinished character pending, a possible stop string held back, or a stream without a table)."""
+        passthrough, memo, pending). For an id i >= 0 not in stop_tokens, process_one(i) would return text and
+        change nothing but the count of generated tokens and the bytes pending, when
+        - no bytes are pending and text = texts[i] is not None (an IndexError means no), or else
+        - memo is not None and (text, pending after) = memo[(pending, i)] is there,
+        and text is "" (bytes pending), passthrough is None or text is in passthrough. The caller keeps the bytes
+        pending, counts the ids it steps this way and reports both with sync_lane() before its next call. None when
+        no such shortcut holds now (stopped, bytes pending without a memo, a possible stop string held back, or a
+        stream without a table)."""
         if self._stop_reason is not None:
             return None
-        texts = self._stream.whole_texts()
-        if texts is None:
+        tables = self._stream.lane_tables()
+        if tables is None:
             return None
+        texts, memo, pending = tables
         if self._filter is None:
-            return texts, self._stop_tokens, None
+            return texts, self._stop_tokens, None, memo, pending
         passthrough = self._filter.passthrough()
-        return None if passthrough is None else (texts, self._stop_tokens, passthrough)
+        return None if passthrough is None else (texts, self._stop_tokens, passthrough, memo, pending)
 
-    def sync_generated(self, count: int) -> None:
-        """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included."""
+    def sync_lane(self, count: int, pending: bytes) -> None:
+        """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included, and
+        `pending` are the bytes pending after them."""
         if count < self._num_generated:
-            raise ValueError(f"sync_generated({count}): {self._num_generated} tokens were already processed")
+            raise ValueError(f"sync_lane({count}): {self._num_generated} tokens were already processed")
         self._num_generated = count
+        self._stream.resume_pending(pending)
 
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""

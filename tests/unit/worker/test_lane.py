@@ -106,13 +106,15 @@ def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
     decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_sequences=("the end",)))
     lane = decoder.lane()
     assert lane is not None
-    texts, stop_tokens, passthrough = lane
+    texts, stop_tokens, passthrough, memo, pending = lane
     hello = tokenizer.encode("Hello").ids[0]
-    assert texts[hello] == "Hello" and passthrough is not None
+    assert texts[hello] == "Hello" and passthrough is not None and memo is not None and pending == b""
     emoji = tokenizer.encode("🪼").ids
     assert len(emoji) > 1 and texts[emoji[0]] is None  # a piece of a character is never in the table
     decoder.process_tokens(emoji[:1])
-    assert decoder.lane() is None  # bytes of an unfinished character are pending
+    lane = decoder.lane()  # bytes of an unfinished character are pending: the memo stands for step()
+    assert lane is not None and lane[4] == "🪼".encode()[: len(lane[4])] and 0 < len(lane[4]) < 4
+    assert lane[3] is not None and lane[3][(b"", emoji[0])] == ("", lane[4])  # the step that got there is memoised
     decoder.process_tokens(emoji[1:])
     assert decoder.lane() is not None
     decoder.process_tokens(tokenizer.encode(" the").ids)
@@ -121,13 +123,34 @@ def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
     assert decoder.stopped and decoder.lane() is None
 
 
-def test_sync_generated_counts_lane_steps_for_min_tokens() -> None:
+def test_no_lane_while_the_pending_character_is_the_prompts() -> None:
+    """A prompt that ends inside a character owes that character: step() drops it, a memo lookup would not."""
+    tokenizer = load_fixture_tokenizer("qwen3")
+    emoji = tokenizer.encode("🪼").ids
+    decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(), prompt_ids=emoji[:1])
+    assert decoder.lane() is None
+    assert decoder.process_tokens(emoji[1:]).text == ""  # the character is the prompt's
+    assert decoder.lane() is not None
+
+
+def test_sync_lane_gives_the_stream_its_pending_bytes() -> None:
+    tokenizer = load_fixture_tokenizer("qwen3")
+    ids = tokenizer.encode("水🪼").ids
+    decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig())
+    first = decoder.process_tokens(ids[:1])
+    lane = decoder.lane()
+    assert lane is not None
+    decoder.sync_lane(1, "🪼".encode()[:2])  # as if the lane had stepped to two bytes of the jellyfish
+    assert first.text + decoder.process_tokens(tokenizer.encode("x").ids).text == "水\ufffdx"
+
+
+def test_sync_lane_counts_lane_steps_for_min_tokens() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     eos = min(tokenizer.eos_token_ids)
     decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_tokens=(eos,)), min_tokens=3)
     ids = tokenizer.encode(" one two three").ids
     assert len(ids) == 3 and decoder.lane() is not None
-    decoder.sync_generated(3)  # three ids stepped by the lane: min_tokens is met, so EOS stops
+    decoder.sync_lane(3, b"")  # three ids stepped by the lane: min_tokens is met, so EOS stops
     assert decoder.process_tokens([eos]).stopped
     with pytest.raises(ValueError, match="already processed"):
-        decoder.sync_generated(2)
+        decoder.sync_lane(2, b"")
