@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from detok_worker.bus.messages import LogprobText, TextBatch
-from detok_worker.stream.stop.decoder import Lane
+from detok_worker.stream.stop.decoder import ONLY_EMPTY, Lane
+from detok_worker.stream.stop.matcher import ROOT, LaneScan, ScanResult
 from detok_worker.worker.parsing import RidParsing
 
 TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbeat timer) in a long batch
@@ -37,7 +38,7 @@ class RidState:
     def leave_lane(self) -> None:
         """Before the decoder's next call: it learns the ids its lane stepped and the bytes pending after them."""
         if (lane := self.lane) is not None:
-            self.decoder.sync_lane(self.n_tokens, lane[4])
+            self.decoder.sync_lane(self.n_tokens, lane)
             self.lane = None
 
 
@@ -68,7 +69,7 @@ def step_lanes(
             state = live_get(rid)
             text = None
             if state is not None and (lane := state.lane) is not None:
-                texts, stop_tokens, passthrough, memo, pending = lane
+                texts, stop_tokens, passthrough, memo, pending, scan = lane
                 after = pending
                 if token_id not in stop_tokens:
                     if not pending:
@@ -78,11 +79,22 @@ def step_lanes(
                             text = None
                     if text is None and memo is not None and (known := memo.get((pending, token_id))) is not None:
                         text, after = known
-                if text is not None and (passthrough is None or not text or text in passthrough):
+                if text is not None and (passthrough is None or text in passthrough):
                     stepped += 1
                     state.n_tokens += 1
                     if after is not pending:
-                        state.lane = (texts, stop_tokens, passthrough, memo, after)
+                        state.lane = (texts, stop_tokens, passthrough, memo, after, scan)
+                    if not text:
+                        holds += 1
+                        continue
+                elif text is not None and (scanned := _scanned(scan, text)) is not None:
+                    stepped += 1
+                    state.n_tokens += 1
+                    scans, root, stop_state = scan  # type: ignore[misc]  # _scanned: not None
+                    stop_state = scanned[0]
+                    passthrough = root if stop_state == ROOT else ONLY_EMPTY
+                    state.lane = (texts, stop_tokens, passthrough, memo, after, (scans, root, stop_state))
+                    text = scanned[1]
                     if not text:
                         holds += 1
                         continue
@@ -101,3 +113,11 @@ def step_lanes(
             state.offset += len(text)
             chars_out += len(text)
     return stepped, chars_out, holds
+
+
+def _scanned(scan: LaneScan | None, text: str) -> ScanResult | None:
+    """The stop-string filter's memoised scan of `text` from the lane's state, if it has no match."""
+    if scan is None or (by_text := scan[0].get(scan[2])) is None:
+        return None
+    result = by_text.get(text)
+    return result if result is not None and result[2] < 0 else None

@@ -18,19 +18,22 @@ Rules (issue 2, point 5):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import msgspec
 
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
-from detok_worker.stream.stop.matcher import StopStringFilter, compile_stop_strings
+from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
 
 StopReason = str | int
-# StopSequenceDecoder.lane(): (texts, stop token ids, passthrough texts or None when there are no stop strings,
-# the stream's feed memo or None, the bytes pending)
-Lane = tuple[Sequence[str | None], frozenset[int], set[str] | None, FeedMemo | None, bytes]
+# StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
+# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None)
+Lane = tuple[Sequence[str | None], frozenset[int], AbstractSet[str] | None, FeedMemo | None, bytes, LaneScan | None]
+# the texts that pass a filter off its root unchanged: only "" (the root's are StopStringAutomaton.root_passthrough)
+ONLY_EMPTY: frozenset[str] = frozenset({""})
 
 
 class StopConfigError(ValueError):
@@ -269,14 +272,17 @@ class StopSequenceDecoder:
 
     def lane(self) -> Lane | None:
         """A shortcut for a caller's hot loop, valid until its next call of any other method: (texts, stop_tokens,
-        passthrough, memo, pending). For an id i >= 0 not in stop_tokens, process_one(i) would return text and
-        change nothing but the count of generated tokens and the bytes pending, when
-        - no bytes are pending and text = texts[i] is not None (an IndexError means no), or else
-        - memo is not None and (text, pending after) = memo[(pending, i)] is there,
-        and text is "" (bytes pending), passthrough is None or text is in passthrough. The caller keeps the bytes
-        pending, counts the ids it steps this way and reports both with sync_lane() before its next call. None when
-        no such shortcut holds now (stopped, bytes pending without a memo, a possible stop string held back, or a
-        stream without a table)."""
+        passthrough, memo, pending, scan). For an id i >= 0 not in stop_tokens, process_one(i) changes nothing but
+        the count of generated tokens, the bytes pending and the stop-string state when it steps by lookups:
+        - the stream: no bytes pending and text = texts[i] is not None (an IndexError means no), or else memo is not
+          None and (text, pending after) = memo[(pending, i)] is there;
+        - the stop strings: scan is None or text is in passthrough (text is returned unchanged), or else, with
+          (scans, root passthrough, state) = scan, result = scans[state][text] is there and has no match
+          (result[2] < 0): it returns result[1] and the filter moves to result[0] (its passthrough: the root's
+          set at ROOT, else ONLY_EMPTY).
+        The caller counts the ids it steps this way and gives the lane as it left it (pending bytes and stop state
+        replaced) to sync_lane() before its next call. None when no such shortcut holds now (stopped, bytes pending
+        without a memo, a prompt's unfinished character, or a stream without a table)."""
         if self._stop_reason is not None:
             return None
         tables = self._stream.lane_tables()
@@ -284,17 +290,20 @@ class StopSequenceDecoder:
             return None
         texts, memo, pending = tables
         if self._filter is None:
-            return texts, self._stop_tokens, None, memo, pending
-        passthrough = self._filter.passthrough()
-        return None if passthrough is None else (texts, self._stop_tokens, passthrough, memo, pending)
+            return texts, self._stop_tokens, None, memo, pending, None
+        scan = self._filter.lane_scan()
+        passthrough = scan[1] if scan[2] == ROOT else ONLY_EMPTY
+        return texts, self._stop_tokens, passthrough, memo, pending, scan
 
-    def sync_lane(self, count: int, pending: bytes) -> None:
+    def sync_lane(self, count: int, lane: Lane) -> None:
         """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included, and
-        `pending` are the bytes pending after them."""
+        `lane` is the lane as its steps left it (the bytes pending and the stop-string state after them)."""
         if count < self._num_generated:
             raise ValueError(f"sync_lane({count}): {self._num_generated} tokens were already processed")
         self._num_generated = count
-        self._stream.resume_pending(pending)
+        self._stream.resume_pending(lane[4])
+        if self._filter is not None and lane[5] is not None:
+            self._filter.resume(lane[5][2])
 
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""

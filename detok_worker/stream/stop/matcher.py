@@ -34,6 +34,8 @@ _CACHED_AUTOMATA = 32
 # index in the text just past the earliest-ending stop string, -1 if none. pattern: the index of that stop string
 # (the longest one ending there, i.e. the one that starts earliest), -1 if none.
 ScanResult = tuple[int, str, int, int]
+# StopStringFilter.lane_scan(): (memo by state, then by text; the root passthrough set; the filter's state)
+LaneScan = tuple[dict[int, dict[str, ScanResult]], set[str], int]
 
 
 class StopStringMatch(NamedTuple):
@@ -232,10 +234,18 @@ class StopStringFilter:
         in it): feed((text,)) would return it unchanged. The worker's per-token check before a full feed."""
         return self._state == ROOT and text in self._automaton.root_passthrough
 
-    def passthrough(self) -> set[str] | None:
-        """The set `passes` looks texts up in while the filter is at its root (None elsewhere). The same object for
-        the automaton's lifetime: it only grows (or is cleared) as texts are learned."""
-        return self._automaton.root_passthrough if self._state == ROOT else None
+    def lane_scan(self) -> LaneScan:
+        """For a caller's lookup loop (StopSequenceDecoder.lane): (the automaton's memo, its root passthrough set,
+        the state now). A text whose memoised scan from the state has no match (match_end < 0) moves the filter to
+        its end state and releases its `released` text, exactly as feed() would; the caller keeps the state and
+        gives it back with resume() before the filter's next call. Both containers are the automaton's own, the
+        same objects for its lifetime (cleared in place, never replaced)."""
+        automaton = self._automaton
+        return automaton.memo, automaton.root_passthrough, self._state
+
+    def resume(self, state: int) -> None:
+        """After lookups through lane_scan(): the state they left the filter in."""
+        self._state = state
 
     def feed_one(self, text: str, check: bool = True) -> tuple[str, StopStringMatch | None]:
         """Feed one token's text; `check` False means matches ending in it are ignored."""

@@ -94,11 +94,30 @@ def test_the_lane_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.
     items_only = _run(tokenizer, batches)
     monkeypatch.setattr(Decoder, "lane", lambda self: None)
     without_lane = _run(tokenizer, columnar)
-    assert with_lane == items_only == without_lane
+    monkeypatch.undo()
+    warm = _run(tokenizer, columnar)  # the shared memos now hold every byte step and scan, matches included
+    assert with_lane == items_only == without_lane == warm
     deltas, finishes, _ = with_lane
     ends = [rid_deltas[-1] for rid_deltas in deltas.values()]
     assert sum(1 for end in ends if end[3] == "stop") >= 3  # stop strings and stop tokens were reached
     assert any(end[5] for end in ends)  # and a bad id ended its request
+
+
+def test_a_memoised_stop_string_match_stops_a_rid_on_its_lane() -> None:
+    """The second rid meets a stop string whose scan the first one memoised: the lane must not step over it."""
+    tokenizer = load_fixture_tokenizer("qwen3")
+    ids = tokenizer.encode("so we went to the end of the road").ids
+    params = DetokParams(stop=["the end"])
+    state = WorkerState(tokenizer, "w")
+    texts: dict[str, str] = {}
+    for rid in ("a", "b"):
+        batches = [TokenBatch(0, 0, [Open(rid, [], params)], [])]
+        batches += [token_batch(step, 0, [], [Tokens(rid, [token_id])]) for step, token_id in enumerate(ids, 1)]
+        for batch in batches:
+            for delta in text_deltas(state.handle_batch(batch).text_batch):
+                texts[rid] = texts.get(rid, "") + delta.text
+                assert delta.finish is None or delta.stop_reason == "the end"
+    assert texts == {"a": "so we went to ", "b": "so we went to "}
 
 
 def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
@@ -106,7 +125,7 @@ def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
     decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_sequences=("the end",)))
     lane = decoder.lane()
     assert lane is not None
-    texts, stop_tokens, passthrough, memo, pending = lane
+    texts, stop_tokens, passthrough, memo, pending, scan = lane
     hello = tokenizer.encode("Hello").ids[0]
     assert texts[hello] == "Hello" and passthrough is not None and memo is not None and pending == b""
     emoji = tokenizer.encode("🪼").ids
@@ -118,7 +137,9 @@ def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
     decoder.process_tokens(emoji[1:])
     assert decoder.lane() is not None
     decoder.process_tokens(tokenizer.encode(" the").ids)
-    assert decoder.held_text == "the" and decoder.lane() is None  # a possible stop string is held back
+    assert decoder.held_text == "the"  # a possible stop string is held back: only memoised scans step on
+    lane = decoder.lane()
+    assert lane is not None and lane[2] == {""} and lane[5] is not None and lane[5][2] != 0
     decoder.process_tokens(tokenizer.encode(" end").ids)
     assert decoder.stopped and decoder.lane() is None
 
@@ -140,7 +161,8 @@ def test_sync_lane_gives_the_stream_its_pending_bytes() -> None:
     first = decoder.process_tokens(ids[:1])
     lane = decoder.lane()
     assert lane is not None
-    decoder.sync_lane(1, "🪼".encode()[:2])  # as if the lane had stepped to two bytes of the jellyfish
+    pending = "🪼".encode()[:2]
+    decoder.sync_lane(1, (*lane[:4], pending, *lane[5:]))  # as if the lane had stepped to two bytes of the jellyfish
     assert first.text + decoder.process_tokens(tokenizer.encode("x").ids).text == "水\ufffdx"
 
 
@@ -149,8 +171,9 @@ def test_sync_lane_counts_lane_steps_for_min_tokens() -> None:
     eos = min(tokenizer.eos_token_ids)
     decoder = StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_tokens=(eos,)), min_tokens=3)
     ids = tokenizer.encode(" one two three").ids
-    assert len(ids) == 3 and decoder.lane() is not None
-    decoder.sync_lane(3, b"")  # three ids stepped by the lane: min_tokens is met, so EOS stops
+    lane = decoder.lane()
+    assert len(ids) == 3 and lane is not None
+    decoder.sync_lane(3, lane)  # three ids stepped by the lane: min_tokens is met, so EOS stops
     assert decoder.process_tokens([eos]).stopped
     with pytest.raises(ValueError, match="already processed"):
-        decoder.sync_lane(2, b"")
+        decoder.sync_lane(2, lane)
