@@ -10,6 +10,7 @@ the request.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -79,7 +80,8 @@ class EventStreamResponse:
         except asyncio.CancelledError:
             if not disconnected:
                 raise
-            streaming.uncancel()  # the client went away: a normal end of the response
+            if sys.version_info >= (3, 11):  # 3.10 keeps no cancel count to take back
+                streaming.uncancel()  # the client went away: a normal end of the response
         except OSError:  # the client went away mid-write
             pass
         finally:
