@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -27,7 +28,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         cwd=root,
         capture_output=True,
     )
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    # the dependencies: this environment's site-packages as plain path entries (its .pth files, among them an
+    # editable install of this checkout, are not run); --system-site-packages would give the base interpreter's,
+    # which hold nothing in a fresh virtualenv
+    where = [venv / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])"]
+    venv_site = Path(subprocess.run(where, check=True, capture_output=True, text=True).stdout.strip())
+    (venv_site / "test-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     (wheel,) = wheels.glob("detok-*.whl")
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", wheel]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
