@@ -170,11 +170,11 @@ def test_a_stream_the_engine_cancels_at_start_is_opened_again_up_to_the_retry_li
             first = asyncio.run(one("Cancelled three times."))  # 1 + 2 retries, all cancelled: the client hears
             assert first.status == 503, first
             assert engine.url in first.error["message"] and "CANCELLED" in first.error["message"]
-            wait_for(lambda: engine.count("cancelled_starts") == 3, 5, what="the engine server's count")
+            wait_for(lambda: engine.count("cancelled_starts") == 3, 30, what="the engine server's count")
             text = "Cancelled once, then served."
             second = asyncio.run(one(text))  # the echo source returns the prompt: exact text after one retry
             assert (second.status, second.text, second.finish_reason) == (200, text, "stop")
-            wait_for(lambda: engine.stats().get("cancelled_starts") == 4 and engine.count("completed") == 1, 5,
+            wait_for(lambda: engine.stats().get("cancelled_starts") == 4 and engine.count("completed") == 1, 30,
                      what="the engine server's counts")  # fmt: skip
     finally:
         engine.cleanup()
