@@ -1,12 +1,13 @@
 """A worker's per-rid record, and its hot loop: a TokenBatch's columns (one id per rid, bus/columns.py) stepped
 by the rids' lanes.
 
-A rid on its lane (StopSequenceDecoder.lane: no parser, no stop string held) takes an id by a lookup, no call: a
-whole-character table hit while no bytes are pending, else (byte-level streams) a hit in the stream's memo of
-(pending bytes, id) steps, as long as it is not a stop token and its text cannot start a stop string. Its text goes
-straight into the TextBatch's columns, its counters and pending bytes are kept on its RidState, and the decoder
-learns them (RidState.leave_lane) before its next call. Every other entry goes to the decoder in its place
-(WorkerState.handle_batch's off_lane), so a rid's deltas keep their order; plain text from either goes to the columns.
+A rid on its lane (StopSequenceDecoder.lane: no parser) takes an id by lookups, no call: a whole-character table
+hit while no bytes are pending, else (byte-level streams) a hit in the stream's memo of (pending bytes, id) steps;
+not a stop token; and a text that passes the stop strings unchanged, else one whose memoised stop-string scan has no
+match. Its text goes straight into the TextBatch's columns, its counters are kept on its RidState and the pending
+bytes and stop state in its lane, and the decoder learns them (RidState.leave_lane) before its next call. Every
+other entry goes to the decoder in its place (WorkerState.handle_batch's off_lane), so a rid's deltas keep their
+order; plain text from either goes to the columns.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from detok_worker.bus.messages import LogprobText, TextBatch
-from detok_worker.stream.stop.decoder import ONLY_EMPTY, Lane
-from detok_worker.stream.stop.matcher import ROOT, LaneScan, ScanResult
+from detok_worker.stream.stop.decoder import Lane, lane_passthrough
+from detok_worker.stream.stop.matcher import LaneScan
 from detok_worker.worker.parsing import RidParsing
 
 TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbeat timer) in a long batch
@@ -32,11 +33,11 @@ class RidState:
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
     logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
     # the decoder's lane() while the request has no parser (see step_lanes): set after each call of the decoder,
-    # with the bytes pending replaced as the lane steps; None from the moment the decoder is synced (leave_lane)
+    # with the bytes pending and the stop state replaced as the lane steps; None once the decoder is synced
     lane: Lane | None = None
 
     def leave_lane(self) -> None:
-        """Before the decoder's next call: it learns the ids its lane stepped and the bytes pending after them."""
+        """Before the decoder's next call: it learns the ids its lane stepped, the bytes pending and the stop state."""
         if (lane := self.lane) is not None:
             self.decoder.sync_lane(self.n_tokens, lane)
             self.lane = None
@@ -80,27 +81,20 @@ def step_lanes(
                     if text is None and memo is not None and (known := memo.get((pending, token_id))) is not None:
                         text, after = known
                 if text is not None and (passthrough is None or text in passthrough):
-                    stepped += 1
-                    state.n_tokens += 1
                     if after is not pending:
                         state.lane = (texts, stop_tokens, passthrough, memo, after, scan)
-                    if not text:
-                        holds += 1
-                        continue
-                elif text is not None and (scanned := _scanned(scan, text)) is not None:
-                    stepped += 1
-                    state.n_tokens += 1
-                    scans, root, stop_state = scan  # type: ignore[misc]  # _scanned: not None
-                    stop_state = scanned[0]
-                    passthrough = root if stop_state == ROOT else ONLY_EMPTY
-                    state.lane = (texts, stop_tokens, passthrough, memo, after, (scans, root, stop_state))
-                    text = scanned[1]
-                    if not text:
-                        holds += 1
-                        continue
+                elif text is not None and (scanned := _scan_step(scan, text)) is not None:
+                    scan, text = scanned
+                    state.lane = (texts, stop_tokens, lane_passthrough(scan), memo, after, scan)
                 else:
                     text = None
                     state.leave_lane()
+                if text is not None:
+                    stepped += 1
+                    state.n_tokens += 1
+                    if not text:
+                        holds += 1
+                        continue
             if text is None:
                 text = off_lane(rid, token_id, state)
                 if text is None:
@@ -115,9 +109,12 @@ def step_lanes(
     return stepped, chars_out, holds
 
 
-def _scanned(scan: LaneScan | None, text: str) -> ScanResult | None:
-    """The stop-string filter's memoised scan of `text` from the lane's state, if it has no match."""
+def _scan_step(scan: LaneScan | None, text: str) -> tuple[LaneScan, str] | None:
+    """The lane's stop-string scan after `text` and the text it releases, when the filter's memoised scan of `text`
+    from the lane's state has no match; None otherwise (no stop strings, not memoised, or a match)."""
     if scan is None or (by_text := scan[0].get(scan[2])) is None:
         return None
     result = by_text.get(text)
-    return result if result is not None and result[2] < 0 else None
+    if result is None or result[2] >= 0:
+        return None
+    return (scan[0], scan[1], result[0]), result[1]

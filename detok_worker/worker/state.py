@@ -130,7 +130,7 @@ class WorkerState(RidEndings):
         self, rid: str, state: RidState, token_id: int, deltas: list[TextDelta], finishes: list[Finish]
     ) -> str | None:
         """One id of a live rid without a parser, through process_one, its counts kept: the text it releases (the
-        caller emits it), or None: a hold, or the rid's ending, which went to `deltas`. A rid that released text
+        caller emits it), or None: a hold, or the rid's ending, which went to `deltas`. A rid still live after it
         gets its lane back for the next batch's columns."""
         self.tokens_in += 1
         try:

@@ -36,6 +36,11 @@ Lane = tuple[Sequence[str | None], frozenset[int], AbstractSet[str] | None, Feed
 ONLY_EMPTY: frozenset[str] = frozenset({""})
 
 
+def lane_passthrough(scan: LaneScan) -> AbstractSet[str]:
+    """The texts that pass the stop strings unchanged from the scan's state (a Lane's passthrough)."""
+    return scan[1] if scan[2] == ROOT else ONLY_EMPTY
+
+
 class StopConfigError(ValueError):
     """Stop-sequence settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...)."""
 
@@ -292,8 +297,7 @@ class StopSequenceDecoder:
         if self._filter is None:
             return texts, self._stop_tokens, None, memo, pending, None
         scan = self._filter.lane_scan()
-        passthrough = scan[1] if scan[2] == ROOT else ONLY_EMPTY
-        return texts, self._stop_tokens, passthrough, memo, pending, scan
+        return texts, self._stop_tokens, lane_passthrough(scan), memo, pending, scan
 
     def sync_lane(self, count: int, lane: Lane) -> None:
         """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included, and
