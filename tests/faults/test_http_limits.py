@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import socket
 import subprocess
@@ -113,7 +114,7 @@ def test_connection_cap_and_body_timeout(runtime_dir: str) -> None:
     try:
         wait_for(lambda: status(url, "/v1/models") == 200, 60, what="the front serving")
         idle = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(30)]
-        answers = [read_until_closed(sock) for sock in idle]
+        answers = read_until_closed(idle)
         refused = [answer for answer in answers if answer is not None]
         assert len(refused) == 10  # 20 kept (they wait for a head), 10 refused
         for answer in refused:
@@ -134,16 +135,24 @@ def test_connection_cap_and_body_timeout(runtime_dir: str) -> None:
     assert "Traceback" not in front.log()
 
 
-def read_until_closed(sock: socket.socket) -> bytes | None:
-    """What the server sent before closing; None if it kept the connection open (no data within 1 s)."""
-    sock.settimeout(1.0)
-    data = b""
-    try:
-        while chunk := sock.recv(4096):
-            data += chunk
-    except TimeoutError:
-        return None
-    return data
+def read_until_closed(socks: list[socket.socket], quiet_s: float = 1.0) -> list[bytes | None]:
+    """What the server sent on each socket before closing it; None for one it kept open with no data for `quiet_s`
+    (all sockets are watched at once: one quiet window, not one per socket)."""
+    data = {sock: b"" for sock in socks}
+    closed: set[socket.socket] = set()
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        while len(closed) < len(socks) and (ready := selector.select(timeout=quiet_s)):
+            for key, _ in ready:
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                chunk = sock.recv(4096)
+                data[sock] += chunk
+                if not chunk:
+                    closed.add(sock)
+                    selector.unregister(sock)
+    return [data[sock] if sock in closed else None for sock in socks]
 
 
 def test_api_key_from_the_environment_or_a_private_file(runtime_dir: str, tmp_path: Path) -> None:
