@@ -51,17 +51,24 @@ def _interleaved(rid_ids: dict[str, list[int]], starts: dict[str, int], columns:
 
 @pytest.mark.parametrize("columns", [True, False], ids=["columns", "items"])
 @pytest.mark.parametrize("include_stop", [False, True], ids=["hidden", "visible"])
-def test_opens_with_the_same_params_keep_their_own_state(qwen3, columns, include_stop):
-    state = WorkerState(qwen3, "w")
-    eos = sorted(qwen3.eos_token_ids)
-    params = DetokParams(stop=[STOP], stop_token_ids=eos, include_stop_str_in_output=include_stop)
-    rid_ids = {"hits": qwen3.encode(HITS).ids, "misses": qwen3.encode(MISSES).ids, "late": qwen3.encode(HITS).ids}
+@pytest.mark.parametrize("name", ["qwen3", "bert-wordpiece"])  # bert: no lane, every id through the decoder
+def test_opens_with_the_same_params_keep_their_own_state(name, columns, include_stop):
+    tokenizer = load_fixture_tokenizer(name)
+    stop = tokenizer.decode(tokenizer.encode(STOP).ids, True)
+    params = DetokParams(
+        stop=[stop], stop_token_ids=sorted(tokenizer.eos_token_ids), include_stop_str_in_output=include_stop
+    )
+    state = WorkerState(tokenizer, "w")
+    rid_ids = {"hits": tokenizer.encode(HITS).ids, "misses": tokenizer.encode(MISSES).ids}
+    rid_ids["late"] = rid_ids["hits"]
     opens = TokenBatch(0, 0, [Open(rid, [], params) for rid in rid_ids], [])
     # "late" decodes HITS two steps after "hits": the two are in different stop-string states at every step
     texts, finishes = _texts(state, [opens, *_interleaved(rid_ids, {"hits": 0, "misses": 0, "late": 2}, columns)])
     assert len(state.open_plans) == 1  # the three Opens shared one plan
-    cut = HITS.index(STOP) + (len(STOP) if include_stop else 0)
-    assert texts == {"hits": HITS[:cut], "misses": MISSES, "late": HITS[:cut]}
+    hits, misses = (tokenizer.decode(rid_ids[rid], True) for rid in ("hits", "misses"))
+    assert stop in hits and stop not in misses and stop[:3] in misses
+    cut = hits.index(stop) + (len(stop) if include_stop else 0)
+    assert texts == {"hits": hits[:cut], "misses": misses, "late": hits[:cut]}
     assert finishes == {"hits": "stop", "misses": "length", "late": "stop"}
 
 
@@ -83,7 +90,8 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
     good = DetokParams(stop=["x" * 15], stop_token_ids=[1])
     for lookalike in ([True], [1.0]):  # equal to [1] in Python, refused by the stop rules: never a cached plan's
         state.handle_batch(TokenBatch(0, 0, [Open("first", [], good)], [Tokens("first", ids, "length")]))
-        result = state.handle_batch(TokenBatch(0, 0, [Open("alike", [], DetokParams(stop_token_ids=lookalike))], []))
+        alike = DetokParams(stop=good.stop, stop_token_ids=lookalike)
+        result = state.handle_batch(TokenBatch(0, 0, [Open("alike", [], alike)], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error"
         assert delta.error == f"stop token id {lookalike[0]!r} is not a token id (an int >= 0)"
