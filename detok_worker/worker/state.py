@@ -16,7 +16,6 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.endings import RidEndings
 from detok_worker.worker.lane import TICK_EVERY_ITEMS, RidState, step_lanes
 from detok_worker.worker.logprobs import TokenTexts
+from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops, stop_chars_of
 from detok_worker.worker.parsing import parsing_for
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class WorkerState(RidEndings):
         self.max_live_stop_chars = max_live_stop_chars
         self.live_stop_chars = 0
         self.live: dict[str, RidState] = {}
+        self.open_plans = OpenPlans()  # what an Open derives from its params alone, per distinct params
         self._ended = RecentlyEnded(RECENTLY_ENDED_CAPACITY)
         self.bad: Counter[str] = Counter()
         self.tokens_in = 0
@@ -229,12 +230,14 @@ class WorkerState(RidEndings):
             self.live_stop_chars -= previous.stop_chars
         self._ended.discard(rid)
         params = open_.params
+        key = OpenPlans.key_of(params)
+        plan = self.open_plans.get(key)  # kept only once every check below that reads the params alone passed
         try:
-            rules = StopRules.from_params(params, self.stop_limits)
+            rules = plan.rules if plan is not None else StopRules.from_params(params, self.stop_limits)
         except StopRuleError as exc:
             self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
             return
-        stop_chars = sum(len(text) for text in params.stop)
+        stop_chars = plan.stop_chars if plan is not None else stop_chars_of(params)
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
             message = (
                 f"this detok worker holds stop strings of {self.live_stop_chars} characters for its live requests; "
@@ -245,12 +248,12 @@ class WorkerState(RidEndings):
             return
         try:
             parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
-            decoder_config = rules.decoder_config()
-            if parsing is not None:  # stop strings apply to the parsed content (worker/parsing.py)
-                decoder_config = dataclasses.replace(decoder_config, stop_sequences=(), visible_stop_sequences=())
+            if plan is None:
+                plan = OpenPlan(rules, stop_chars, prepare_stops(self.tokenizer, rules, parsing is not None))
+                self.open_plans.add(key, plan)
             decoder = StopSequenceDecoder(
                 self.tokenizer,
-                decoder_config,
+                plan.stops,
                 prompt_ids=open_.prompt_tail,
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,

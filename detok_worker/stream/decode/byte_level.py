@@ -42,17 +42,20 @@ class ByteLevelDecodeStream(TableDecodeStream):
         self._text_enders = tables.text_enders
         self._pending = b""  # bytes of an unfinished character
         self._owed = 0  # 1 if the character the pending bytes become belongs to the prompt (or was flushed)
-        self._start_from_prompt(prompt_ids)
+        if prompt_ids:
+            self._start_from_prompt(prompt_ids)
 
     def _start_from_prompt(self, prompt_ids: Sequence[int]) -> None:
         tail: list[bytes] = []
         collected = 0
+        pieces = self._pieces
         for position in range(len(prompt_ids) - 1, -1, -1):
             token_id = prompt_ids[position]
-            check_ids(self._decoding, (token_id,))
+            if type(token_id) is not int or not 0 <= token_id < len(pieces) or pieces[token_id] is None:
+                check_ids(self._decoding, (token_id,))  # the rule; the test above only skips it for a plain known id
             if token_id in self._text_enders:
                 break  # the text before it is final
-            piece = self._pieces[token_id]
+            piece = pieces[token_id]
             tail.append(piece)  # type: ignore[arg-type]  # check_ids: a known id
             collected += len(piece)  # type: ignore[arg-type]
             if collected >= _PROMPT_TAIL_BYTES:

@@ -99,6 +99,28 @@ class StopSequenceConfig:
         return not (self.stop_tokens or self.stop_sequences or self.visible_stop_tokens or self.visible_stop_sequences)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedStops:
+    """A StopSequenceConfig checked against a tokenizer (its stop token ids name tokens of it), with the sets every
+    decoder of it reads. Immutable: the decoders of many requests may share one (a worker keeps them per stop
+    settings, worker/open_plans.py); each decoder keeps its own stream and stop-string state."""
+
+    tokenizer: Tokenizer
+    config: StopSequenceConfig
+    stop_tokens: frozenset[int]  # hidden and visible
+    visible_stop_tokens: frozenset[int]
+
+    @classmethod
+    def check(cls, tokenizer: Tokenizer, config: StopSequenceConfig) -> PreparedStops:
+        """Raises StopConfigError for a stop token id that names no token of `tokenizer`."""
+        try:
+            validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
+        except InvalidTokenIdError as error:
+            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
+        visible = frozenset(config.visible_stop_tokens)
+        return cls(tokenizer, config, frozenset(config.stop_tokens) | visible, visible)
+
+
 class Text(msgspec.Struct, frozen=True, gc=False):
     """New text, released now."""
 
@@ -156,25 +178,25 @@ class StopSequenceDecoder:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        config: StopSequenceConfig,
+        config: StopSequenceConfig | PreparedStops,
         *,
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = False,
         min_tokens: int = 0,
     ) -> None:
+        """`config` checked against `tokenizer` here, or prepared by PreparedStops.check (for that tokenizer)."""
         if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
             raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        try:
-            validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
-        except InvalidTokenIdError as error:
-            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
+        stops = config if isinstance(config, PreparedStops) else PreparedStops.check(tokenizer, config)
+        if stops.tokenizer is not tokenizer:
+            raise StopConfigError("the prepared stop settings were checked against another tokenizer")
         self._tokenizer = tokenizer
-        self._config = config
+        self._config = config = stops.config
         self._prompt_ids = tuple(prompt_ids)
         self._skip_special_tokens = skip_special_tokens
         self._min_tokens = min_tokens
-        self._visible_stop_tokens = frozenset(config.visible_stop_tokens)
-        self._stop_tokens = frozenset(config.stop_tokens) | self._visible_stop_tokens
+        self._visible_stop_tokens = stops.visible_stop_tokens
+        self._stop_tokens = stops.stop_tokens
         strings = config.stop_sequences or config.visible_stop_sequences
         self._filter = (
             StopStringFilter(compile_stop_strings(config.stop_sequences, config.visible_stop_sequences))
