@@ -31,11 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine_line, percentile, print_table, write_json
+from common import cpu_seconds, machine_line, percentile, print_table, write_json
 from gateway_procs import (
     MODEL,
     Service,
-    cpu_seconds,
     profile_summary,
     running,
     start_detok,

@@ -18,6 +18,18 @@ def test_every_scenario_has_its_script() -> None:
         assert (BENCH_DIR / script).is_file(), scenario
 
 
+def test_every_bench_script_imports() -> None:
+    """Each script in bench/ imports in a fresh interpreter (as `python bench/X.py` runs it: bench/ on the path):
+    a name a script imports from a helper module that no longer has it fails here, not in a user's bench run."""
+    scripts = sorted(path.stem for path in BENCH_DIR.glob("*.py"))
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *scripts], cwd=BENCH_DIR, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bench_gateway" in scripts and "bench_worker" in scripts
+
+
 def test_bench_memory_quick_through_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "memory.json"
     result = subprocess.run(
