@@ -48,6 +48,7 @@ from smg_grpc_proto.generated import common_pb2
 
 from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, RequestParams, TokenLogprob
 from detok_worker.config import DetokConfig
+from detok_worker.process.event_loop import run_event_loop
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -328,7 +329,7 @@ def write_stats(path: str, stats: dict[str, Any]) -> None:
 
 
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
-    asyncio.run(serve_engine(config, args.listen, args.stats_file, args.requests_log, args.cancel_starts))
+    run_event_loop(serve_engine(config, args.listen, args.stats_file, args.requests_log, args.cancel_starts))
     return 0
 
 

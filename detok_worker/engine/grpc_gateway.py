@@ -34,6 +34,7 @@ from detok_worker.engine.grpc_api import (
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -203,4 +204,4 @@ def run_gateway(config: DetokConfig) -> None:
             await gateway.run()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        run_event_loop(main())
