@@ -38,7 +38,8 @@ def error_event(error: APIError) -> bytes:
 
 
 class EventStreamResponse:
-    """A raw ASGI SSE response (no framework wrapper per chunk): sends each event of `events` as it comes and
+    """A raw ASGI SSE response (no framework wrapper per chunk): sends each event of `events` as it comes (the
+    chunk that ends with [DONE] as the body's last message: one socket write, not two, per stream end) and
     calls `on_close` when the response ends for any reason (finished, client disconnected, server shutdown), so
     the request can be aborted in the engine at once. A client that goes away while no event is due is noticed
     by a task waiting for its http.disconnect, which cancels the stream.
@@ -75,8 +76,12 @@ class EventStreamResponse:
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             send_body = scope.get(SERVER_SEND, send)
             async for chunk in self._events:
-                await send_body({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+                last = chunk.endswith(DONE)  # the stream's last write carries the end of the body too
+                await send_body({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    break
+            else:
+                await send_body({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not disconnected:
                 raise
