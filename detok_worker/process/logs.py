@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
 from typing import Any, TextIO
 
-HUMAN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(role)s[%(pid)d] %(name)s: %(message)s"
+HUMAN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s"
 HUMAN_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 LOG_FORMATS = ("human", "json")
 
@@ -20,11 +19,11 @@ _role = "detok"
 
 
 class _ProcessFilter(logging.Filter):
-    """Stamps role and pid on every record (pid read per record, so it stays right after a fork)."""
+    """Stamps the role on every record (the pid is the record's own `process`, read per record by logging, so it
+    stays right after a fork)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.role = _role
-        record.pid = os.getpid()
         return True
 
 
@@ -36,7 +35,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname,
             "role": getattr(record, "role", _role),
-            "pid": getattr(record, "pid", os.getpid()),
+            "pid": record.process,
             "logger": record.name,
             "msg": record.getMessage(),
         }
