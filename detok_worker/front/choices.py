@@ -63,7 +63,10 @@ class Choices:
 
     @property
     def failure(self) -> APIError | None:
-        return next((stream.failure for stream in self.streams if stream.failure is not None), None)
+        for stream in self.streams:  # a loop, not next() of a generator: asked twice per SSE event
+            if stream.failure is not None:
+                return stream.failure
+        return None
 
     @property
     def finished(self) -> bool:
