@@ -151,6 +151,9 @@ class EngineProcess:
             assert self.generator is not None
             self._submit_generated(message, self.generator)
             return
+        if self.scheduler.limits.check(message.prompt_ids, message.params) is not None:
+            self.link.accept(message, [])  # refused there, with the reason: before any planning, whose cost it bounds
+            return
         try:
             plan = self.planner.plan(message.rid, message.prompt_ids, message.params)
         except Exception as exc:  # noqa: BLE001 - a source failure rejects this request only
@@ -179,6 +182,9 @@ class EngineProcess:
             return
         for request in self.replay.due(time.monotonic_ns()):
             submit = Submit(request.rid, request.prompt_ids, request.params)
+            if self.scheduler.limits.check(submit.prompt_ids, submit.params) is not None:
+                self.link.accept(submit, [])  # refused there, with the reason (before the fake logprobs)
+                continue
             release = self.replay.release_times(request)
             self.link.accept(
                 submit,

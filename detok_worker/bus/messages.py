@@ -68,6 +68,10 @@ class Constraint(msgspec.Struct, array_like=True, gc=False, frozen=True):
     choices: list[str] = []
 
 
+# SamplingParams.logprobs at most: vLLM's default max_logprobs (OpenAI: 20 for chat, 5 for completions)
+MAX_TOP_LOGPROBS = 20
+
+
 class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """How the engine samples: the client's values, None where the client left the engine's default.
     Validated by the front (ranges as in vLLM); detok itself never samples, it only forwards them.

@@ -1,11 +1,11 @@
 """What the engine accepts in a Submit, checked again at the engine: any same-uid bus peer can send one without
-the front's validation (max_tokens 2**40, a prompt of millions of ids)."""
+the front's validation (max_tokens 2**40, a prompt of millions of ids, a billion logprobs per token)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detok_worker.bus.messages import RequestParams
+from detok_worker.bus.messages import MAX_TOP_LOGPROBS, RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
 
@@ -28,6 +28,9 @@ class SubmitLimits:
             return f"max_tokens must be between 0 and {self.max_tokens}, got {params.max_tokens}"
         if len(prompt_ids) > self.max_prompt_tokens:
             return f"the prompt has {len(prompt_ids)} tokens; at most {self.max_prompt_tokens} are allowed"
+        top = params.sampling.logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            return f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"
         return None
 
 

@@ -21,6 +21,7 @@ from detok_worker.bus.messages import (
     CONSTRAINT_JSON_SCHEMA,
     CONSTRAINT_REGEX,
     CONSTRAINT_STRUCTURAL_TAG,
+    MAX_TOP_LOGPROBS,
     Constraint,
     SamplingParams,
 )
@@ -38,7 +39,6 @@ SAMPLING_RANGES = (
     ("repetition_penalty", 0.0, 100.0, False),
 )
 LOGIT_BIAS_LIMIT = 100.0
-MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs (OpenAI: 20 for chat, 5 for completions)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # structured_outputs keys that select the constraint -> its kind; the others are backend options detok cannot pass
 _STRUCTURED_KINDS = {

@@ -338,7 +338,10 @@ def test_the_engine_checks_submit_limits() -> None:
     scheduler = _scheduler(limits=SubmitLimits(max_tokens=100, max_prompt_tokens=4))
     assert "max_tokens" in scheduler.submit("a", [1], RequestParams(max_tokens=2**40), []).error
     assert "the prompt has 5 tokens" in scheduler.submit("b", [1] * 5, RequestParams(max_tokens=1), []).error
+    many_logprobs = RequestParams(max_tokens=1, sampling=SamplingParams(logprobs=10**9))
+    assert "logprobs must be between 0 and 20" in scheduler.submit("d", [1], many_logprobs, []).error
     assert scheduler.submit("c", [1] * 4, RequestParams(max_tokens=100), []) is None
+    assert scheduler.submit("e", [1], RequestParams(max_tokens=1, sampling=SamplingParams(logprobs=20)), []) is None
 
 
 def _logprob(value: float) -> TokenLogprob:
