@@ -46,7 +46,14 @@ from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR, DetokParams, RequestParams, TokenLogprob
+from detok_worker.bus.messages import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    MAX_TOP_LOGPROBS,
+    DetokParams,
+    RequestParams,
+    TokenLogprob,
+)
 from detok_worker.config import DetokConfig
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -129,6 +136,11 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             self.counts["cancelled_starts"] += 1
             await context.abort(grpc.StatusCode.CANCELLED, "cancelled at start (--cancel-starts)")
         sampling = request.sampling_params
+        asked = sampling.logprobs if sampling.HasField("logprobs") else None
+        if asked is not None and asked > MAX_TOP_LOGPROBS:  # as vLLM's max_logprobs; its fake ones cost O(asked)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"logprobs must be at most {MAX_TOP_LOGPROBS}, got {asked}"
+            )
         params = RequestParams(
             max_tokens=sampling.max_tokens if sampling.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
             detok=DetokParams(stop_token_ids=list(sampling.stop_token_ids), min_tokens=sampling.min_tokens),
@@ -142,7 +154,6 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         assert self.planner is not None
         plan = self.planner.plan(rid, prompt_ids, params)
         ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
-        asked = sampling.logprobs if sampling.HasField("logprobs") else None
         logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
         self.counts["requests"] += 1
         # what the gateway asked for beyond the ids (sampling, constraint): the stub cannot honour it, tests read it

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
 from helpers.fault_helpers import (
     EchoCase,
@@ -26,6 +28,8 @@ from helpers.fault_helpers import (
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.grpc_engine_server import EngineServer
 from helpers.serve_helpers import REPO, ServeProcess, wait_for
+from smg_grpc_proto import vllm_engine_pb2 as pb2
+from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 
 from engine_stub.sources import load_corpus
 
@@ -190,6 +194,30 @@ def run_engine_command(url: str, *extra: str) -> subprocess.CompletedProcess[str
             text=True,
             timeout=120,
         )
+
+
+def test_the_engine_server_refuses_more_logprobs_than_vllm_allows_and_serves_on(engine):
+    """As vLLM's max_logprobs (20): a gRPC client asking for 10**9 gets INVALID_ARGUMENT at once (the stub's fake
+    logprobs cost O(asked) per token and stalled its loop before), and the next request is served."""
+    with grpc.insecure_channel(engine.url.removeprefix("grpc://")) as channel:
+        stub = pb2_grpc.VllmEngineStub(channel)
+
+        def generate(rid: str, logprobs: int) -> list[Any]:
+            sampling = pb2.SamplingParams(max_tokens=4, logprobs=logprobs, ignore_eos=True)
+            request = pb2.GenerateRequest(
+                request_id=rid, tokenized=pb2.TokenizedInput(input_ids=[9707, 11, 1879]), sampling_params=sampling
+            )
+            return list(stub.Generate(request, timeout=30))
+
+        with pytest.raises(grpc.RpcError) as refused:
+            generate("too-many-logprobs", 10**9)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "logprobs must be at most 20" in refused.value.details()
+        responses = generate("twenty-logprobs", 20)
+        chunks = [r.chunk for r in responses if r.WhichOneof("response") == "chunk"]
+        assert sum(len(chunk.token_ids) for chunk in chunks) == 4
+        tops = [top for chunk in chunks for top in chunk.output_logprobs.top_logprobs]
+        assert len(tops) == 4 and all(len(top.token_ids) == 20 for top in tops)
 
 
 def test_an_engine_with_another_tokenizer_is_refused_at_start_up():
