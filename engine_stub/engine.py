@@ -151,8 +151,7 @@ class EngineProcess:
             assert self.generator is not None
             self._submit_generated(message, self.generator)
             return
-        if self.scheduler.limits.check(message.prompt_ids, message.params) is not None:
-            self.link.accept(message, [])  # refused there, with the reason: before any planning, whose cost it bounds
+        if self._refused(message):
             return
         try:
             plan = self.planner.plan(message.rid, message.prompt_ids, message.params)
@@ -182,8 +181,7 @@ class EngineProcess:
             return
         for request in self.replay.due(time.monotonic_ns()):
             submit = Submit(request.rid, request.prompt_ids, request.params)
-            if self.scheduler.limits.check(submit.prompt_ids, submit.params) is not None:
-                self.link.accept(submit, [])  # refused there, with the reason (before the fake logprobs)
+            if self._refused(submit):
                 continue
             release = self.replay.release_times(request)
             self.link.accept(
@@ -193,6 +191,14 @@ class EngineProcess:
                 finish=request.finish or FINISH_STOP,
                 logprobs=self._logprobs(submit, request.output_ids),
             )
+
+    def _refused(self, message: Submit) -> bool:
+        """A request over the engine's limits is refused (by link.accept, with the reason) before the stub plans its
+        output or fakes its logprobs, whose cost the limits bound."""
+        if self.scheduler.limits.check(message.prompt_ids, message.params) is None:
+            return False
+        self.link.accept(message, [])
+        return True
 
     def _logprobs(self, message: Submit, ids: list[int]) -> list[TokenLogprob] | None:
         """Fake logprobs (engine_stub/fake_logprobs.py) for a request that asked for them."""
