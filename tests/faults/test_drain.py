@@ -147,10 +147,15 @@ async def kill_engine_mid_stream(url: str, engine: RoleProcess, cases: list[Echo
         tasks = [asyncio.create_task(bounded(stream_completion(client, case.body(True)))) for case in cases]
 
         def all_live() -> bool:
-            engine_stats = httpx.get(f"{url}/stats", timeout=5).json()["engine"]
-            return engine_stats is not None and engine_stats["live_rids"] == len(cases)
+            stats = httpx.get(f"{url}/stats", timeout=5).json()
+            if stats["engine"] is None or stats["engine"]["live_rids"] != len(cases):
+                return False
+            # and each worker holds some (on a loaded machine their Opens may not have reached one yet): a worker
+            # that holds none when the new engine comes is simply registered again, with no rejoin to log
+            workers = stats["workers"]
+            return all(workers.get(worker, {}).get("live_rids", 0) > 0 for worker in ("wa", "wb"))
 
-        await asyncio.to_thread(wait_for, all_live, 60, what="every stream live in the engine")
+        await asyncio.to_thread(wait_for, all_live, 60, what="every stream live in the engine, some on each worker")
         engine.proc.kill()
         killed_at = time.monotonic()
         return list(await asyncio.gather(*tasks)), killed_at
