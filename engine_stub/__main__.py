@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from detok_worker.config.flags import run_with_config
-from engine_stub.command import add_engine_command_flags, run_engine_command
+from detok_worker.engine.command import add_engine_command_flags, run_engine_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

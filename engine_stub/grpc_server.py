@@ -345,9 +345,8 @@ def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from detok_worker.config.flags import add_config_flags, add_engine_flags, config_from_args
+    from detok_worker.config.flags import add_config_flags, add_engine_flags, add_engine_server_flags, config_from_args
     from detok_worker.process.logs import setup_logging
-    from engine_stub.command import add_engine_server_flags
 
     parser = argparse.ArgumentParser(prog="engine-server", description=__doc__.split("\n\n")[0])
     add_config_flags(parser)

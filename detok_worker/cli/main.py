@@ -2,7 +2,8 @@
 
   detok serve     front + engine stub + N workers, supervised (the one command most users need)
   detok worker    one detok worker process        detok front    the HTTP front
-  detok engine    the engine stub (same as `engine-stub`), or with --source grpc the gateway to a gRPC engine
+  detok engine    the engine: the stub (same as `engine-stub`), --source grpc the gateway to a gRPC engine,
+                  --source vllm vLLM's engine core (`vllm serve` engine flags after --)
   detok engine-server    engine_stub's sources served as a gRPC VllmEngine (for tests and benches)
   detok config    print the effective config (files + flags) as TOML
   detok trace     record | synth | replay | inspect token traces
@@ -23,16 +24,19 @@ from detok_worker.cli.tokenizer import add_tokenizer_commands
 from detok_worker.cli.trace import add_trace_commands
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import (
+    ENGINE_ARGS_DEST,
     add_config_flags,
     add_engine_flags,
+    add_engine_server_flags,
     add_front_flags,
     add_worker_count_flag,
     run_with_config,
+    split_engine_args,
 )
+from detok_worker.engine.command import add_engine_command_flags, run_engine_command
 from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
-from engine_stub.command import add_engine_command_flags, add_engine_server_flags, run_engine_command
 
 log = logging.getLogger("detok")
 
@@ -108,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--index", type=int, default=0, help="which of the front.processes front processes this is (0 .. N-1)"
     )
 
-    engine = command("engine", run_engine_command, "run the engine stub (same as the engine-stub command)")
+    engine = command("engine", run_engine_command, "run the engine (the stub, the gRPC gateway or vLLM's engine core)")
     add_engine_command_flags(engine)
 
     engine_server = command(
@@ -132,7 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv, engine_args = split_engine_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if engine_args is not None:
+        if args.command not in ("serve", "engine", "config"):
+            parser.error(f"detok {args.command} takes no engine flags after --")
+        setattr(args, ENGINE_ARGS_DEST, engine_args)
     return run_with_config(f"detok {args.command}", args, args.handler)
 
 

