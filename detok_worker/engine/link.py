@@ -231,3 +231,5 @@ class EngineLink:
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))
         self.fronts.forget_ended()
+        if self.recorder is not None:  # a recording is readable while it runs, up to the last stats report
+            self.recorder.flush()

@@ -81,12 +81,19 @@ def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
 class ServeProcess:
     """`python -m detok_worker.cli serve --port 0 ...` with its own XDG_RUNTIME_DIR (so its runtime dir is findable)."""
 
-    def __init__(self, *args: str, startup_timeout: float = 90.0) -> None:
+    def __init__(
+        self,
+        *args: str,
+        startup_timeout: float = 90.0,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`python`: the interpreter (another virtualenv's, e.g. vLLM's); `env`: variables added to the environment."""
         self.xdg_dir = Path(tempfile.mkdtemp(prefix="detok-test-xdg-"))
         self.log_path = self.xdg_dir.parent / f"{self.xdg_dir.name}.log"
         self.log_file = open(self.log_path, "w+b")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.xdg_dir), PYTHONUNBUFFERED="1")
-        self.argv = [sys.executable, "-m", "detok_worker.cli", "serve", "--port", "0", *args]
+        env = dict(os.environ, **(env or {}), XDG_RUNTIME_DIR=str(self.xdg_dir), PYTHONUNBUFFERED="1")
+        self.argv = [python, "-m", "detok_worker.cli", "serve", "--port", "0", *args]
         self.proc = subprocess.Popen(
             self.argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self.log_file, text=True
         )

@@ -1,0 +1,295 @@
+"""`detok serve --source vllm` on a real vLLM engine on CPU (random weights, the embedded Qwen3 tokenizer), next to
+vLLM's own OpenAI server on the same model and engine flags. Every text is checked against the Qwen3 full decode
+of the ids the engine produced (the engine's own trace of what it sent the workers), truncated by the request's
+stop rule."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers.fault_helpers import (
+    Outcome,
+    bounded,
+    http_client,
+    rss_kb,
+    service_pids,
+    stalled_stream,
+    stream_completion,
+)
+from helpers.serve_helpers import ServeProcess, children_of, process_cmdline, wait_for
+from helpers.tokenizer_files import reference_hf_tokenizer
+from helpers.vllm_cpu import SERVED_NAME, detok_vllm, vllm_server
+
+from detok_worker.trace.format import read_trace
+
+EOS_IDS = {151643, 151645}  # the model's generation config: the engine stops at either
+PARTIAL_CHARACTER = [9707, 20741]  # "Hello", then the first bytes of a character that never completes
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    """The reference decode: HF `tokenizers` on the Qwen3 files (an id the model has and the tokenizer lacks
+    decodes to nothing there, as in vLLM)."""
+    return reference_hf_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="module")
+def trace_path() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="detok-vllm-trace-"))
+    yield directory / "engine.trace"
+
+
+def seeded(seed: int, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A completion whose ids are fixed by its seed: temperature 1 on random weights gives varied ids (CJK, emoji
+    bytes, code)."""
+    return {"prompt": f"Story number {seed}:", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, **extra}
+
+
+REFERENCE_CASES = [seeded(seed, 32) for seed in (1, 2, 3, 4)] + [
+    {"prompt": PARTIAL_CHARACTER[:1], "max_tokens": 1, "logit_bias": {str(PARTIAL_CHARACTER[1]): 100}},
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_reference() -> list[dict[str, Any]]:
+    """vLLM's own server's answers to REFERENCE_CASES (one at a time: a batch of one samples the same ids in both),
+    with the ids it generated."""
+    answers = []
+    with vllm_server() as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        for case in REFERENCE_CASES:
+            response = client.post("/v1/completions", json={**case, "model": SERVED_NAME, "return_token_ids": True})
+            assert response.status_code == 200, response.text
+            choice = response.json()["choices"][0]
+            answers.append({"text": choice["text"], "ids": choice["token_ids"], "finish": choice["finish_reason"]})
+    return answers
+
+
+@pytest.fixture(scope="module")
+def service(vllm_reference: list[dict[str, Any]], trace_path: Path) -> Iterator[ServeProcess]:
+    """One detok serve --source vllm for the module (started after vLLM's own server has stopped: two engine cores
+    on two cores would slow both)."""
+    process = detok_vllm("--record", str(trace_path), "--set", "engine.stats_interval_s=0.1")
+    try:
+        yield process
+    finally:
+        process.stop()
+        process.cleanup()
+
+
+def recorded_ids(trace_path: Path, request_id: str) -> list[int]:
+    """The ids the engine sent the workers for the request with this client request_id."""
+    prefix = f"cmpl-{request_id}-"
+    found = [request for request in read_trace(trace_path).requests if request.rid.startswith(prefix)]
+    assert len(found) == 1, (request_id, [request.rid for request in found])
+    return found[0].output_ids
+
+
+def expected_text(tokenizer: Any, ids: list[int], stop: list[str], include_stop: bool) -> str:
+    """The full decode of the ids up to the first EOS, truncated at the stop string match that ends first."""
+    cut = next((i for i, token_id in enumerate(ids) if token_id in EOS_IDS), len(ids))
+    text = tokenizer.decode(ids[:cut], skip_special_tokens=True)
+    matches = [(text.find(s) + len(s), text.find(s)) for s in stop if s in text]
+    if not matches:
+        return text
+    end, start = min(matches)
+    return text[:end] if include_stop else text[:start]
+
+
+async def stream_many(service: ServeProcess, bodies: list[dict[str, Any]]) -> list[Outcome]:
+    async with http_client(service) as client:
+        return await asyncio.gather(*(bounded(stream_completion(client, body), 120) for body in bodies))
+
+
+def test_seeded_completions_equal_vllms_own_server_and_the_full_decode(
+    service: ServeProcess, vllm_reference: list[dict[str, Any]], qwen3: Any
+) -> None:
+    async def run() -> list[Outcome]:
+        async with http_client(service) as client:
+            return [await stream_completion(client, {**case, "model": SERVED_NAME}) for case in REFERENCE_CASES]
+
+    outcomes = asyncio.run(run())
+    for case, outcome, reference in zip(REFERENCE_CASES[:-1], outcomes, vllm_reference, strict=False):
+        assert outcome.status == 200 and outcome.error is None and outcome.done, (case, outcome)
+        assert outcome.text == reference["text"] == qwen3.decode(reference["ids"]), (case, outcome, reference)
+        assert outcome.finish_reason == reference["finish"]
+    # the output ends inside a character: the full decode ends with U+FFFD, and so does detok's text; vLLM's server
+    # drops the unfinished character
+    partial, reference = outcomes[-1], vllm_reference[-1]
+    assert reference["ids"] == PARTIAL_CHARACTER[1:]
+    full = qwen3.decode(PARTIAL_CHARACTER)
+    assert full.endswith("\ufffd")
+    assert partial.text == full[len(qwen3.decode(PARTIAL_CHARACTER[:1])) :] == "\ufffd"
+    assert reference["text"] == ""
+
+
+def test_50_concurrent_streams_with_hidden_and_visible_stops_equal_the_full_decode(
+    service: ServeProcess, trace_path: Path, qwen3: Any
+) -> None:
+    """A first pass learns each seed's text; the second asks again with a stop string taken from the middle of that
+    text (hidden for half, visible for the other half; some with one that never matches): the same seed gives the
+    same ids up to the stop."""
+    rng = random.Random(26)
+    first = asyncio.run(stream_many(service, [seeded(100 + i, 40, request_id=f"a{i}") for i in range(50)]))
+    bodies = []
+    for i, outcome in enumerate(first):
+        assert outcome.status == 200 and outcome.error is None and outcome.done, outcome
+        stop = ["§never§"] if i % 7 == 0 else []
+        text = outcome.text
+        if len(text) > 12 and i % 7:
+            start = rng.randrange(len(text) // 3, len(text) - 4)
+            stop.append(text[start : start + rng.randint(2, 4)])
+        bodies.append(seeded(100 + i, 40, request_id=f"b{i}", stop=stop, include_stop_str_in_output=i % 2 == 1))
+    second = asyncio.run(stream_many(service, bodies))
+    time.sleep(0.3)  # the trace is flushed at each engine stats report (every 0.1 s here)
+    stopped = 0
+    for i, (body, outcome) in enumerate(zip(bodies, second, strict=True)):
+        assert outcome.status == 200 and outcome.error is None and outcome.done, (body, outcome)
+        first_ids = recorded_ids(trace_path, f"a{i}")
+        assert first[i].text == expected_text(qwen3, first_ids, [], False)
+        ids = recorded_ids(trace_path, f"b{i}")
+        expected = expected_text(qwen3, ids, body["stop"], body["include_stop_str_in_output"])
+        assert outcome.text == expected, (body, ids)
+        if outcome.finish_reason == "stop" and not set(ids) & EOS_IDS:
+            stopped += 1
+            assert len(ids) <= len(first_ids)
+    assert stopped >= 30  # most stop strings were met, mid-stream
+
+
+def generated(service: ServeProcess) -> int:
+    """Ids the engine core has produced since the start (the engine's stats, every 0.1 s here)."""
+    return service.stats()["engine"]["generated"]
+
+
+def settled_generated(service: ServeProcess, since: float) -> tuple[int, float]:
+    """(the engine's generated count once it has not grown for a second, when it last grew)."""
+    last, last_change, stable_since = generated(service), since, time.monotonic()
+    while time.monotonic() - stable_since < 1.0:
+        time.sleep(0.05)
+        now = generated(service)
+        if now != last:
+            last, last_change, stable_since = now, time.monotonic(), time.monotonic()
+    return last, last_change
+
+
+def test_a_stop_string_found_by_a_worker_aborts_the_request_in_the_engine(service: ServeProcess) -> None:
+    """Without the abort the engine core would generate the request's 1500 ids; with it, the ids stop a step or
+    two after the stop string."""
+    (first,) = asyncio.run(stream_many(service, [seeded(7, 24)]))
+    assert first.status == 200 and first.error is None and len(first.text) > 12, first
+    stop = first.text[len(first.text) // 2 : len(first.text) // 2 + 3]
+    before = generated(service)
+    (stopped,) = asyncio.run(stream_many(service, [seeded(7, 1500, stop=[stop])]))
+    assert stopped.finish_reason == "stop" and stopped.text == first.text[: first.text.find(stop)], stopped
+    after, _ = settled_generated(service, time.monotonic())
+    assert after - before < 40
+
+
+def test_a_client_that_leaves_is_aborted_in_the_engine_within_a_second(service: ServeProcess) -> None:
+    async def leave_after_three_events() -> float:
+        async with http_client(service) as client:
+            body = {**seeded(8, 1500), "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                events = 0
+                async for line in response.aiter_lines():
+                    events += line.startswith("data: ")
+                    if events == 3:
+                        break
+            return time.monotonic()  # the connection is closed here
+
+    before = generated(service)
+    left_at = asyncio.run(leave_after_three_events())
+    after, last_change = settled_generated(service, left_at)
+    assert last_change - left_at < 1.0
+    assert after - before < 300
+
+
+def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: ServeProcess, trace_path: Path) -> None:
+    stalled = [stalled_stream(service, {**seeded(1000 + i, 64), "stream": True}) for i in range(300)]
+    try:
+        wait_for(lambda: service.stats()["engine"]["live_rids"] >= 300, 30, what="300 stalled streams on the engine")
+        arrivals: list[float] = []
+
+        async def normal() -> tuple[Outcome, float]:
+            async with http_client(service) as client:
+                sent = time.monotonic()
+                body = seeded(2000, 32, request_id="normal")
+                return await bounded(stream_completion(client, body, arrivals), 60), sent
+
+        outcome, sent = asyncio.run(normal())
+        assert outcome.status == 200 and outcome.error is None and outcome.done, outcome
+        assert arrivals[0] - sent < 1.0
+        time.sleep(0.3)
+        ids = recorded_ids(trace_path, "normal")
+        assert outcome.text == expected_text(reference_hf_tokenizer("qwen3"), ids, [], False)
+        # what the stalled streams hold stays in the front's bounded per-request buffers
+        total_kb = sum(rss_kb(pid) for role, pid in service_pids(service).items() if role != "engine")
+        assert total_kb < 600_000, service_pids(service)
+    finally:
+        for sock in stalled:
+            sock.close()
+    wait_for(lambda: service.stats()["engine"]["live_rids"] == 0, 60, what="the stalled streams to end")
+
+
+def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, qwen3: Any) -> None:
+    bodies = [seeded(3000 + i, 120, request_id=f"k{i}") for i in range(20)]
+
+    async def run() -> list[Outcome]:
+        async with http_client(service) as client:
+            streams = [asyncio.create_task(bounded(stream_completion(client, body), 120)) for body in bodies]
+            await asyncio.sleep(1.0)
+            os.kill(service.child_pids("worker")[0], signal.SIGKILL)
+            return await asyncio.gather(*streams)
+
+    outcomes = asyncio.run(run())
+    time.sleep(0.3)
+    for body, outcome in zip(bodies, outcomes, strict=True):
+        assert outcome.status == 200 and outcome.error is None and outcome.done, (body, outcome)
+        ids = recorded_ids(trace_path, body["request_id"])
+        assert outcome.text == expected_text(qwen3, ids, [], False), body
+
+
+def engine_core_pids(service: ServeProcess) -> list[int]:
+    """vLLM's engine core processes under detok's engine process."""
+    pids = []
+    for engine in service.child_pids("engine"):
+        pids += [pid for pid in children_of(engine) if "EngineCore" in (process_cmdline(pid) or "")]
+    return pids
+
+
+def test_killing_the_engine_core_ends_every_stream_with_an_error_within_a_second() -> None:
+    service = detok_vllm()
+    try:
+        cores = engine_core_pids(service)
+        assert cores, service.children()
+
+        async def run() -> tuple[list[Outcome], float]:
+            async with http_client(service) as client:
+                streams = [
+                    asyncio.create_task(bounded(stream_completion(client, seeded(i, 1500)), 60)) for i in range(8)
+                ]
+                await asyncio.sleep(2.0)  # every stream is generating
+                killed_at = time.monotonic()
+                for pid in cores:
+                    os.kill(pid, signal.SIGKILL)
+                return await asyncio.gather(*streams), killed_at
+
+        outcomes, killed_at = asyncio.run(run())
+        for outcome in outcomes:
+            assert outcome.status == 200 and outcome.error is not None, outcome
+            assert "vLLM engine core" in outcome.error["message"]
+            assert outcome.error_at is not None and outcome.error_at - killed_at < 1.0
+        assert wait_for(lambda: service.proc.poll() is not None, 60, what="detok serve exiting")
+        assert service.proc.returncode != 0
+    finally:
+        service.stop()
+        service.cleanup()

@@ -1,0 +1,121 @@
+"""A real vLLM engine on CPU for the tests: vLLM's own virtualenv (made by tests/vllm_cpu/install.sh, which the
+README's test command runs), a 2-layer Qwen3 with random weights (`--load-format dummy`; the config in
+tests/vllm_cpu/) and the embedded Qwen3 tokenizer. Seeded sampling at temperature 1 gives varied ids, partial
+UTF-8 pieces and CJK; the same seed gives the same ids on every engine start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import lzma
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
+from helpers.front_harness import free_port
+from helpers.serve_helpers import REPO, ServeProcess, wait_for
+
+VENV = Path(os.environ.get("DETOK_VLLM_VENV", REPO / ".venv-vllm"))
+PYTHON = VENV / "bin" / "python"
+MODEL_CONFIG_DIR = REPO / "tests" / "vllm_cpu"
+SERVED_NAME = "qwen3-tiny"
+MAX_MODEL_LEN = 2048
+# `vllm serve` engine flags, the same for vLLM's own server and for detok's vLLM source
+ENGINE_FLAGS = (
+    "--load-format", "dummy", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "bfloat16",
+    "--max-num-seqs", "512", "--served-model-name", SERVED_NAME,
+)  # fmt: skip
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+STARTUP_TIMEOUT_S = 300.0  # an engine start is ~30 s here; under a loaded CI much longer
+
+
+def require_venv() -> Path:
+    """vLLM's interpreter; a missing one fails the test with the command that makes it (never a skip)."""
+    if not PYTHON.is_file():
+        raise AssertionError(
+            f"no vLLM virtualenv at {VENV}: run `bash tests/vllm_cpu/install.sh` (README test command)"
+        )
+    return PYTHON
+
+
+@cache
+def model_dir() -> Path:
+    """The random-weight model: its config, generation config and the embedded Qwen3 tokenizer files."""
+    directory = Path(tempfile.mkdtemp(prefix="detok-vllm-model-"))
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(MODEL_CONFIG_DIR / name, directory / name)
+    tokenizer_dir = FIXTURE_TOKENIZER_DIRS["qwen3"]
+    shutil.copy(tokenizer_dir / "tokenizer_config.json", directory / "tokenizer_config.json")
+    (directory / "tokenizer.json").write_bytes(lzma.decompress((tokenizer_dir / "tokenizer.json.xz").read_bytes()))
+    return directory
+
+
+def detok_vllm(*extra: str, workers: int = 2) -> ServeProcess:
+    """`detok serve --source vllm` on the model, run by vLLM's interpreter; waits until /health says 200."""
+    service = ServeProcess(
+        "--source", "vllm", "--model", str(model_dir()), "--workers", str(workers),
+        "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra, "--", *ENGINE_FLAGS,
+        startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env=ENV,
+    )  # fmt: skip
+    wait_for(lambda: service.health() == 200, 60, what="a healthy detok serve --source vllm")
+    return service
+
+
+class VllmServer:
+    """vLLM's own OpenAI server (`vllm serve`) on the same model and engine flags: the peer detok is compared with."""
+
+    def __init__(self) -> None:
+        python = require_venv()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1])
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(python.parent / "vllm"), "serve", str(model_dir()), *ENGINE_FLAGS,
+                 "--host", "127.0.0.1", "--port", str(self.port)],
+                env=dict(os.environ, **ENV), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        try:
+            wait_for(self._ready, STARTUP_TIMEOUT_S, interval=0.5, what="vllm serve")
+        except AssertionError as exc:
+            self.stop()
+            log = self.log_path.read_text(errors="replace")[-4000:]
+            raise AssertionError(f"vllm serve did not start; log:\n{log}") from exc
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"vllm serve exited: {self.log_path.read_text(errors='replace')[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2.0) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        time.sleep(0.5)  # its engine core leaves after it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def vllm_server() -> Iterator[VllmServer]:
+    server = VllmServer()
+    try:
+        yield server
+    finally:
+        server.stop()
