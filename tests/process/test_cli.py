@@ -235,3 +235,27 @@ def test_child_dies_when_its_supervisor_is_sigkilled() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_flags_after_a_double_dash_are_vllms_engine_flags(tmp_path: Path) -> None:
+    result = run_detok(
+        "config", "--source", "vllm", "--model", "/models/qwen3", "--workers", "3",
+        "--", "--max-model-len", "4096", "--served-model-name", "qwen3", "--workers", "9",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "effective.toml"
+    path.write_text(result.stdout)
+    config = load_config(path)
+    assert config.engine.vllm_args == ["--max-model-len", "4096", "--served-model-name", "qwen3", "--workers", "9"]
+    assert config.worker.count == 3  # detok's own flag, before the --
+    assert config.engine.model == "/models/qwen3"
+    assert config.tokenizer.path == "/models/qwen3"  # the model's own tokenizer by default
+
+
+def test_the_vllm_source_needs_a_model_and_only_engine_commands_take_engine_flags() -> None:
+    result = run_detok("config", "--source", "vllm")
+    assert result.returncode == 2 and "engine.source = vllm needs engine.model" in result.stderr
+    result = run_detok("worker", "--", "--max-model-len", "4096")
+    assert result.returncode == 2 and "takes no engine flags" in result.stderr
+    explicit = run_detok("config", "--source", "vllm", "--model", "m", "--tokenizer", "/tok", "--", "--x")
+    assert explicit.returncode == 0 and 'path = "/tok"' in explicit.stdout
