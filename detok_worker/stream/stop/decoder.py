@@ -98,6 +98,9 @@ class StopBatchOutput(msgspec.Struct, frozen=True, gc=False):
     unknown_ids: int = 0
 
 
+ONE_UNKNOWN_ID = StopBatchOutput("", False, None, 1, None, 1)  # process_one of an id the model can emit, no text
+
+
 class StopSequenceDecoder:
     """One request's streaming text with stop rules applied. Owns its DecodeStream."""
 
@@ -233,6 +236,9 @@ class StopSequenceDecoder:
         try:
             text = self._stream.step(token_id) or ""
         except InvalidTokenIdError:  # the stream is unchanged: process_tokens reports it
+            if self._model_can_emit(token_id):
+                self._num_generated += 1
+                return ONE_UNKNOWN_ID
             return self.process_tokens((token_id,))
         stop_filter = self._filter
         self._num_generated += 1
@@ -338,7 +344,7 @@ class StopSequenceDecoder:
         while error is not None:
             bad = self._last_error
             assert bad is not None  # set with every error
-            if not (is_int_id(bad.token_id) and 0 <= bad.token_id < self._model_vocab_size):
+            if not self._model_can_emit(bad.token_id):
                 if self._model_vocab_size > self._tokenizer.vocab_size:  # the valid ids are the model's: say so
                     self._last_error = InvalidTokenIdError(bad.token_id, self._model_vocab_size, "the model")
                     error = str(self._last_error)
@@ -357,6 +363,10 @@ class StopSequenceDecoder:
             unknown += result.unknown_ids
             error = result.error
         return StopBatchOutput("".join(texts), result.stopped, result.stop_reason, done, error, unknown)
+
+    def _model_can_emit(self, token_id: object) -> bool:
+        """Whether an id the stream refused is one the model can emit: no text (see model_vocab_size)."""
+        return is_int_id(token_id) and 0 <= token_id < self._model_vocab_size  # type: ignore[operator]
 
     def _process_until_invalid(self, ids: Sequence[int], error: InvalidTokenIdError) -> StopBatchOutput:
         """Process the ids before the first bad one, then report the error; nothing after it is processed."""
