@@ -148,6 +148,10 @@ class Open(msgspec.Struct, tag="open", array_like=True, gc=False):
     prompt_tail: list[int]
     params: DetokParams
     front: int = 0  # the front process the rid's TextDeltas go to (Submit.front)
+    # the engine's vocabulary size (its model's output ids), when it knows it: an id in [0, vocab_size) that the
+    # tokenizer lacks (a model's embedding table is often padded past its tokenizer) decodes to no text, as the
+    # tokenizer's full decode drops it; 0: unknown, every id the tokenizer lacks is an error
+    vocab_size: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False, frozen=True):

@@ -106,6 +106,7 @@ class EngineApi:
     dialect: Dialect
     stub: Any
     model_path: str
+    vocab_size: int = 0  # GetModelInfo's: the model's output ids (0: not reported)
 
 
 def engine_failure(url: str, exc: grpc.aio.AioRpcError) -> str:
@@ -129,7 +130,7 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
         await channel.close()
         raise
     log.info("engine: %s serves %s (model %s, vocab %d)", url, dialect.service, info.model_path, info.vocab_size)
-    return EngineApi(url, channel, dialect, stub, info.model_path)
+    return EngineApi(url, channel, dialect, stub, info.model_path, info.vocab_size)
 
 
 async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:

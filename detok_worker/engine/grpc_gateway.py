@@ -58,6 +58,7 @@ class GrpcGateway:
             eos_ids=tokenizer.eos_token_ids,
             special_ids=tokenizer.special_token_ids,
             recorder=recorder_for(config, tokenizer),
+            vocab_size=api.vocab_size,
         )
         self.tick_s = config.engine.step_interval_ms / 1000.0
         self.streams: dict[str, asyncio.Task[None]] = {}

@@ -67,7 +67,11 @@ class EngineLink:
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
         recorder: TraceWriter | None = None,
+        vocab_size: int = 0,
     ) -> None:
+        """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
+        table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
+        (Open.vocab_size); 0: not known."""
         engine = config.engine
         self.config = config
         self.scheduler = Scheduler(
@@ -79,6 +83,7 @@ class EngineLink:
             stop_limits=StopLimits.from_config(config),
             answer_timeout_s=engine.batch_answer_timeout_s,
             limits=SubmitLimits.from_config(config),
+            vocab_size=vocab_size,
         )
         self.recorder = recorder
         self.decoder = engine_decoder()

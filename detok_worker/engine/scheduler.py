@@ -60,6 +60,7 @@ class Scheduler:
         stop_limits: StopLimits = DEFAULT_STOP_LIMITS,
         answer_timeout_s: float = 0.0,
         limits: SubmitLimits = NO_SUBMIT_LIMITS,
+        vocab_size: int = 0,
     ) -> None:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
@@ -68,6 +69,7 @@ class Scheduler:
         self.special_ids = frozenset(special_ids)
         self.stop_limits = stop_limits
         self.limits = limits
+        self.vocab_size = vocab_size  # the model's vocabulary size, on every Open (0: not known)
         self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s)
         self.running: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -271,7 +273,7 @@ class Scheduler:
             if group is None:
                 group = groups[worker] = ([], [], [])
             if not request.opened:
-                group[0].append(Open(request.rid, request.prompt_tail, request.detok))
+                group[0].append(Open(request.rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
             group[1].append(step_tokens(request, cursor, end, ends))
             group[2].append((request, end, ends))
@@ -369,8 +371,7 @@ class Scheduler:
             self.running[request.rid] = request
             info.rids.add(request.rid)
         for rid in info.rids:
-            request = self.running.get(rid)
-            if request is not None:
+            if (request := self.running.get(rid)) is not None:
                 request.worker = None
                 request.opened = False
                 self._to_assign.append(request)
@@ -379,9 +380,8 @@ class Scheduler:
     def _stop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
-            if rid not in self._waiting_by_rid:
+            if self._waiting_by_rid.pop(rid, None) is None:
                 return False
-            del self._waiting_by_rid[rid]
             self.waiting = deque(r for r in self.waiting if r.rid != rid)
             return True
         if request.worker is not None and request.opened:

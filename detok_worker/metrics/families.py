@@ -76,6 +76,13 @@ class Metrics:
         )
         self.tokens_in = Counter("detok_worker_tokens_in", "Token ids received by a worker", ["worker"], **kw)
         self.chars_out = Counter("detok_worker_chars_out", "Characters of text sent by a worker", ["worker"], **kw)
+        self.unknown_ids = Counter(
+            "detok_worker_unknown_ids",
+            "Token ids the tokenizer lacks that the engine's model can emit (below its vocabulary size), decoded as no "
+            "text",
+            ["worker"],
+            **kw,
+        )
         self.batch_rids = Histogram(
             "detok_worker_batch_rids",
             "Requests per TokenBatch (opens + token items)",

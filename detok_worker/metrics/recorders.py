@@ -126,6 +126,7 @@ class WorkerMetrics:
             "tokens_consumed": m.stream_tokens.labels(kind, worker_id),
             "chars_out": m.chars_out.labels(worker_id),
             "holds": m.stream_holds.labels(kind, worker_id),
+            "unknown_ids": m.unknown_ids.labels(worker_id),
         }
         self._seen = dict.fromkeys(self._counters, 0)
         self._live = m.live_rids.labels("worker", worker_id)
@@ -146,7 +147,7 @@ class WorkerMetrics:
         live_rids: int,
         bad_frames: Mapping[str, int],
     ) -> None:
-        """counts: cumulative tokens_in, tokens_consumed, chars_out, holds; stops: cumulative per kind."""
+        """counts: cumulative tokens_in, tokens_consumed, chars_out, holds, unknown_ids; stops: cumulative per kind."""
         for histogram in (self._decode, self._batch_rids, self._batch_tokens, self._step):
             histogram.flush()
         for name, counter in self._counters.items():

@@ -25,12 +25,13 @@ class TokenizerLoadError(TokenizerError):
 
 class InvalidTokenIdError(TokenizerError, ValueError):
     """A value that is not a token id of the tokenizer: not an int (bool, float, str, None...), outside
-    [0, vocab_size), or an id the vocabulary skips."""
+    [0, vocab_size), or an id the vocabulary skips. `of`: whose ids [0, vocab_size) are (a model's vocabulary may be
+    larger than its tokenizer's)."""
 
-    def __init__(self, token_id: object, vocab_size: int) -> None:
+    def __init__(self, token_id: object, vocab_size: int, of: str = "this tokenizer") -> None:
         if is_int_id(token_id):
             inside = 0 <= token_id < vocab_size  # type: ignore[operator]
-            reason = f"token id {token_id} " + ("names no token" if inside else "is out of range for this tokenizer")
+            reason = f"token id {token_id} " + ("names no token" if inside else f"is out of range for {of}")
         else:
             reason = f"token id {token_id!r} is a {type(token_id).__name__}, not an int"
         super().__init__(f"{reason} (valid ids: ints 0..{vocab_size - 1})")

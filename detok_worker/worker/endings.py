@@ -41,14 +41,17 @@ class RidEndings:
     tokens_consumed: int
     chars_out: int
     holds: int
+    unknown_ids: int
 
     def _item_output(
         self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]
     ) -> None:
-        """The output of an item the fused branch did not take (several ids, a parser, a stop, an error)."""
+        """The output of an item the fused branch did not take (several ids, a parser, a stop, an error, an id the
+        tokenizer lacks)."""
         consumed = out.consumed
         state.n_tokens += consumed
         self.tokens_consumed += consumed
+        self.unknown_ids += out.unknown_ids
         text = out.text
         if state.parsing is not None:
             self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
@@ -99,6 +102,7 @@ class RidEndings:
             text, stop_reason, error = out.text, out.stop_reason, out.error
             state.n_tokens += out.consumed
             self.tokens_consumed += out.consumed
+            self.unknown_ids += out.unknown_ids
             if not out.stopped and error is None:
                 text += decoder.flush().text  # a stop string may still match in the flushed text
                 stop_reason = decoder.stop_reason

@@ -7,14 +7,17 @@ Per id, as the client sees it (docs/http_api.md, "logprobs"):
   token that splits one, so the bytes of consecutive tokens join into the output's UTF-8. They come from the
   tokenizer's verified byte table (detok_worker/stream/decode/fast_path.py); a tokenizer without one gives the
   UTF-8 of `token` (vLLM's rule).
-Both are cached per id: a request with logprobs decodes each distinct id once per worker.
+Both are cached per id: a request with logprobs decodes each distinct id once per worker. An id the tokenizer lacks
+that the engine's model can emit (below its vocabulary size) has no text: "" and no bytes (NO_TEXT).
 """
 
 from __future__ import annotations
 
 from detok_worker.bus.messages import LogprobText, TokenLogprob
 from detok_worker.stream.decode import byte_decoding_for, decode_text
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
+
+NO_TEXT = ("", b"")  # the entry of an id the tokenizer lacks but the model can emit
 
 
 class TokenTexts:
@@ -34,13 +37,20 @@ class TokenTexts:
             self._byte_values = decoding.keep.byte_values
         self._loaded = True
 
-    def of(self, token_id: int) -> tuple[str, bytes]:
+    def of(self, token_id: int, model_vocab_size: int = 0) -> tuple[str, bytes]:
+        """(token string, token bytes) of an id; NO_TEXT for one the tokenizer lacks below `model_vocab_size` (the
+        engine's vocabulary size, 0: not known), which is not cached: another engine's request may not know it."""
         found = self._cache.get(token_id)
         if found is not None:
             return found
         if not self._loaded:
             self._load_table()
-        token = decode_text(self.tokenizer, [token_id])
+        try:
+            token = decode_text(self.tokenizer, [token_id])
+        except InvalidTokenIdError:
+            if is_int_id(token_id) and 0 <= token_id < model_vocab_size:
+                return NO_TEXT
+            raise
         data: bytes | None = None
         if self._byte_values is not None and self._byte_values[token_id] >= 0:
             data = bytes([self._byte_values[token_id]])
@@ -50,13 +60,14 @@ class TokenTexts:
         self._cache[token_id] = found
         return found
 
-    def texts(self, ids: list[int], logprobs: list[TokenLogprob]) -> list[LogprobText]:
-        """The client's entries for `ids` (aligned with `logprobs`); top candidates sorted most likely first."""
+    def texts(self, ids: list[int], logprobs: list[TokenLogprob], model_vocab_size: int = 0) -> list[LogprobText]:
+        """The client's entries for `ids` (aligned with `logprobs`); top candidates sorted most likely first.
+        `model_vocab_size`: the engine's vocabulary size (see `of`)."""
         entries = []
         for token_id, entry in zip(ids, logprobs, strict=True):
-            token, data = self.of(token_id)
+            token, data = self.of(token_id, model_vocab_size)
             ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
-            top = [LogprobText(*self.of(top_id), value) for value, top_id in ranked]
+            top = [LogprobText(*self.of(top_id, model_vocab_size), value) for value, top_id in ranked]
             entries.append(LogprobText(token, data, entry.logprob, top))
         return entries
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import msgspec
 
 from detok_worker.bus.messages import DetokParams
-from detok_worker.stream.stop.decoder import PreparedStops
 from detok_worker.stream.stop.rules import StopRules
+from detok_worker.stream.stop.settings import PreparedStops
 from detok_worker.tokenizer.protocol import Tokenizer
 
 OPEN_PLANS_CAPACITY = 256

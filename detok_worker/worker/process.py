@@ -221,6 +221,7 @@ class WorkerProcess:
             "tokens_consumed": state.tokens_consumed,
             "chars_out": state.chars_out,
             "holds": state.holds,
+            "unknown_ids": state.unknown_ids,
         }
         self.metrics.sync(counts=counts, stops=state.stops, live_rids=state.live_rids, bad_frames=bad)
 

@@ -5,8 +5,9 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
   the front drops what it already delivered).
 - Tokens for a live rid go through its StopSequenceDecoder; a delta is produced only when there is news (text or
   a finish). On a stop (string, stop token, EOS as a hidden stop token) the rid ends with finish "stop" and the
-  engine gets a Finish; a bad token id ends only that rid with finish "error". A Tokens item with finish set
-  (EOS/max_tokens/abort decided by the engine) flushes and ends the rid with that finish.
+  engine gets a Finish; a bad token id ends only that rid with finish "error". An id the tokenizer lacks that the
+  engine's model can emit (below Open.vocab_size) is a token without text, counted (unknown_ids), not an error. A
+  Tokens item with finish set (EOS/max_tokens/abort decided by the engine) flushes and ends the rid with that finish.
 - Tokens for a rid that ended recently are dropped silently; for a rid never opened they are counted as bad.
 - Tokens with logprobs (only for requests that asked) take a slower path beside the hot loop: the item is handled
   as if it had none, then the entries of the ids it consumed ride on the delta it produced, or wait for the rid's
@@ -83,6 +84,7 @@ class WorkerState(RidEndings):
         # cumulative, for metrics (read at the stats interval, never per token)
         self.tokens_consumed = 0
         self.holds = 0  # rid steps that consumed ids but released no text yet (incomplete char / stop prefix)
+        self.unknown_ids = 0  # ids the tokenizer lacks that the model can emit: consumed, no text
         self.stops: Counter[str] = Counter()  # rids ended by a stop rule found here: "string" or "token"
 
     @property
@@ -139,8 +141,10 @@ class WorkerState(RidEndings):
         except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
             self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
             return None
-        if type(result) is not str:  # a stop or a bad id: the rid ends
+        if type(result) is not str:  # a stop or a bad id (the rid ends), or an id the tokenizer lacks (no text)
             self._item_output(rid, state, [token_id], result, deltas, finishes)
+            if result.unknown_ids and rid in self.live:
+                state.lane = state.decoder.lane()
             return None
         self.tokens_consumed += 1
         state.n_tokens += 1
@@ -204,7 +208,8 @@ class WorkerState(RidEndings):
         """An item of a rid with logprobs: handled as one without them, then its consumed ids' entries (and any
         held ones) go on the delta it produced, or are held for the next."""
         try:
-            entries = self.token_texts.texts(item.ids, item.logprobs) if item.logprobs is not None else []
+            logprobs, vocab_size = item.logprobs, state.decoder.model_vocab_size
+            entries = self.token_texts.texts(item.ids, logprobs, vocab_size) if logprobs is not None else []
         except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
             self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", deltas, finishes)
             return
@@ -257,6 +262,7 @@ class WorkerState(RidEndings):
                 prompt_ids=open_.prompt_tail,
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,
+                model_vocab_size=open_.vocab_size,
             )
         except Exception as exc:  # noqa: BLE001 - bad input (e.g. a bad prompt id) must end only this rid
             message = f"cannot open request: {exc}"

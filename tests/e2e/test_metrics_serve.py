@@ -128,6 +128,7 @@ def test_metrics_after_traffic(service: ServeProcess) -> None:
     assert total(samples, "detok_bus_latency_seconds_count") > 0
     for name in (
         "detok_stream_holds_total",
+        "detok_worker_unknown_ids_total",
         "detok_reopened_rids_total",
         "detok_aborted_requests_total",
         "detok_worker_restarts_total",

@@ -1,17 +1,17 @@
 """Stop rules of one request: StopRules (rules.py: validated once, the EOS rule, hidden/visible), the stop-string
-automaton (matcher.py) and StopSequenceDecoder (decoder.py: a DecodeStream plus stop tokens and stop strings)."""
+automaton (matcher.py), StopSequenceDecoder (decoder.py: a DecodeStream plus stop tokens and stop strings) and the
+stop settings it runs (settings.py: StopSequenceConfig, PreparedStops)."""
 
 from detok_worker.stream.stop.decoder import (
     Held,
     StopBatchOutput,
-    StopConfigError,
     Stopped,
     StoppedWithText,
-    StopSequenceConfig,
     StopSequenceDecoder,
     Text,
 )
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.settings import StopConfigError, StopSequenceConfig
 
 __all__ = [
     "DEFAULT_STOP_LIMITS",

@@ -13,20 +13,23 @@ Rules (issue 2, point 5):
 - min_tokens: stop checks (strings and tokens) apply from the (min_tokens + 1)-th generated token on; a stop string
   that starts earlier but ends there is found, and possible starts of a stop string are held back meanwhile.
 - Text the stream only releases at flush() is still subject to stop strings.
+- model_vocab_size (the engine's vocabulary, when its model can emit ids its tokenizer lacks): such an id is a
+  generated token (min_tokens, consumed) whose text is nothing; the stream never sees it, exactly as the tokenizer's
+  full decode drops it, so the bytes of a character split across it still join.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 
 import msgspec
 
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
+from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
 
 StopReason = str | int
 # StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
@@ -39,86 +42,6 @@ ONLY_EMPTY: frozenset[str] = frozenset({""})
 def lane_passthrough(scan: LaneScan) -> AbstractSet[str]:
     """The texts that pass the stop strings unchanged from the scan's state (a Lane's passthrough)."""
     return scan[1] if scan[2] == ROOT else ONLY_EMPTY
-
-
-class StopConfigError(ValueError):
-    """Stop-sequence settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...)."""
-
-
-def _unique_strings(values: Iterable[str], field: str) -> tuple[str, ...]:
-    if isinstance(values, str):
-        raise StopConfigError(f"{field} must be a sequence of strings, not a single string")
-    result: dict[str, None] = {}
-    for value in values:
-        if not isinstance(value, str):
-            raise StopConfigError(f"{field} holds {value!r}, which is not a string")
-        if not value:
-            raise StopConfigError(f"{field} holds an empty string; stop strings must not be empty")
-        result[value] = None
-    return tuple(result)
-
-
-def _unique_ids(values: Iterable[int], field: str) -> tuple[int, ...]:
-    result: dict[int, None] = {}
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise StopConfigError(f"{field} holds {value!r}, which is not a token id (an int >= 0)")
-        result[value] = None
-    return tuple(result)
-
-
-@dataclass(frozen=True, slots=True)
-class StopSequenceConfig:
-    """Stop tokens and stop strings of one request; hidden ones are cut from the output, visible ones kept.
-
-    Duplicates are dropped; an empty stop string, a non-int token id or an entry that is both hidden and visible
-    raises StopConfigError.
-    """
-
-    stop_tokens: tuple[int, ...] = ()
-    stop_sequences: tuple[str, ...] = ()
-    visible_stop_tokens: tuple[int, ...] = ()
-    visible_stop_sequences: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        normalized = {
-            "stop_tokens": _unique_ids(self.stop_tokens, "stop_tokens"),
-            "stop_sequences": _unique_strings(self.stop_sequences, "stop_sequences"),
-            "visible_stop_tokens": _unique_ids(self.visible_stop_tokens, "visible_stop_tokens"),
-            "visible_stop_sequences": _unique_strings(self.visible_stop_sequences, "visible_stop_sequences"),
-        }
-        for name, value in normalized.items():
-            object.__setattr__(self, name, value)
-        if both := set(self.stop_tokens) & set(self.visible_stop_tokens):
-            raise StopConfigError(f"stop tokens {sorted(both)} are listed as both hidden and visible")
-        if both := set(self.stop_sequences) & set(self.visible_stop_sequences):
-            raise StopConfigError(f"stop strings {sorted(both)} are listed as both hidden and visible")
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.stop_tokens or self.stop_sequences or self.visible_stop_tokens or self.visible_stop_sequences)
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedStops:
-    """A StopSequenceConfig checked against a tokenizer (its stop token ids name tokens of it), with the sets every
-    decoder of it reads. Immutable: the decoders of many requests may share one (a worker keeps them per stop
-    settings, worker/open_plans.py); each decoder keeps its own stream and stop-string state."""
-
-    tokenizer: Tokenizer
-    config: StopSequenceConfig
-    stop_tokens: frozenset[int]  # hidden and visible
-    visible_stop_tokens: frozenset[int]
-
-    @classmethod
-    def check(cls, tokenizer: Tokenizer, config: StopSequenceConfig) -> PreparedStops:
-        """Raises StopConfigError for a stop token id that names no token of `tokenizer`."""
-        try:
-            validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
-        except InvalidTokenIdError as error:
-            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
-        visible = frozenset(config.visible_stop_tokens)
-        return cls(tokenizer, config, frozenset(config.stop_tokens) | visible, visible)
 
 
 class Text(msgspec.Struct, frozen=True, gc=False):
@@ -163,6 +86,8 @@ class StopBatchOutput(msgspec.Struct, frozen=True, gc=False):
     stop_reason: the matched stop string or stop token id (None if not stopped). consumed: how many of the ids
     were processed, up to and including the one that completed the stop, or up to the bad one (0 once stopped).
     error: the message of an InvalidTokenIdError; the ids before the bad one are processed, none after it.
+    unknown_ids: how many of the consumed ids the tokenizer lacks but the model can emit (model_vocab_size); their
+    text is nothing.
     """
 
     text: str
@@ -170,6 +95,10 @@ class StopBatchOutput(msgspec.Struct, frozen=True, gc=False):
     stop_reason: StopReason | None = None
     consumed: int = 0
     error: str | None = None
+    unknown_ids: int = 0
+
+
+ONE_UNKNOWN_ID = StopBatchOutput("", False, None, 1, None, 1)  # process_one of an id the model can emit, no text
 
 
 class StopSequenceDecoder:
@@ -183,10 +112,15 @@ class StopSequenceDecoder:
         prompt_ids: Sequence[int] = (),
         skip_special_tokens: bool = False,
         min_tokens: int = 0,
+        model_vocab_size: int = 0,
     ) -> None:
-        """`config` checked against `tokenizer` here, or prepared by PreparedStops.check (for that tokenizer)."""
+        """`config` checked against `tokenizer` here, or prepared by PreparedStops.check (for that tokenizer).
+        `model_vocab_size`: the engine's vocabulary size; an id below it that the tokenizer lacks has no text (see
+        the module docstring); 0: every id the tokenizer lacks is an error."""
         if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
             raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
+        if not is_int_id(model_vocab_size) or model_vocab_size < 0:
+            raise StopConfigError(f"model_vocab_size must be an int >= 0, got {model_vocab_size!r}")
         stops = config if isinstance(config, PreparedStops) else PreparedStops.check(tokenizer, config)
         if stops.tokenizer is not tokenizer:
             raise StopConfigError("the prepared stop settings were checked against another tokenizer")
@@ -195,6 +129,7 @@ class StopSequenceDecoder:
         self._prompt_ids = tuple(prompt_ids)
         self._skip_special_tokens = skip_special_tokens
         self._min_tokens = min_tokens
+        self._model_vocab_size = model_vocab_size
         self._visible_stop_tokens = stops.visible_stop_tokens
         self._stop_tokens = stops.stop_tokens
         strings = config.stop_sequences or config.visible_stop_sequences
@@ -211,6 +146,11 @@ class StopSequenceDecoder:
     @property
     def config(self) -> StopSequenceConfig:
         return self._config
+
+    @property
+    def model_vocab_size(self) -> int:
+        """The engine's vocabulary size given at construction (0: not known)."""
+        return self._model_vocab_size
 
     @property
     def num_generated(self) -> int:
@@ -240,7 +180,8 @@ class StopSequenceDecoder:
         self._stop_reason = None
 
     def process_token(self, token_id: int) -> StopOutput:
-        """Process one generated id. Raises InvalidTokenIdError (state unchanged) for an id the tokenizer lacks."""
+        """Process one generated id. Raises InvalidTokenIdError (state unchanged) for an id the tokenizer lacks, unless
+        the model can emit it (model_vocab_size): that one is Held, no text."""
         result = self.process_tokens((token_id,))
         if result.error is not None:
             raise self._last_error
@@ -252,7 +193,15 @@ class StopSequenceDecoder:
 
     def process_tokens(self, ids: Sequence[int]) -> StopBatchOutput:
         """Process one engine step's new ids for this request (see StopBatchOutput). The worker's hot path: the
-        common case (no stop token among the ids) is one stream call and one filter call."""
+        common case (no stop token among the ids) is one stream call and one filter call. An id the tokenizer lacks
+        but the model can emit takes the slow path: _process_past_unknown."""
+        result = self._process(ids)
+        if result.error is None or not self._model_vocab_size:
+            return result
+        return self._process_past_unknown(ids, result)
+
+    def _process(self, ids: Sequence[int]) -> StopBatchOutput:
+        """process_tokens, except that it ends at any id the tokenizer lacks."""
         if self._stop_reason is not None:
             return StopBatchOutput("", True, self._stop_reason, 0)
         stop_tokens = self._stop_tokens
@@ -278,14 +227,18 @@ class StopSequenceDecoder:
 
     def process_one(self, token_id: int) -> str | StopBatchOutput:
         """process_tokens((token_id,)) without building a StopBatchOutput in the common case (the worker's one id
-        per request per step): the text released (maybe ""), or a StopBatchOutput when the request stops or the
-        id is bad. A stop token, a stopped request or a bad id go through process_tokens unchanged; stop strings
+        per request per step): the text released (maybe ""), or a StopBatchOutput when the request stops, the id is
+        bad or the tokenizer lacks it (unknown_ids: the model can emit it). A stop token, a stopped request or an id
+        the stream refuses go through process_tokens unchanged; stop strings
         are only scanned by the filter when the text could start or complete one (its root passthrough)."""
         if self._stop_reason is not None or token_id in self._stop_tokens:
             return self.process_tokens((token_id,))
         try:
             text = self._stream.step(token_id) or ""
         except InvalidTokenIdError:  # the stream is unchanged: process_tokens reports it
+            if self._model_can_emit(token_id):
+                self._num_generated += 1
+                return ONE_UNKNOWN_ID
             return self.process_tokens((token_id,))
         stop_filter = self._filter
         self._num_generated += 1
@@ -362,7 +315,7 @@ class StopSequenceDecoder:
                 text += self._stop_token_text(token_id)
         self._num_generated += 1
         self._stop_reason = reason
-        return StopBatchOutput(result.text + text, True, reason, result.consumed + 1)
+        return StopBatchOutput(result.text + text, True, reason, result.consumed + 1, None, result.unknown_ids)
 
     def _finish_stream(self) -> tuple[str, StopReason | None]:
         """Flush the stream through the stop strings and release everything held; returns (text, matched string)."""
@@ -382,6 +335,38 @@ class StopSequenceDecoder:
         except InvalidTokenIdError:  # in range but unknown to the tokenizer: it has no text to show
             return ""
         return text + (self._stream.flush() or "")
+
+    def _process_past_unknown(self, ids: Sequence[int], result: StopBatchOutput) -> StopBatchOutput:
+        """process_tokens for ids of which _process gave `result`, an error: while its bad id is one the model can
+        emit (below model_vocab_size), that id is a generated token without text and the ids after it go on."""
+        done, texts, unknown = result.consumed, [result.text], result.unknown_ids
+        error = result.error
+        while error is not None:
+            bad = self._last_error
+            assert bad is not None  # set with every error
+            if not self._model_can_emit(bad.token_id):
+                if self._model_vocab_size > self._tokenizer.vocab_size:  # the valid ids are the model's: say so
+                    self._last_error = InvalidTokenIdError(bad.token_id, self._model_vocab_size, "the model")
+                    error = str(self._last_error)
+                break
+            if result.stopped:  # a stop string ended the request before that id
+                error = None
+                break
+            self._num_generated += 1  # ids[done] is that id: the stream never sees it
+            unknown += 1
+            done += 1
+            if done == len(ids):
+                return StopBatchOutput("".join(texts), False, None, done, None, unknown)
+            result = self._process(ids[done:])
+            texts.append(result.text)
+            done += result.consumed
+            unknown += result.unknown_ids
+            error = result.error
+        return StopBatchOutput("".join(texts), result.stopped, result.stop_reason, done, error, unknown)
+
+    def _model_can_emit(self, token_id: object) -> bool:
+        """Whether an id the stream refused is one the model can emit: no text (see model_vocab_size)."""
+        return is_int_id(token_id) and 0 <= token_id < self._model_vocab_size  # type: ignore[operator]
 
     def _process_until_invalid(self, ids: Sequence[int], error: InvalidTokenIdError) -> StopBatchOutput:
         """Process the ids before the first bad one, then report the error; nothing after it is processed."""

@@ -16,7 +16,8 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams
 from detok_worker.config import DetokConfig
-from detok_worker.stream.stop.decoder import StopReason, StopSequenceConfig
+from detok_worker.stream.stop.decoder import StopReason
+from detok_worker.stream.stop.settings import StopSequenceConfig
 
 
 class StopRuleError(ValueError):

@@ -1,6 +1,7 @@
 """The fields added after the first release (front index for several front processes, a worker's columns
-capability): trailing and optional, so frames of senders that predate them still decode (as front 0, as a worker
-without columns), and FrontHello reaches the engine's decoder."""
+capability, the engine's vocabulary size on an Open): trailing and optional, so frames of senders that predate them
+still decode (as front 0, as a worker without columns, as an unknown vocabulary size), and FrontHello reaches the
+engine's decoder."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ def test_an_open_without_the_front_field_decodes_as_front_0():
     old_frame = msgspec.msgpack.encode(["token_batch", 1, 0, [["open", "r1", [7], detok]], []])
     batch = worker_decoder().decode(old_frame)
     assert isinstance(batch, TokenBatch) and batch.opens == [Open("r1", [7], DetokParams(), 0)]
+
+
+def test_an_open_without_the_vocab_size_field_decodes_as_size_0():
+    detok = msgspec.to_builtins(DetokParams())
+    old_frame = msgspec.msgpack.encode(["token_batch", 1, 0, [["open", "r1", [7], detok, 2]], []])
+    batch = worker_decoder().decode(old_frame)
+    assert isinstance(batch, TokenBatch) and batch.opens == [Open("r1", [7], DetokParams(), 2, 0)]
+    new_frame = encode(TokenBatch(2, 0, [Open("r2", [], DetokParams(), vocab_size=151_936)], []))
+    assert msgspec.msgpack.decode(new_frame)[3][0][-1] == 151_936  # the last element of the Open
+    assert worker_decoder().decode(new_frame).opens[0].vocab_size == 151_936
 
 
 def test_a_hello_or_heartbeat_without_the_columns_field_decodes_as_a_worker_without_columns():

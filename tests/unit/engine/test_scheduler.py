@@ -240,6 +240,22 @@ def test_goodbye_and_unreachable_move_rids():
     assert scheduler.worker_loads() == {"w3": 3}
 
 
+def test_every_open_carries_the_models_vocabulary_size_re_opens_too():
+    scheduler = _scheduler(vocab_size=151_936)
+    scheduler.hello("w1", 1, 0.0)
+    scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7])
+    (open_,) = _step(scheduler).workers[0].batch.opens
+    assert open_.vocab_size == 151_936
+    scheduler.hello("w2", 2, 0.0)
+    scheduler.goodbye("w1")
+    (open_,) = _step(scheduler).workers[0].batch.opens
+    assert (open_.rid, open_.vocab_size) == ("r1", 151_936)
+    scheduler = _scheduler()
+    scheduler.hello("w1", 1, 0.0)
+    scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7])
+    assert _step(scheduler).workers[0].batch.opens[0].vocab_size == 0  # not known: the tokenizer's ids only
+
+
 def test_orphans_wait_for_a_worker_then_are_rejected():
     scheduler = _scheduler()
     scheduler.hello("w1", 1, 0.0)

@@ -23,8 +23,8 @@ worker, tokens = sys.argv[1], int(sys.argv[2])
 record_worker_start(worker)
 recorder = WorkerMetrics(worker, object())
 recorder.batch(rids=2, tokens=tokens, decode_s=0.001, step_s=0.002)
-recorder.sync(counts={"tokens_in": tokens, "chars_out": 3 * tokens}, stops={"string": 1}, live_rids=2,
-              bad_frames={"schema": 1})
+recorder.sync(counts={"tokens_in": tokens, "chars_out": 3 * tokens, "unknown_ids": 1}, stops={"string": 1},
+              live_rids=2, bad_frames={"schema": 1})
 """
 
 RENDER = "import sys; from detok_worker.metrics import render_latest; sys.stdout.buffer.write(render_latest())"
@@ -67,6 +67,7 @@ def test_values_of_processes_are_merged_and_dead_ones_drop_their_live_gauges(tmp
     assert samples[("detok_worker_tokens_in_total", frozenset({("worker", "w0")}))] == 12
     assert samples[("detok_worker_tokens_in_total", frozenset({("worker", "w1")}))] == 11
     assert samples[("detok_worker_chars_out_total", frozenset({("worker", "w0")}))] == 36
+    assert samples[("detok_worker_unknown_ids_total", frozenset({("worker", "w0")}))] == 2
     assert samples[("detok_worker_restarts_total", frozenset({("worker", "w0")}))] == 1
     assert samples[("detok_worker_restarts_total", frozenset({("worker", "w1")}))] == 0
     assert samples[("detok_worker_batch_tokens_count", frozenset({("worker", "w0")}))] == 2

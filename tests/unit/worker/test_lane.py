@@ -1,7 +1,8 @@
 """The worker's lane (StopSequenceDecoder.lane, stepped inline by WorkerState.handle_batch) changes nothing a
 front sees: every delta and Finish equals what the same batches give with the lane turned off (each id through
 process_one/process_tokens), on byte-level and byte-fallback tables, for emoji, CJK, byte tokens and random ids,
-with stop strings, stop tokens, min_tokens, several ids per item and the engine's finish."""
+with stop strings, stop tokens, min_tokens, several ids per item, the engine's finish and ids the tokenizer lacks
+that the engine's model can emit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.texts import load_texts
+from helpers.worker_batches import Delta, Request, columnar, engine_batches, run_batches
 
 from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
@@ -20,8 +22,9 @@ from detok_worker.worker.state import WorkerState
 STOPS = ["\n\n", "。", "the", "🇯🇵"]
 
 
-def _requests(tokenizer, seed: int) -> list[tuple[DetokParams, list[int]]]:
-    """Per request: params and output ids (real text, some random ids, an EOS or a bad id now and then)."""
+def _requests(tokenizer, seed: int) -> list[Request]:
+    """Per request: params and output ids (real text, some random ids, an EOS or a bad id now and then); every third
+    request's engine knows a vocabulary past the tokenizer's, with ids of it the tokenizer lacks (no text)."""
     rng = random.Random(seed)
     texts = list(load_texts().values())
     eos = sorted(tokenizer.eos_token_ids)
@@ -31,76 +34,49 @@ def _requests(tokenizer, seed: int) -> list[tuple[DetokParams, list[int]]]:
         ids = list(tokenizer.encode(rng.choice(texts)).ids)[: rng.randint(5, 120)]
         for _ in range(rng.randint(0, 4)):
             ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab))
+        model_vocab = vocab + 64 if index % 3 == 0 else 0
+        for _ in range(rng.randint(1, 3) if model_vocab else 0):
+            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab, model_vocab))
         if index % 5 == 0 and eos:
             ids.insert(rng.randrange(len(ids) + 1), eos[0])
         if index % 11 == 3:
-            ids.insert(rng.randrange(len(ids) + 1), vocab + 7)  # a bad id ends only this request
+            ids.insert(rng.randrange(len(ids) + 1), max(vocab, model_vocab) + 7)  # a bad id ends only this request
         ordinary = [ids[rng.randrange(len(ids))]] if index % 4 == 2 else []  # a stop token that is plain text
         params = DetokParams(
             stop=rng.sample(STOPS, rng.randint(0, 2)) if index % 3 else [],
-            stop_token_ids=sorted(set(eos + ordinary)),
+            stop_token_ids=sorted(set(eos + ordinary) - set(range(vocab, model_vocab))),
             include_stop_str_in_output=index % 4 == 1,
             min_tokens=rng.choice([0, 0, 3]),
         )
-        requests.append((params, ids))
+        requests.append(Request(params, ids, model_vocab))
     return requests
 
 
-def _batches(requests: list[tuple[DetokParams, list[int]]], seed: int) -> list[TokenBatch]:
-    """Mostly one id per rid per step, sometimes several; the last item of a request carries finish "length"."""
-    rng = random.Random(seed)
-    opens = [Open(f"r{index}", [], params) for index, (params, _) in enumerate(requests)]
-    batches = [TokenBatch(0, 0, opens, [])]
-    positions = [0] * len(requests)
-    step = 0
-    while any(position < len(ids) for position, (_, ids) in zip(positions, requests, strict=True)):
-        step += 1
-        items = []
-        for index, (_, ids) in enumerate(requests):
-            start = positions[index]
-            if start >= len(ids):
-                continue
-            end = min(len(ids), start + (1 if rng.random() < 0.85 else rng.randint(2, 4)))
-            positions[index] = end
-            items.append(Tokens(f"r{index}", ids[start:end], "length" if end == len(ids) else None))
-        batches.append(TokenBatch(step, 0, [], items))
-    return batches
-
-
-def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[tuple]], list[tuple], int]:
-    """Per rid its deltas in order (a batch's columns and items interleave rids differently), the Finishes."""
+def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[Delta]], list[tuple], int, int]:
+    """Per rid its deltas in order, the Finishes, the tokens consumed and the ids without text counted."""
     state = WorkerState(tokenizer, "w")
-    deltas: dict[str, list[tuple]] = {}
-    finishes = []
-    for batch in batches:
-        result = state.handle_batch(batch)
-        for d in text_deltas(result.text_batch):
-            deltas.setdefault(d.rid, []).append((d.offset, d.text, d.n_tokens, d.finish, d.stop_reason, d.error))
-        finishes += [(f.rid, f.reason, f.stop_reason) for f in result.finishes]
-    return deltas, sorted(finishes), state.tokens_consumed
-
-
-def _columnar(batches: list[TokenBatch]) -> list[TokenBatch]:
-    return [token_batch(batch.step, batch.sent_ns, batch.opens, batch.items) for batch in batches]
+    deltas, finishes = run_batches(state, batches)
+    return deltas, finishes, state.tokens_consumed, state.unknown_ids
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral-sp-v1", "gpt4o"])
 def test_the_lane_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = load_fixture_tokenizer(family)
-    batches = _batches(_requests(tokenizer, seed=16), seed=61)
-    columnar = _columnar(batches)
-    assert sum(len(batch.rids) for batch in columnar) > 5 * sum(len(batch.items) for batch in columnar)
-    with_lane = _run(tokenizer, columnar)
+    batches = engine_batches(_requests(tokenizer, seed=16), seed=61)
+    columns = columnar(batches)
+    assert sum(len(batch.rids) for batch in columns) > 5 * sum(len(batch.items) for batch in columns)
+    with_lane = _run(tokenizer, columns)
     items_only = _run(tokenizer, batches)
     monkeypatch.setattr(Decoder, "lane", lambda self: None)
-    without_lane = _run(tokenizer, columnar)
+    without_lane = _run(tokenizer, columns)
     monkeypatch.undo()
-    warm = _run(tokenizer, columnar)  # the shared memos now hold every byte step and scan, matches included
+    warm = _run(tokenizer, columns)  # the shared memos now hold every byte step and scan, matches included
     assert with_lane == items_only == without_lane == warm
-    deltas, finishes, _ = with_lane
+    deltas, finishes, _, unknown_ids = with_lane
     ends = [rid_deltas[-1] for rid_deltas in deltas.values()]
     assert sum(1 for end in ends if end[3] == "stop") >= 3  # stop strings and stop tokens were reached
     assert any(end[5] for end in ends)  # and a bad id ended its request
+    assert unknown_ids >= 8  # and ids the tokenizer lacks went by as tokens without text
 
 
 def test_a_memoised_stop_string_match_stops_a_rid_on_its_lane() -> None:

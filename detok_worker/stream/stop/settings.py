@@ -1,0 +1,91 @@
+"""A request's stop settings, checked once: StopSequenceConfig (stop tokens and strings, hidden and visible) and
+PreparedStops (checked against a tokenizer, shared by the decoders of many requests). StopSequenceDecoder
+(decoder.py) runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
+
+
+class StopConfigError(ValueError):
+    """Stop-sequence settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...)."""
+
+
+def _unique_strings(values: Iterable[str], field: str) -> tuple[str, ...]:
+    if isinstance(values, str):
+        raise StopConfigError(f"{field} must be a sequence of strings, not a single string")
+    result: dict[str, None] = {}
+    for value in values:
+        if not isinstance(value, str):
+            raise StopConfigError(f"{field} holds {value!r}, which is not a string")
+        if not value:
+            raise StopConfigError(f"{field} holds an empty string; stop strings must not be empty")
+        result[value] = None
+    return tuple(result)
+
+
+def _unique_ids(values: Iterable[int], field: str) -> tuple[int, ...]:
+    result: dict[int, None] = {}
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise StopConfigError(f"{field} holds {value!r}, which is not a token id (an int >= 0)")
+        result[value] = None
+    return tuple(result)
+
+
+@dataclass(frozen=True, slots=True)
+class StopSequenceConfig:
+    """Stop tokens and stop strings of one request; hidden ones are cut from the output, visible ones kept.
+
+    Duplicates are dropped; an empty stop string, a non-int token id or an entry that is both hidden and visible
+    raises StopConfigError.
+    """
+
+    stop_tokens: tuple[int, ...] = ()
+    stop_sequences: tuple[str, ...] = ()
+    visible_stop_tokens: tuple[int, ...] = ()
+    visible_stop_sequences: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        normalized = {
+            "stop_tokens": _unique_ids(self.stop_tokens, "stop_tokens"),
+            "stop_sequences": _unique_strings(self.stop_sequences, "stop_sequences"),
+            "visible_stop_tokens": _unique_ids(self.visible_stop_tokens, "visible_stop_tokens"),
+            "visible_stop_sequences": _unique_strings(self.visible_stop_sequences, "visible_stop_sequences"),
+        }
+        for name, value in normalized.items():
+            object.__setattr__(self, name, value)
+        if both := set(self.stop_tokens) & set(self.visible_stop_tokens):
+            raise StopConfigError(f"stop tokens {sorted(both)} are listed as both hidden and visible")
+        if both := set(self.stop_sequences) & set(self.visible_stop_sequences):
+            raise StopConfigError(f"stop strings {sorted(both)} are listed as both hidden and visible")
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.stop_tokens or self.stop_sequences or self.visible_stop_tokens or self.visible_stop_sequences)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedStops:
+    """A StopSequenceConfig checked against a tokenizer (its stop token ids name tokens of it), with the sets every
+    decoder of it reads. Immutable: the decoders of many requests may share one (a worker keeps them per stop
+    settings, worker/open_plans.py); each decoder keeps its own stream and stop-string state."""
+
+    tokenizer: Tokenizer
+    config: StopSequenceConfig
+    stop_tokens: frozenset[int]  # hidden and visible
+    visible_stop_tokens: frozenset[int]
+
+    @classmethod
+    def check(cls, tokenizer: Tokenizer, config: StopSequenceConfig) -> PreparedStops:
+        """Raises StopConfigError for a stop token id that names no token of `tokenizer`."""
+        try:
+            validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
+        except InvalidTokenIdError as error:
+            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
+        visible = frozenset(config.visible_stop_tokens)
+        return cls(tokenizer, config, frozenset(config.stop_tokens) | visible, visible)
