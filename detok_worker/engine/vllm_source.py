@@ -187,6 +187,7 @@ def run_vllm_source(config: DetokConfig) -> int:
                 eos_ids=eos_ids,
                 special_ids=tokenizer.special_token_ids,
                 recorder=recorder_for(config, tokenizer),
+                vocab_size=model_config.get_vocab_size(),
             )
             log.info(
                 "engine: vLLM engine core for %s (served as %s) ready in %.1f s",
