@@ -79,6 +79,7 @@ class EngineLink:
             stop_limits=StopLimits.from_config(config),
             answer_timeout_s=engine.batch_answer_timeout_s,
             limits=SubmitLimits.from_config(config),
+            max_live_stop_chars=config.worker.max_live_stop_chars,
         )
         self.recorder = recorder
         self.decoder = engine_decoder()

@@ -49,7 +49,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
-from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, bad_request
+from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
 from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.metrics import FrontMetrics, multiprocess_dir
@@ -291,10 +291,7 @@ class Dispatcher:
             stream = self._streams.pop(message.rid, None)
             if stream is not None:
                 self.counters["rejected"] += 1
-                if message.param:  # a parameter the engine cannot honour: the client's request, not the service
-                    error = bad_request(f"the engine cannot honour {message.param}: {message.error}", message.param)
-                else:
-                    error = APIError(503, f"the engine rejected the request: {message.error}", type=SERVICE_UNAVAILABLE)
+                error, stream.refused = reject_error(message)
                 stream.fail(error, drop_text=False)
 
     def _on_text(self, items: list[TextDelta]) -> None:

@@ -105,6 +105,9 @@ class Generation:
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
         if body.stream:
+            failure = await self._first_output(request, choices)
+            if failure is not None:
+                return error_response(failure)
             events = self._events(choices, formatter, checked.include_usage)
             return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
         return await self._collect(request, choices, formatter)
@@ -116,6 +119,24 @@ class Generation:
             return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules))
         requests = list(zip(rids, choice_params(params, checked.n), strict=True))
         return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
+
+    async def _first_output(self, request: Request, choices: Choices) -> APIError | None:
+        """Hold a stream's response head until every choice has its first delta (or has ended): a request the engine
+        refuses at admission (its Reject's kind: no worker has room for its stop strings, its limits, no live worker)
+        gets that status, never a 200 and then an error event. Other failures end the stream as before (an error
+        event, after any text). Returns the refusal, if any (its streams released)."""
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        try:
+            await choices.started()
+        except BaseException:
+            self._release(choices)
+            raise
+        finally:
+            watcher.cancel()
+        refused = choices.refused
+        if refused is not None:
+            self._release(choices)
+        return refused
 
     def _release(self, choices: Choices) -> None:
         for stream in choices.streams:

@@ -118,7 +118,7 @@ def decode_plan(
 class PlayedEngine:
     """Plays the engine (PULL at the engine endpoint: Submit/Abort) and one worker (PUSH to the front:
     TextBatch, WorkerStats; plus EngineStats and Reject) in a thread. `plan(submit)` decides what a request gets:
-    a list of TextDeltas sent one per step, or a string to Reject it with."""
+    a list of TextDeltas sent one per step (none: nothing), or a string to Reject it with."""
 
     config: DetokConfig
     plan: Callable[[Submit], Plan | str]
@@ -177,7 +177,7 @@ class PlayedEngine:
             planned = self.plan(message)
             if isinstance(planned, str):
                 push.send(encode(Reject(message.rid, planned)))
-            else:
+            elif planned:  # an empty plan: the request gets nothing (a test sends what it wants)
                 self._jobs[message.rid] = list(planned)
         elif isinstance(message, Abort):
             self.aborts.put((message, time.monotonic()))
