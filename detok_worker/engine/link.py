@@ -121,6 +121,19 @@ class EngineLink:
         news, self._news = self._news, BusNews()
         return news
 
+    def fds(self) -> list[int]:
+        """For an asyncio engine loop that waits on the bus with `loop.add_reader` instead of `poll(timeout)`: the
+        file descriptors (ZMQ_FD) that become readable when frames may have arrived. They are edge-triggered:
+        after a `poll(0)`, ask `has_news()` and poll again while it says so."""
+        return [self.fronts.pull.getsockopt(zmq.FD), self.workers.router.getsockopt(zmq.FD)]
+
+    def has_news(self) -> bool:
+        """A `poll(0)` now would return news: frames wait to be read (a poll takes a bounded number per socket), or
+        a step stopped requests (rejected for want of a worker)."""
+        if self._news.submitted or self._news.stopped:
+            return True
+        return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
+
     def accept(
         self,
         submit: Submit,
