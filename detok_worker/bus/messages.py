@@ -343,6 +343,7 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     generated: int = 0  # ids the engine pushed as it generated them (EngineLink.push), since it started
     # connections the engine's receiving sockets lost: a frame over bus.max_message_bytes, or a peer going away
     dropped_connections: int = 0
+    served_model_name: str = ""  # the model name the engine serves ("" = it names none): the front serves it too
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

@@ -63,6 +63,7 @@ class GrpcGateway:
             eos_ids=tokenizer.eos_token_ids,
             special_ids=tokenizer.special_token_ids,
             recorder=recorder_for(config, tokenizer),
+            served_model_name=api.served_model_name,
         )
         self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
         self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog

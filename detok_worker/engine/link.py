@@ -67,9 +67,13 @@ class EngineLink:
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
         recorder: TraceWriter | None = None,
+        served_model_name: str = "",
     ) -> None:
+        """served_model_name: the model name the engine serves (its fronts serve it too unless front.model_name is
+        set); "" = the engine names none."""
         engine = config.engine
         self.config = config
+        self.served_model_name = served_model_name
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -241,6 +245,7 @@ class EngineLink:
             reopened=scheduler.reopened,
             generated=scheduler.generated,
             dropped_connections=self.dropped_connections,
+            served_model_name=self.served_model_name,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -78,6 +78,7 @@ class Dispatcher:
         self._decoder = front_decoder()
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
+        self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
@@ -287,6 +288,8 @@ class Dispatcher:
             self._workers[message.worker] = (message, time.monotonic())
         elif isinstance(message, EngineStats):
             self._engine = (message, time.monotonic())
+            if message.served_model_name:
+                self.engine_model_name = message.served_model_name
         elif isinstance(message, Reject):
             stream = self._streams.pop(message.rid, None)
             if stream is not None:

@@ -85,7 +85,7 @@ class Generation:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
         body = decode(await self.intake.read_body(request))
-        model = check_model(body.model, self.limits)
+        model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits)
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params

@@ -124,6 +124,7 @@ class PlayedEngine:
     plan: Callable[[Submit], Plan | str]
     step_s: float = 0.005
     send_stats: bool = True
+    served_model_name: str = ""  # the EngineStats' (the model name an engine serves)
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
     _jobs: dict[str, list[TextDelta]] = field(default_factory=dict)
@@ -168,7 +169,9 @@ class PlayedEngine:
                 now = time.monotonic()
                 if self.send_stats and now >= next_stats:
                     next_stats = now + 0.1
-                    push.send(encode(EngineStats(len(self._jobs), {PLAYED_WORKER: len(self._jobs)}, {}, 0, 0)))
+                    workers = {PLAYED_WORKER: len(self._jobs)}
+                    stats = EngineStats(len(self._jobs), workers, {}, 0, 0, served_model_name=self.served_model_name)
+                    push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))
 
     def _on_message(self, message: object, push: zmq.Socket[Any]) -> None:

@@ -2,7 +2,7 @@
 error event: the front holds a streamed response's head until every choice has output (or ended). By the Reject's
 `kind` (never its message): no worker has room for the request's stop strings -> 429 with Retry-After; outside the
 engine's limits -> 400; no live worker -> 503. A Reject without a kind (an engine failure) ends a stream with an
-error event as before."""
+error event as before. Also: the model name the engine serves."""
 
 from __future__ import annotations
 
@@ -130,3 +130,22 @@ def test_a_stream_with_output_starts_with_a_200_and_streams_it(front: FrontUnder
     with httpx.stream("POST", f"{front.url}/v1/completions", json=body) as response:
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert response.status_code == 200 and lines[-1] == "data: [DONE]"
+
+
+def test_the_engines_model_name_is_served_unless_the_config_names_one(tokenizer: Any) -> None:
+    with running_front(tokenizer) as under_test:
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == tokenizer.name
+        under_test.engine.served_model_name = "engine-model"
+        time.sleep(0.3)  # the next EngineStats names it
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == "engine-model"
+        answer = httpx.post(f"{under_test.url}/v1/completions", json={"prompt": "Hi", "model": "engine-model"})
+        assert (answer.status_code, answer.json()["model"]) == (200, "engine-model")
+        assert (
+            httpx.post(f"{under_test.url}/v1/completions", json={"model": tokenizer.name, "prompt": "Hi"}).status_code
+            == 404
+        )
+    with running_front(tokenizer, **{"front.model_name": "configured"}) as under_test:
+        under_test.engine.served_model_name = "engine-model"
+        time.sleep(0.3)
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == "configured"
+        assert httpx.get(f"{under_test.url}/v1/models/engine-model").status_code == 404
