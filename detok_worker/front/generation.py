@@ -1,8 +1,9 @@
 """The generation routes, POST /v1/completions and /v1/chat/completions (stream or not), on the Front's parts
 (app.py): decode and check the request, tokenize its prompt (on the event loop when it is short, else on a thread),
-submit one engine request per choice (choices.py), then answer with an SSE stream or one JSON body, releasing the
-engine requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and
-sse.py. While the front drains (`draining`) new generations get a 503 with Retry-After.
+submit one engine request per choice (choices.py), then answer with an SSE stream (its head once every choice has
+output: a request the engine refuses at admission gets that status instead) or one JSON body, releasing the engine
+requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and sse.py.
+While the front drains (`draining`) new generations get a 503 with Retry-After.
 """
 
 from __future__ import annotations
