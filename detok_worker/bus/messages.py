@@ -318,13 +318,24 @@ class WorkerStats(msgspec.Struct, tag="worker_stats", array_like=True, gc=False)
 # ---- engine -> front -------------------------------------------------------------------------------
 
 
+# Reject kinds: why the engine refused a request at admission, before any of its output, for the front to answer
+# with a status (the message is for people: never matched). "" = not said (an engine failure, an older engine).
+REJECT_FAILED = ""
+REJECT_INVALID = "invalid"  # the request is outside the engine's limits or stop rules: 400
+REJECT_STOP_BUDGET = "stop_budget"  # no worker has room for its stop strings (worker.max_live_stop_chars): 429
+REJECT_NO_WORKER = "no_worker"  # no detok worker is alive to take it: 503
+
+
 class Reject(msgspec.Struct, tag="reject", array_like=True, gc=False):
     """The engine could not take or finish a request (no live worker, bad params): ends it with an error.
-    With `param` the front answers 400 naming that request parameter (the engine cannot honour it)."""
+    With `param` the front answers 400 naming that request parameter (the engine cannot honour it); `kind` (one of
+    the REJECT_* above) says why a request was refused at admission, before any of its output: its client gets
+    that status rather than a stream that ends with an error."""
 
     rid: str
     error: str
     param: str | None = None  # set when a request parameter is what the engine cannot honour (the client's fault)
+    kind: str = REJECT_FAILED
 
 
 class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False):
@@ -336,6 +347,7 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     generated: int = 0  # ids the engine pushed as it generated them (EngineLink.push), since it started
     # connections the engine's receiving sockets lost: a frame over bus.max_message_bytes, or a peer going away
     dropped_connections: int = 0
+    served_model_name: str = ""  # the model name the engine serves ("" = it names none): the front serves it too
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

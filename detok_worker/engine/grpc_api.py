@@ -107,6 +107,7 @@ class EngineApi:
     stub: Any
     model_path: str
     vocab_size: int = 0  # GetModelInfo's: the model's output ids (0: not reported)
+    served_model_name: str = ""  # GetModelInfo's: the name detok's front serves unless front.model_name is set
 
 
 def engine_failure(url: str, exc: grpc.aio.AioRpcError) -> str:
@@ -129,8 +130,15 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
     except BaseException:
         await channel.close()
         raise
-    log.info("engine: %s serves %s (model %s, vocab %d)", url, dialect.service, info.model_path, info.vocab_size)
-    return EngineApi(url, channel, dialect, stub, info.model_path, info.vocab_size)
+    log.info(
+        "engine: %s serves %s (model %r at %s, vocab %d)",
+        url,
+        dialect.service,
+        info.served_model_name,
+        info.model_path,
+        info.vocab_size,
+    )
+    return EngineApi(url, channel, dialect, stub, info.model_path, info.vocab_size, info.served_model_name)
 
 
 async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:

@@ -1,15 +1,19 @@
 """`detok engine --source grpc`: detok as the gateway in front of an engine that serves the token-only gRPC API
 (vLLM `--grpc`, SGLang `--grpc-mode`, engine_stub's `detok engine-server`).
 
-One asyncio loop: every Submit opens a streaming Generate on the engine (grpc_api.Dialect.generate_request); the
-ids of its chunks are pushed into the EngineLink as they arrive, and every engine.step_interval_ms the link sends
-one TokenBatch per worker with what arrived meanwhile. A rid a worker stopped (stop string) or the client left is
-aborted on the engine (the stream is cancelled and Abort is sent). A stream that fails before its first response
-(CANCELLED, UNAVAILABLE) is opened again, up to engine.start_retries times. An engine failure mid-stream ends each open
-request with an error naming the engine (the client gets it at once); new requests fail the same way until the
-engine is back, then work again (the channel reconnects by itself).
+A relay, not a second scheduler: every Submit opens a streaming Generate on the engine at once
+(grpc_api.Dialect.generate_request) and the engine schedules it (no admission cap of ours: engine.max_batch is the
+stub's). One asyncio loop: the ids of each chunk are pushed into the EngineLink as they arrive and mark a turn due;
+the turn runs once per pass of the event loop, after every stream that had a chunk in that pass, and sends one
+TokenBatch per worker with all of it (no tick: an id waits for nothing but the loop's own pass). The bus sockets
+wake the loop too (their ZMQ_FD under loop.add_reader), so Submits, Aborts and worker messages are taken at once;
+a timer runs the link's timers (worker liveness, stats) while nothing else happens. A rid a worker stopped (stop
+string) or the client left is aborted on the engine (the stream is cancelled and Abort is sent). A stream that
+fails before its first response (CANCELLED, UNAVAILABLE) is opened again, up to engine.start_retries times. An
+engine failure mid-stream ends each open request with an error naming the engine (the client gets it at once); new
+requests fail the same way until the engine is back, then work again (the channel reconnects by itself).
 Backpressure: while a rid's ids wait in the link (its worker's queue is full) its stream is not read, so gRPC's
-flow control holds the engine back.
+flow control holds the engine back; a client that does not read is the front's to bound (front.max_pending_chars).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.05  # nothing in flight: wait this long on the bus sockets
+TIMER_S = 0.05  # a turn at least this often: the link's timers (worker liveness, stats, the fronts' outbox)
+BLOCKED_RETRY_S = 0.005  # a worker's queue was full: ZeroMQ cannot tell when it drains, so step again after this
 BACKLOG_LIMIT = 256  # ids of a rid waiting for its worker before its stream is read again
 ABORT_TIMEOUT_S = 5.0
 RETRY_BACKOFF_S = 0.05  # before the first retry of a Generate; doubled for each next one
@@ -59,8 +64,11 @@ class GrpcGateway:
             special_ids=tokenizer.special_token_ids,
             recorder=recorder_for(config, tokenizer),
             vocab_size=api.vocab_size,
+            served_model_name=api.served_model_name,
         )
-        self.tick_s = config.engine.step_interval_ms / 1000.0
+        self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
+        self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog
+        self.backlogged = 0  # streams waiting for their rid's ids to reach its worker
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
@@ -76,23 +84,47 @@ class GrpcGateway:
             "engine: gateway to %s; submits at %s, workers at %s", self.api.url, endpoints.engine, endpoints.workers
         )
         link = self.link
+        loop = asyncio.get_running_loop()
+        fds = link.fds()
+        for fd in fds:
+            loop.add_reader(fd, self.due.set)
+        timer = asyncio.create_task(self._timer())
         try:
             while not self.stopping:
-                idle = not self.streams and not link.scheduler.has_work()
-                news = link.poll(IDLE_POLL_S if idle else 0.0)
-                for submit in news.submitted:
-                    self._start(submit)
-                for rid in news.stopped:
-                    self._stop(rid)
-                if link.scheduler.has_work():
-                    link.step()
-                await asyncio.sleep(0 if idle else self.tick_s)
+                await self.due.wait()
+                self.due.clear()
+                self._turn()
         finally:
+            timer.cancel()
+            for fd in fds:
+                loop.remove_reader(fd)
             for task in list(self.streams.values()):
                 task.cancel()
-            await asyncio.gather(*self.streams.values(), *self.background, return_exceptions=True)
+            await asyncio.gather(timer, *self.streams.values(), *self.background, return_exceptions=True)
             link.close()
             await self.api.channel.close()
+
+    async def _timer(self) -> None:
+        while True:
+            await asyncio.sleep(TIMER_S)
+            self.due.set()
+
+    def _turn(self) -> None:
+        """Everything that arrived since the last turn: the bus's news, then one step with every stream's new ids."""
+        link = self.link
+        news = link.poll(0.0)
+        for submit in news.submitted:
+            self._start(submit)
+        for rid in news.stopped:
+            self._stop(rid)
+        if link.scheduler.has_work():
+            if link.step() and self.backlogged:
+                sent, self.sent = self.sent, asyncio.Event()
+                sent.set()
+            if link.blocked:
+                asyncio.get_running_loop().call_later(BLOCKED_RETRY_S, self.due.set)
+        if link.has_news():  # the sockets' FDs are edge-triggered: what one poll left is not signalled again
+            self.due.set()
 
     def _start(self, submit: Submit) -> None:
         link = self.link
@@ -149,6 +181,15 @@ class GrpcGateway:
         finally:
             if self.streams.get(rid) is asyncio.current_task():
                 del self.streams[rid]
+            self.due.set()  # a failure's end item for the worker goes out with the next step
+
+    async def _wait_sent(self) -> None:
+        """Until a turn sends ids to the workers (the rid's may be among them)."""
+        self.backlogged += 1
+        try:
+            await self.sent.wait()
+        finally:
+            self.backlogged -= 1
 
     async def _stream(self, rid: str, request: Any, last: bool = False) -> grpc.StatusCode | None:
         """One Generate stream of the rid. Returns the status code of a failure worth a retry (unless `last`);
@@ -167,8 +208,9 @@ class GrpcGateway:
                     received += len(ids)
                     if not link.push(rid, ids, None, output_logprobs(response.chunk)):
                         return None
+                    self.due.set()
                     while link.backlog(rid) > BACKLOG_LIMIT:
-                        await asyncio.sleep(self.tick_s or 0.001)
+                        await self._wait_sent()
                 elif kind == "complete":
                     complete = response.complete
                     finish = FINISH_REASONS.get(complete.finish_reason)
@@ -177,6 +219,7 @@ class GrpcGateway:
                     else:
                         new_ids = new_ids_of_complete(list(complete.output_ids), received)
                         link.push(rid, new_ids, finish, output_logprobs(complete, received) if new_ids else None)
+                        self.due.set()
                     return None
             link.fail(rid, f"the gRPC engine at {api.url} ended the stream without GenerateComplete")
         except grpc.aio.AioRpcError as exc:

@@ -68,12 +68,16 @@ class EngineLink:
         special_ids: Iterable[int] = (),
         recorder: TraceWriter | None = None,
         vocab_size: int = 0,
+        served_model_name: str = "",
     ) -> None:
         """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
-        (Open.vocab_size); 0: not known."""
+        (Open.vocab_size); 0: not known.
+        `served_model_name`: the model name the engine serves (its fronts serve it too unless front.model_name is
+        set); "" = the engine names none."""
         engine = config.engine
         self.config = config
+        self.served_model_name = served_model_name
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -84,6 +88,7 @@ class EngineLink:
             answer_timeout_s=engine.batch_answer_timeout_s,
             limits=SubmitLimits.from_config(config),
             vocab_size=vocab_size,
+            max_live_stop_chars=config.worker.max_live_stop_chars,
         )
         self.recorder = recorder
         self.decoder = engine_decoder()
@@ -124,6 +129,19 @@ class EngineLink:
         self.fronts.flush()
         news, self._news = self._news, BusNews()
         return news
+
+    def fds(self) -> list[int]:
+        """For an asyncio engine loop that waits on the bus with `loop.add_reader` instead of `poll(timeout)`: the
+        file descriptors (ZMQ_FD) that become readable when frames may have arrived. They are edge-triggered:
+        after a `poll(0)`, ask `has_news()` and poll again while it says so."""
+        return [self.fronts.pull.getsockopt(zmq.FD), self.workers.router.getsockopt(zmq.FD)]
+
+    def has_news(self) -> bool:
+        """A `poll(0)` now would return news: frames wait to be read (a poll takes a bounded number per socket), or
+        a step stopped requests (rejected for want of a worker)."""
+        if self._news.submitted or self._news.stopped:
+            return True
+        return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
 
     def accept(
         self,
@@ -232,6 +250,7 @@ class EngineLink:
             reopened=scheduler.reopened,
             generated=scheduler.generated,
             dropped_connections=self.dropped_connections,
+            served_model_name=self.served_model_name,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -3,18 +3,23 @@ yet sent; detok_worker/engine/scheduler.py commits what was sent)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     FINISH_LENGTH,
     FINISH_STOP,
     DetokParams,
+    Open,
     Reject,
     RequestParams,
     TokenBatch,
     TokenLogprob,
     Tokens,
 )
+from detok_worker.engine.workers import WorkerRegistry
+from detok_worker.stream.stop.rules import StopRules
 
 
 @dataclass(slots=True)
@@ -34,6 +39,8 @@ class Request:
     orphan_since: float | None = None
     ended: bool = False  # generation is over; kept (or re-opened) only until the front has the final text
     logprobs: list[TokenLogprob] | None = None  # aligned with planned, when the request asked for logprobs
+    stop_chars: int = 0  # characters of its stop strings (its worker's worker.max_live_stop_chars)
+    placed: bool = False  # it had a worker once: output may have reached its client (a re-open is never refused)
 
     def extend(self, ids: list[int], logprobs: list[TokenLogprob] | None) -> int:
         """Pushed ids (and their logprobs, when the request asked) up to max_tokens; returns the room there was."""
@@ -42,6 +49,68 @@ class Request:
         if self.logprobs is not None:
             self.logprobs += aligned_logprobs(logprobs, min(len(ids), room))
         return room
+
+    def push(self, ids: list[int], finish: str | None, logprobs: list[TokenLogprob] | None) -> None:
+        """The engine's new ids; `finish` ends it (ids past max_tokens are dropped and end it with "length")."""
+        if len(ids) > self.extend(ids, logprobs):
+            finish = FINISH_LENGTH
+        if finish is not None:
+            self.finish = finish
+            self.open_ended = False
+
+    def stop_at_cursor(self) -> None:
+        """Its worker found a stop: a re-open must end where that worker ended, at the ids it had (its stop is found
+        again in them)."""
+        self.planned = self.planned[: self.cursor]
+        if self.release_ns is not None:
+            self.release_ns = self.release_ns[: self.cursor]
+        self.finish = FINISH_STOP
+        self.open_ended = False
+
+    def step_end(self, tokens_per_step: int, now_ns: int) -> tuple[int, bool]:
+        """(cursor after this step, whether the request ends with it): every id pushed so far of a pushed request;
+        tokens_per_step of a planned one, or when it is paced (replay) every id whose time has come."""
+        planned = self.planned
+        if self.pushed:
+            return len(planned), not self.open_ended
+        if self.release_ns is None:
+            end = min(self.cursor + tokens_per_step, len(planned))
+        else:
+            end = bisect.bisect_right(self.release_ns, now_ns, lo=self.cursor)
+        return end, end >= len(planned)
+
+
+def new_request(
+    rid: str,
+    tail: list[int],
+    params: RequestParams,
+    rules: StopRules,
+    planned: list[int] | None,
+    release_ns: list[int] | None = None,
+    finish: str | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> Request:
+    """A submitted request whose output ids are `planned` (cut to max_tokens; `finish` unless cut there, and
+    `release_ns` pace them), or with None pushed as the engine makes them."""
+    pushed = planned is None
+    ids, end = ([], FINISH_LENGTH) if planned is None else plan_output(planned, params)
+    if finish is not None and end != FINISH_LENGTH:
+        end = finish
+    request = Request(
+        rid=rid,
+        prompt_tail=tail,
+        detok=rules.worker_params(),
+        planned=[],
+        finish=end,
+        release_ns=release_ns[: len(ids)] if release_ns is not None else None,
+        max_tokens=params.max_tokens,
+        pushed=pushed,
+        open_ended=pushed and params.max_tokens > 0,
+        logprobs=None if params.sampling.logprobs is None else [],  # only when the request asked for them
+        stop_chars=rules.stop_chars,
+    )
+    request.extend(ids, logprobs)  # ids are within max_tokens already
+    return request
 
 
 NO_LOGPROB = TokenLogprob(float("nan"))  # stands for an entry the engine did not give (the client sees null)
@@ -86,6 +155,24 @@ class WorkerPlan:
 class StepPlan:
     workers: list[WorkerPlan]
     rejects: list[Reject]
+
+
+Groups = dict[str, tuple[list[Open], list[Tokens], list[tuple[Request, int, bool]]]]  # worker -> opens, items, advances
+
+
+def worker_plans(
+    step: int, sent_ns: int, groups: Groups, pending: dict[str, list[Tokens]], registry: WorkerRegistry
+) -> list[WorkerPlan]:
+    """One TokenBatch per worker with something to send: its abort items (`pending`), then its requests' `groups`."""
+    for worker, extra in pending.items():
+        if worker in registry and extra and worker not in groups:
+            groups[worker] = ([], [], [])
+    plans = []
+    for worker, (opens, items, advances) in groups.items():
+        extra = list(pending.get(worker, ()))
+        batch = token_batch(step, sent_ns, opens, extra + items, registry.reads_columns(worker))
+        plans.append(WorkerPlan(worker, batch, advances, extra))
+    return plans
 
 
 def plan_output(planned: list[int], params: RequestParams) -> tuple[list[int], str]:

@@ -1,15 +1,17 @@
-"""The engine stub's scheduling state, pure (no sockets, the caller passes the clock).
+"""The engine's scheduling state, pure (no sockets, the caller passes the clock).
 
-Continuous batching: at most max_batch requests generate at once, the rest wait in arrival order. A request's
-ids are either planned at submit (the stub's sources) or pushed as a real engine generates them (`open` +
-`push`). Each step takes the next ids of every generating request (tokens_per_step of a planned one, or, when
-replaying a trace at recorded speed, every id whose time has come; every id pushed so far of a pushed one, with
-their logprobs when the request asked), groups them by owning worker and builds one TokenBatch per worker. A step
-is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a worker
-could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow worker,
-that worker's requests just pause.
+A request's ids are either planned at submit (the stub's sources: at most max_batch generate at once, the rest wait
+in arrival order) or pushed as an engine generates them (`submit(pushed=True)` + `push`: it runs at once, as the
+engine that schedules it decides; a cap of ours would only hold requests that engine could run). Each step takes
+the new ids of the requests `_touched` since the last one (so a step costs what changed, not what runs):
+tokens_per_step of a planned one (when replaying a trace at recorded speed, every id whose time has come), every id
+pushed so far of a pushed one (with their logprobs when the request asked), and builds one TokenBatch per worker.
+A step is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a
+worker could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow
+worker, that worker's requests just pause.
 
-Ownership: a request goes to the live worker with the fewest requests when it first generates and stays there;
+Ownership: a request goes to the live worker with the fewest requests among those with room for its stop strings
+(workers.py) when it starts and stays there (a new request none has room for is refused then, before any output);
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
 Open again, and a Tokens item with the full history. A worker that reads columns (Hello/Heartbeat) gets them.
 
@@ -19,15 +21,14 @@ meanwhile, it is re-opened like a live one, its Tokens item carrying the finish 
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter, deque
 from collections.abc import Iterable
 
-from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     FINISH_ABORT,
-    FINISH_LENGTH,
-    FINISH_STOP,
+    REJECT_FAILED,
+    REJECT_INVALID,
+    REJECT_NO_WORKER,
     DetokParams,
     Open,
     Reject,
@@ -37,7 +38,17 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
-from detok_worker.engine.plans import Emitted, Request, StepPlan, WorkerPlan, plan_output, prompt_tail, step_tokens
+from detok_worker.engine.plans import (
+    Emitted,
+    Groups,
+    Request,
+    StepPlan,
+    WorkerPlan,
+    new_request,
+    prompt_tail,
+    step_tokens,
+    worker_plans,
+)
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 
@@ -61,6 +72,7 @@ class Scheduler:
         answer_timeout_s: float = 0.0,
         limits: SubmitLimits = NO_SUBMIT_LIMITS,
         vocab_size: int = 0,
+        max_live_stop_chars: int | None = None,
     ) -> None:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
@@ -70,8 +82,9 @@ class Scheduler:
         self.stop_limits = stop_limits
         self.limits = limits
         self.vocab_size = vocab_size  # the model's vocabulary size, on every Open (0: not known)
-        self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s)
+        self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s, max_live_stop_chars)
         self.running: dict[str, Request] = {}
+        self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
         self.waiting: deque[Request] = deque()
         self._waiting_by_rid: dict[str, Request] = {}
         self._to_assign: list[Request] = []  # admitted or orphaned requests without a worker
@@ -117,31 +130,21 @@ class Scheduler:
             return None
         self.delivering.forget(rid)
         if (problem := self.limits.check(prompt_ids, params)) is not None:
-            return self._reject(rid, problem)
+            return self._reject(rid, problem, REJECT_INVALID)
         try:
             rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
         except StopRuleError as exc:
-            return self._reject(rid, str(exc))
-        # with no live worker (all restarting, none started yet) it waits like an orphan: ORPHAN_GRACE_S at most
-        ids, end = plan_output(planned, params) if not pushed else ([], FINISH_LENGTH)
-        if finish is not None and end != FINISH_LENGTH:
-            end = finish
-        request = Request(
-            rid=rid,
-            prompt_tail=prompt_tail(prompt_ids, self.special_ids),
-            detok=rules.worker_params(),
-            planned=[],
-            finish=end,
-            release_ns=release_ns[: len(ids)] if release_ns is not None else None,
-            max_tokens=params.max_tokens,
-            pushed=pushed,
-            open_ended=pushed and params.max_tokens > 0,
-            logprobs=None if params.sampling.logprobs is None else [],  # only when the request asked for them
-        )
-        request.extend(ids, logprobs)  # ids are within max_tokens already
-        self.waiting.append(request)
-        self._waiting_by_rid[rid] = request
-        return None
+            return self._reject(rid, str(exc), REJECT_INVALID)
+        tail = prompt_tail(prompt_ids, self.special_ids)
+        request = new_request(rid, tail, params, rules, None if pushed else planned, release_ns, finish, logprobs)
+        if not pushed:
+            self.waiting.append(request)
+            self._waiting_by_rid[rid] = request
+            return None
+        # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
+        self.running[rid] = request
+        self._to_assign.append(request)
+        return self._place(request, self._now) if self.registry else None
 
     def push(
         self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
@@ -153,12 +156,8 @@ class Scheduler:
         request = self.running.get(rid) or self._waiting_by_rid.get(rid)
         if request is None or not request.open_ended:
             return False
-        room = request.extend(ids, logprobs)
-        if len(ids) > room:
-            finish = FINISH_LENGTH
-        if finish is not None:
-            request.finish = finish
-            request.open_ended = False
+        request.push(ids, finish, logprobs)
+        self._touched[rid] = request
         return True
 
     def detok_params(self, rid: str) -> DetokParams | None:
@@ -193,12 +192,7 @@ class Scheduler:
             return False
         del self.running[rid]
         self._unassign(request)
-        # a re-open must end where this worker ended: at the ids it had (its stop is found again in them)
-        request.planned = request.planned[: request.cursor]
-        if request.release_ns is not None:
-            request.release_ns = request.release_ns[: request.cursor]
-        request.finish = FINISH_STOP
-        request.open_ended = False
+        request.stop_at_cursor()
         self._hold(request)
         return True
 
@@ -250,24 +244,19 @@ class Scheduler:
         self._now = now
         self._admit()
         rejects = self._assign(now)
-        groups: dict[str, tuple[list[Open], list[Tokens], list[tuple[Request, int, bool]]]] = {}
+        groups: Groups = {}
         tokens_per_step = self.tokens_per_step
-        for request in self.running.values():
+        running, touched = self.running, self._touched
+        for rid, request in list(touched.items()):
             worker = request.worker
-            if worker is None:
+            if running.get(rid) is not request or worker is None:
+                del touched[rid]  # ended, or waiting for a worker (placing it touches it again)
                 continue
             cursor = request.cursor
-            planned = request.planned
-            if request.pushed:
-                end = len(planned)
-                ends = not request.open_ended
-            else:
-                if request.release_ns is None:
-                    end = min(cursor + tokens_per_step, len(planned))
-                else:
-                    end = bisect.bisect_right(request.release_ns, now_ns, lo=cursor)
-                ends = end >= len(planned)
+            end, ends = request.step_end(tokens_per_step, now_ns)
             if end == cursor and not ends and request.opened:
+                if request.pushed:
+                    del touched[rid]  # nothing new: its next push touches it again
                 continue
             group = groups.get(worker)
             if group is None:
@@ -277,16 +266,8 @@ class Scheduler:
                 cursor = 0  # a (re-)open carries the full history
             group[1].append(step_tokens(request, cursor, end, ends))
             group[2].append((request, end, ends))
-        for worker, extra in self._pending.items():
-            if worker in self.registry and extra and worker not in groups:
-                groups[worker] = ([], [], [])
         self.step_number += 1
-        plans = []
-        for worker, (opens, items, advances) in groups.items():
-            extra = list(self._pending.get(worker, ()))
-            batch = token_batch(self.step_number, sent_ns, opens, extra + items, self.registry.reads_columns(worker))
-            plans.append(WorkerPlan(worker, batch, advances, extra))
-        return StepPlan(plans, rejects)
+        return StepPlan(worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry), rejects)
 
     def commit(self, plan: WorkerPlan, *, report: bool = False) -> list[Emitted]:
         """The worker's batch was sent: advance its requests, end the finished ones. With report, returns the
@@ -298,6 +279,7 @@ class Scheduler:
             del pending[: len(plan.extra)]
             if not pending:
                 del self._pending[plan.worker]
+                self.registry.pending_sent(plan.worker)
         running = self.running
         for request, end, ends in plan.advances:
             if running.get(request.rid) is not request or request.worker != plan.worker:
@@ -312,6 +294,8 @@ class Scheduler:
                 del running[request.rid]
                 self._unassign(request)
                 self._hold(request)
+            elif request.pushed and end == len(request.planned):
+                self._touched.pop(request.rid, None)  # all sent: its next push touches it again
         return emitted
 
     def next_release_ns(self) -> int | None:
@@ -325,6 +309,7 @@ class Scheduler:
     # ---- internals ------------------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        """Planned requests, up to max_batch running (pushed ones run from their submit on)."""
         while self.waiting and len(self.running) < self.max_batch:
             request = self.waiting.popleft()
             del self._waiting_by_rid[request.rid]
@@ -339,26 +324,40 @@ class Scheduler:
         for request in self._to_assign:
             if self.running.get(request.rid) is not request or request.worker is not None:
                 continue  # ended (abort, Finish) or already placed
-            info = self.registry.least_loaded()
-            if info is not None:
-                info.rids.add(request.rid)
-                request.worker = info.worker
-                request.opened = False
-                request.orphan_since = None
-            elif request.orphan_since is None:
-                request.orphan_since = now
-                waiting.append(request)
-            elif now - request.orphan_since > ORPHAN_GRACE_S:
-                del self.running[request.rid]
-                rejects.append(self._reject(request.rid, "no detok worker is alive"))
-            else:
+            if (reject := self._place(request, now)) is not None:
+                rejects.append(reject)
+            elif request.worker is None:
                 waiting.append(request)
         self._to_assign = waiting
         return rejects
 
-    def _unassign(self, request: Request) -> None:
-        if request.worker is not None and (info := self.registry.get(request.worker)) is not None:
-            info.rids.discard(request.rid)
+    def _place(self, request: Request, now: float) -> Reject | None:
+        """A worker for a running request. A new one no worker has room for is refused (before any output: its
+        client gets a status); a re-opened one goes to the least loaded worker anyway (which refuses it if it must).
+        With no live worker it waits, ORPHAN_GRACE_S at most."""
+        registry = self.registry
+        info = registry.place(request.rid, request.stop_chars, anywhere=request.placed)
+        if info is not None:
+            request.worker = info.worker
+            request.opened = False
+            request.orphan_since = None
+            request.placed = True
+            self._touched[request.rid] = request
+            return None
+        if registry:
+            del self.running[request.rid]
+            return self._reject(request.rid, *registry.refusal(request.stop_chars))
+        if request.orphan_since is None:
+            request.orphan_since = now
+        elif now - request.orphan_since > ORPHAN_GRACE_S:
+            del self.running[request.rid]
+            return self._reject(request.rid, "no detok worker is alive", REJECT_NO_WORKER)
+        return None
+
+    def _unassign(self, request: Request, *, after_pending: bool = False) -> None:
+        """The request leaves its worker (after_pending: with an abort item still to be sent to it)."""
+        if request.worker is not None:
+            self.registry.unassign(request.worker, request.rid, request.stop_chars, after_pending=after_pending)
 
     def _lose_worker(self, worker: str) -> None:
         if (info := self.registry.remove(worker)) is not None:
@@ -384,9 +383,10 @@ class Scheduler:
                 return False
             self.waiting = deque(r for r in self.waiting if r.rid != rid)
             return True
-        if request.worker is not None and request.opened:
+        aborted_on_worker = request.worker is not None and request.opened
+        if aborted_on_worker:
             self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))
-        self._unassign(request)
+        self._unassign(request, after_pending=aborted_on_worker)
         return True
 
     def _hold(self, request: Request) -> None:
@@ -395,6 +395,6 @@ class Scheduler:
             request.ended = True
             self.delivering.hold(request.rid, request, request.worker, self._now)
 
-    def _reject(self, rid: str, error: str) -> Reject:
+    def _reject(self, rid: str, error: str, kind: str = REJECT_FAILED) -> Reject:
         self.rejected += 1
-        return Reject(rid, error)
+        return Reject(rid, error, kind=kind)

@@ -4,11 +4,19 @@ clock and re-opens a lost worker's rids (detok_worker/engine/scheduler.py).
 
 Liveness has two parts: heartbeats (the worker's process is alive) and progress (its heartbeats report the last
 TokenBatch step it handled): a worker that heartbeats but handles none of the batches sent to it for
-answer_timeout_s (0 = never checked) is lost like a silent one, unless it says it is blocked on the front."""
+answer_timeout_s (0 = never checked) is lost like a silent one, unless it says it is blocked on the front.
+
+Stop-string budget: each worker holds at most worker.max_live_stop_chars characters of its live rids' stop strings
+(the worker refuses an Open past it). The registry counts them as the worker will when it reads its batches, never
+less: a rid's characters are taken when it is placed and given back once the worker has its end (the batch with its
+last ids was sent, its Finish came, or the batch with its abort item was sent: a batch's Opens come before its
+items, so until then a new Open would still find them counted), so a request that fits here fits there."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from detok_worker.bus.messages import REJECT_INVALID, REJECT_STOP_BUDGET
 
 
 @dataclass(slots=True)
@@ -21,12 +29,17 @@ class WorkerInfo:
     answered_step: int = -1  # the last step its heartbeats say it handled
     waiting_since: float | None = None  # since when it owes an answer without progress
     columns: bool = False  # it reads TokenBatch columns (Hello/Heartbeat.columns); else items only
+    stop_chars: int = 0  # stop-string characters of its rids, as the worker counts them (see the module doc)
+    stop_chars_ending: int = 0  # of those, the rids whose abort item waits to be sent to it
 
 
 class WorkerRegistry:
-    def __init__(self, heartbeat_timeout_s: float, answer_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self, heartbeat_timeout_s: float, answer_timeout_s: float = 0.0, max_live_stop_chars: int | None = None
+    ) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.answer_timeout_s = answer_timeout_s
+        self.max_live_stop_chars = max_live_stop_chars  # None = no budget
         self.workers: dict[str, WorkerInfo] = {}
 
     def __contains__(self, worker: str) -> bool:
@@ -44,8 +57,51 @@ class WorkerRegistry:
     def loads(self) -> dict[str, int]:
         return {worker: len(info.rids) for worker, info in self.workers.items()}
 
-    def least_loaded(self) -> WorkerInfo | None:
+    def least_loaded(self, stop_chars: int = 0) -> WorkerInfo | None:
+        """The worker with the fewest rids among those with room for `stop_chars` more stop-string characters (a
+        rid without stop strings fits anywhere, as in the worker's own check); None when no worker has room."""
+        budget = self.max_live_stop_chars
+        if stop_chars and budget is not None:
+            fitting = [w for w in self.workers.values() if w.stop_chars + stop_chars <= budget]
+            return min(fitting, key=lambda w: len(w.rids)) if fitting else None
         return min(self.workers.values(), key=lambda w: len(w.rids)) if self.workers else None
+
+    def place(self, rid: str, stop_chars: int, *, anywhere: bool = False) -> WorkerInfo | None:
+        """Give `rid` the least loaded worker with room for its `stop_chars` (with `anywhere`, the least loaded one
+        when none has room); None when none is alive or has room."""
+        info = self.least_loaded(stop_chars)
+        if info is None and anywhere:
+            info = self.least_loaded()
+        if info is not None:
+            info.rids.add(rid)
+            info.stop_chars += stop_chars
+        return info
+
+    def refusal(self, stop_chars: int) -> tuple[str, str]:
+        """(message, Reject kind) for a new request no live worker has room for."""
+        budget = self.max_live_stop_chars
+        held = f"{stop_chars} characters of stop strings"
+        if budget is not None and stop_chars > budget:  # more than a worker ever holds: retrying cannot help
+            message = f"the request has {held}, more than a detok worker holds (worker.max_live_stop_chars = {budget})"
+            return f"{message}: use fewer or shorter stop strings", REJECT_INVALID
+        message = f"no detok worker has room for {held} more (worker.max_live_stop_chars = {budget} per worker)"
+        return f"{message}: retry later, or use fewer or shorter stop strings", REJECT_STOP_BUDGET
+
+    def unassign(self, worker: str, rid: str, stop_chars: int, *, after_pending: bool = False) -> None:
+        """`rid` left `worker`: its stop strings' room is free at once, or (after_pending: its abort item is still to
+        be sent) once the worker's pending items are sent (`pending_sent`)."""
+        info = self.workers.get(worker)
+        if info is not None:
+            info.rids.discard(rid)
+            if after_pending:
+                info.stop_chars_ending += stop_chars
+            else:
+                info.stop_chars -= stop_chars
+
+    def pending_sent(self, worker: str) -> None:
+        if (info := self.workers.get(worker)) is not None:
+            info.stop_chars -= info.stop_chars_ending
+            info.stop_chars_ending = 0
 
     def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> WorkerInfo | None:
         """Register a (re)started worker; returns its previous incarnation, whose rids are lost."""

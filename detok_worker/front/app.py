@@ -36,7 +36,7 @@ from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
-from detok_worker.front.validation import Limits, check_model
+from detok_worker.front.validation import Limits, check_model, served_model_name
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from detok_worker.metrics import InstrumentedTokenizer, render_latest
 from detok_worker.tokenizer.encode_cache import wrap_with_encode_cache
@@ -59,8 +59,7 @@ class Front:
         self.config = config
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
-        self.model_name = config.front.model_name or tokenizer.name
-        self.limits = Limits.from_config(config, self.model_name, tokenizer)
+        self.limits = Limits.from_config(config, config.front.model_name or tokenizer.name, tokenizer)
         self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config, index)
         self.dispatcher.metrics.also_flush(self.tokenizer)
@@ -99,8 +98,14 @@ class Front:
 
     # ---- endpoints (generation: generation.py) ------------------------------------------------------------
 
+    @property
+    def model_name(self) -> str:
+        """The name served (validation.served_model_name): front.model_name, the engine's, or the tokenizer's."""
+        return served_model_name(self.limits, self.dispatcher.engine_model_name)
+
     def _model_card(self) -> ModelCard:
-        return ModelCard(self.model_name, created=0, root=self.model_name, max_model_len=self.max_model_len)
+        name = self.model_name
+        return ModelCard(name, created=0, root=name, max_model_len=self.max_model_len)
 
     async def models(self, request: Request) -> Response:
         self.intake.authorize(request)
@@ -108,13 +113,13 @@ class Front:
 
     async def model(self, request: Request) -> Response:
         self.intake.authorize(request)
-        check_model(request.path_params["model"], self.limits)
+        check_model(request.path_params["model"], self.limits, self.dispatcher.engine_model_name)
         return json_response(self._model_card())
 
     async def tokenize(self, request: Request) -> Response:
         self.intake.authorize(request)
         body = decode_tokenize(await self.intake.read_body(request))
-        check_model(body.model, self.limits)
+        check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         return json_response(
             await self.intake.off_loop(tokenize, body, self.tokenizer, self.limits, self.max_model_len)
         )
@@ -122,7 +127,7 @@ class Front:
     async def detokenize(self, request: Request) -> Response:
         self.intake.authorize(request)
         body = decode_detokenize(await self.intake.read_body(request))
-        check_model(body.model, self.limits)
+        check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         return json_response(await self.intake.off_loop(detokenize, body, self.tokenizer, self.limits))
 
     async def version(self, request: Request) -> Response:

@@ -100,6 +100,22 @@ class Choices:
         completion = sum(stream.n_tokens for stream in self.streams)
         return Usage(self.prompt_tokens, completion, self.prompt_tokens + completion)
 
+    @property
+    def refused(self) -> APIError | None:
+        """The failure of a choice the engine refused at admission (before any output): the request never started,
+        so that is its response's status."""
+        for stream in self.streams:
+            if stream.failure is not None and stream.refused:
+                return stream.failure
+        return None
+
+    async def started(self) -> None:
+        """Until every choice has its first delta (or its end), or one failed."""
+        while self.failure is None and not all(stream.started for stream in self.streams):
+            wakeup = self.streams[0].wakeup
+            wakeup.clear()
+            await wakeup.wait()
+
     async def changes(self) -> list[Change]:
         """Wait for news from any choice (or a choice's end); returns each choice's news in index order. Once
         `finished` it returns what is left (text that came with the end or a failure) at once, then []."""

@@ -49,7 +49,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
-from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, bad_request
+from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
 from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.metrics import FrontMetrics, multiprocess_dir
@@ -78,6 +78,7 @@ class Dispatcher:
         self._decoder = front_decoder()
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
+        self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
@@ -287,14 +288,13 @@ class Dispatcher:
             self._workers[message.worker] = (message, time.monotonic())
         elif isinstance(message, EngineStats):
             self._engine = (message, time.monotonic())
+            if message.served_model_name:
+                self.engine_model_name = message.served_model_name
         elif isinstance(message, Reject):
             stream = self._streams.pop(message.rid, None)
             if stream is not None:
                 self.counters["rejected"] += 1
-                if message.param:  # a parameter the engine cannot honour: the client's request, not the service
-                    error = bad_request(f"the engine cannot honour {message.param}: {message.error}", message.param)
-                else:
-                    error = APIError(503, f"the engine rejected the request: {message.error}", type=SERVICE_UNAVAILABLE)
+                error, stream.refused = reject_error(message)
                 stream.fail(error, drop_text=False)
 
     def _on_text(self, items: list[TextDelta]) -> None:

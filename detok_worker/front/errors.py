@@ -6,6 +6,8 @@ from __future__ import annotations
 import msgspec
 from starlette.responses import Response
 
+from detok_worker.bus.messages import REJECT_INVALID, REJECT_NO_WORKER, REJECT_STOP_BUDGET, Reject
+
 JSON = "application/json"
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
@@ -14,6 +16,8 @@ SERVICE_UNAVAILABLE = "service_unavailable"
 ENGINE_ERROR = "engine_error"
 TIMEOUT = "timeout"
 SERVER_ERROR = "server_error"
+RATE_LIMIT = "rate_limit_error"
+STOP_BUDGET_RETRY_S = 1  # Retry-After of a request refused for the workers' stop-string budget: requests end often
 
 
 class ErrorDetail(msgspec.Struct):
@@ -38,6 +42,7 @@ class APIError(Exception):
         type: str = INVALID_REQUEST,  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -45,6 +50,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # of its response (e.g. Retry-After)
 
     def body(self) -> ErrorBody:
         return ErrorBody(ErrorDetail(self.message, self.type, self.param, self.code))
@@ -59,7 +65,26 @@ def encode_error(error: APIError) -> bytes:
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> Response:
-    """The JSON response of an error (a 401 also asks for a Bearer token)."""
+    """The JSON response of an error, with its own headers (a 401 also asks for a Bearer token)."""
+    if error.headers:
+        headers = {**error.headers, **(headers or {})}
     if error.status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return Response(encode_error(error), status_code=error.status, media_type=JSON, headers=headers)
+
+
+def reject_error(reject: Reject) -> tuple[APIError, bool]:
+    """What the client is told of the engine's Reject, by its `param` and `kind` (never by its message), and whether
+    it is a refusal at admission (the status of a response not started yet, rather than an error that ends one): a
+    parameter the engine cannot honour or a request outside its limits is a 400, no room for its stop strings on
+    any worker a 429 with Retry-After, no live worker a 503; a Reject that says no kind (the engine failed) a 503."""
+    if reject.param:
+        return bad_request(f"the engine cannot honour {reject.param}: {reject.error}", reject.param), True
+    if reject.kind == REJECT_INVALID:
+        return bad_request(f"the engine refused the request: {reject.error}", code="invalid_request"), True
+    if reject.kind == REJECT_STOP_BUDGET:
+        headers = {"Retry-After": str(STOP_BUDGET_RETRY_S)}
+        error = APIError(429, reject.error, type=RATE_LIMIT, param="stop", code="stop_budget", headers=headers)
+        return error, True
+    error = APIError(503, f"the engine rejected the request: {reject.error}", type=SERVICE_UNAVAILABLE)
+    return error, reject.kind == REJECT_NO_WORKER

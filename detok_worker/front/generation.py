@@ -1,8 +1,9 @@
 """The generation routes, POST /v1/completions and /v1/chat/completions (stream or not), on the Front's parts
 (app.py): decode and check the request, tokenize its prompt (on the event loop when it is short, else on a thread),
-submit one engine request per choice (choices.py), then answer with an SSE stream or one JSON body, releasing the
-engine requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and
-sse.py. While the front drains (`draining`) new generations get a 503 with Retry-After.
+submit one engine request per choice (choices.py), then answer with an SSE stream (its head once every choice has
+output: a request the engine refuses at admission gets that status instead) or one JSON body, releasing the engine
+requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and sse.py.
+While the front drains (`draining`) new generations get a 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class Generation:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
         body = decode(await self.intake.read_body(request))
-        model = check_model(body.model, self.limits)
+        model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits)
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
@@ -105,6 +106,9 @@ class Generation:
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
         if body.stream:
+            failure = await self._first_output(request, choices)
+            if failure is not None:
+                return error_response(failure)
             events = self._events(choices, formatter, checked.include_usage)
             return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
         return await self._collect(request, choices, formatter)
@@ -116,6 +120,24 @@ class Generation:
             return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules))
         requests = list(zip(rids, choice_params(params, checked.n), strict=True))
         return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
+
+    async def _first_output(self, request: Request, choices: Choices) -> APIError | None:
+        """Hold a stream's response head until every choice has its first delta (or has ended): a request the engine
+        refuses at admission (its Reject's kind: no worker has room for its stop strings, its limits, no live worker)
+        gets that status, never a 200 and then an error event. Other failures end the stream as before (an error
+        event, after any text). Returns the refusal, if any (its streams released)."""
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        try:
+            await choices.started()
+        except BaseException:
+            self._release(choices)
+            raise
+        finally:
+            watcher.cancel()
+        refused = choices.refused
+        if refused is not None:
+            self._release(choices)
+        return refused
 
     def _release(self, choices: Choices) -> None:
         for stream in choices.streams:

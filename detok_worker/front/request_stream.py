@@ -42,6 +42,8 @@ class RequestStream:
         "first_output_at",
         "first_output_tokens",
         "ended_at",
+        "answered",
+        "refused",
     )
 
     def __init__(
@@ -77,9 +79,12 @@ class RequestStream:
         self.first_output_at = 0.0
         self.first_output_tokens = 0
         self.ended_at = 0.0
+        self.answered = False  # a delta came (from its worker: the request was admitted)
+        self.refused = False  # the engine refused it at admission (its failure is the response's status)
 
     def accept(self, delta: TextDelta) -> str | None:
         """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
+        self.answered = True
         text = self.reassembly.take(delta)
         if text is None:
             self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
@@ -172,6 +177,11 @@ class RequestStream:
     @property
     def wakeup(self) -> asyncio.Event:
         return self._wakeup
+
+    @property
+    def started(self) -> bool:
+        """Its first delta came, or it ended."""
+        return self.answered or self.done
 
     @property
     def has_news(self) -> bool:

@@ -26,7 +26,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    model_name: str
+    model_name: str  # front.model_name, or the tokenizer's name (served_model_name says which name is served)
     vocab_size: int
     max_tokens_default: int
     max_tokens_limit: int
@@ -37,6 +37,7 @@ class Limits:
     eos_ids: frozenset[int]
     # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
     check_ids: Callable[[Sequence[int]], None]
+    model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
 
     @classmethod
     def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
@@ -51,6 +52,7 @@ class Limits:
             max_n=config.front.max_n,
             stop=StopLimits.from_config(config),
             eos_ids=frozenset(tokenizer.eos_token_ids),
+            model_name_set=bool(config.front.model_name),
         )
 
 
@@ -112,16 +114,24 @@ def _invalid_field(message: str) -> tuple[str | None, str]:
     return (path.group(1) if path else None), "invalid_type"
 
 
-def check_model(requested: str | None, limits: Limits) -> str:
-    if requested is not None and requested != limits.model_name:
+def served_model_name(limits: Limits, engine_model_name: str) -> str:
+    """The model name served: front.model_name when set, else the engine's (its served_model_name, once it reported
+    one: what clients of that engine know it by), else the tokenizer's."""
+    return engine_model_name if engine_model_name and not limits.model_name_set else limits.model_name
+
+
+def check_model(requested: str | None, limits: Limits, engine_model_name: str = "") -> str:
+    """The served model name (served_model_name); a request naming another model is a 404."""
+    served = served_model_name(limits, engine_model_name)
+    if requested is not None and requested != served:
         raise APIError(
             404,
-            f"the model {requested!r} does not exist; this server serves {limits.model_name!r}",
+            f"the model {requested!r} does not exist; this server serves {served!r}",
             type="not_found_error",
             param="model",
             code="model_not_found",
         )
-    return limits.model_name
+    return served
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:

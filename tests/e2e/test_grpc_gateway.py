@@ -26,7 +26,7 @@ from helpers.fault_helpers import (
     stream_completion,
 )
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.grpc_engine_server import EngineServer
+from helpers.grpc_engine_server import EngineServer, engine_server
 from helpers.serve_helpers import REPO, ServeProcess, wait_for
 from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
@@ -50,11 +50,8 @@ def gateway(engine: EngineServer, *extra: str) -> ServeProcess:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[EngineServer]:
-    server = EngineServer("--source", "echo", "--step-interval-ms", STEP_MS)
-    try:
+    with engine_server("--source", "echo", "--step-interval-ms", STEP_MS) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(scope="module")

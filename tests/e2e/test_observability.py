@@ -1,9 +1,11 @@
 """Observability of a real `detok serve --source echo`: the access log (one line per request, a stream's when it
-ends), the client's X-Request-Id in the worker's log line about its failed request, and the per-request metrics
-(HTTP responses by endpoint and status, request duration, TTFT, inter-token latency, drain state).
+ends, a refused one's with its status and cause), and the per-request metrics (HTTP responses by endpoint and
+status, request duration, TTFT, inter-token latency, drain state). The client's X-Request-Id in a worker's log line
+about its failed request: tests/faults/test_params.py (workers with their own limits).
 
 The echo source generates the prompt's ids then EOS, so every completion's token count is known: prompt + 1.
-worker.max_live_stop_chars is set to 8 so that a request with a longer stop string is refused by the worker."""
+worker.max_live_stop_chars is set to 8 so that a request with a longer stop string is refused (by the engine, which
+places requests on workers with room for their stop strings: this one fits on none, ever)."""
 
 from __future__ import annotations
 
@@ -148,15 +150,13 @@ def test_stream_left_by_its_client_is_logged_once_when_it_ends(service: ServePro
     assert 0 < int(line["completion_tokens"]) < 1500
 
 
-def test_worker_log_line_of_a_failed_request_names_the_client_request_id(service: ServeProcess) -> None:
-    answer = post(service.url, "obs-refused-stop", {"prompt": "Hello", "stop": ["a stop string of 28 characters"]})
-    assert answer.status_code == 502
-    assert answer.json()["error"]["code"] == "detokenizer_error"
-    assert "worker.max_live_stop_chars" in answer.json()["error"]["message"]
-    line = access_line(service, "obs-refused-stop")
-    assert (line["status"], line["end"]) == ("502", "detokenizer_error")
-    worker_lines = [
-        text for text in service.log(None).splitlines() if " worker:" in text and "obs-refused-stop" in text
-    ]
-    assert len(worker_lines) == 1, worker_lines
-    assert f"rid {line['rid']} failed (stop_budget" in worker_lines[0]
+def test_a_request_refused_before_any_output_is_logged_with_its_status_and_cause(service: ServeProcess) -> None:
+    for request_id, stream in (("obs-refused-stop", False), ("obs-refused-stream", True)):
+        body = {"prompt": "Hello", "stop": ["a stop string of 28 characters"], "stream": stream}
+        answer = post(service.url, request_id, body)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "invalid_request"
+        assert "worker.max_live_stop_chars" in answer.json()["error"]["message"]
+        line = access_line(service, request_id)
+        assert (line["status"], line["end"], line["completion_tokens"]) == ("400", "invalid_request", "0")
+        assert line["rid"].startswith(f"cmpl-{request_id}-")

@@ -154,18 +154,23 @@ def test_stop_strings_beyond_the_worker_limits_end_with_a_clear_error(processes:
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 2 stop strings are allowed (got 5)"),
         ({"stop": ["twenty characters!!!"]}, "a stop string is longer than 8 characters"),
     ]
-    for extra, message in cases * 3:
+    for index, (extra, message) in enumerate(cases * 3):
         body = {"prompt": "Hello there, how are you?", "max_tokens": 50, **extra}
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        headers = {"X-Request-Id": f"params-{index}"}
+        response = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
         assert response.status_code == 502 and message in response.json()["error"]["message"], response.text
-        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as reply:
+        streamed = {**body, "stream": True}
+        headers = {"X-Request-Id": f"params-{index}-stream"}
+        with httpx.stream("POST", f"{url}/v1/completions", json=streamed, headers=headers, timeout=30) as reply:
             lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and message in lines[-2]
     wait_for(lambda: _worker_bad(url, "bad_params") == bad_before + 12, 5, what="12 bad_params counted")
     wait_for(lambda: _idle(url), FREED_WITHIN_S + 1, what="live rids 0 everywhere")
-    # one line per refused request, naming its rid (so a client's X-Request-Id can be found in the worker's log)
-    refused = re.findall(r"rid (cmpl-\w+) failed \(bad_params", processes["worker"].log())
+    # one line per refused request, naming its rid, which holds the client's X-Request-Id
+    refused = re.findall(r"rid (cmpl-[\w-]+) failed \(bad_params", processes["worker"].log())
     assert len(refused) == len(set(refused)) == 12
+    request_ids = {f"cmpl-params-{index}{kind}" for index in range(6) for kind in ("", "-stream")}
+    assert {rid.rsplit("-", 1)[0] for rid in refused} == request_ids
     response = httpx.post(f"{url}/v1/completions", json={"prompt": "still fine", "stop": ["!"]}, timeout=30)
     assert response.status_code == 200 and response.json()["choices"][0]["text"] == "still fine"
 

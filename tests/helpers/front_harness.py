@@ -118,12 +118,13 @@ def decode_plan(
 class PlayedEngine:
     """Plays the engine (PULL at the engine endpoint: Submit/Abort) and one worker (PUSH to the front:
     TextBatch, WorkerStats; plus EngineStats and Reject) in a thread. `plan(submit)` decides what a request gets:
-    a list of TextDeltas sent one per step, or a string to Reject it with."""
+    a list of TextDeltas sent one per step (none: nothing), or a string to Reject it with."""
 
     config: DetokConfig
     plan: Callable[[Submit], Plan | str]
     step_s: float = 0.005
     send_stats: bool = True
+    served_model_name: str = ""  # the EngineStats' (the model name an engine serves)
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
     _jobs: dict[str, list[TextDelta]] = field(default_factory=dict)
@@ -168,7 +169,9 @@ class PlayedEngine:
                 now = time.monotonic()
                 if self.send_stats and now >= next_stats:
                     next_stats = now + 0.1
-                    push.send(encode(EngineStats(len(self._jobs), {PLAYED_WORKER: len(self._jobs)}, {}, 0, 0)))
+                    workers = {PLAYED_WORKER: len(self._jobs)}
+                    stats = EngineStats(len(self._jobs), workers, {}, 0, 0, served_model_name=self.served_model_name)
+                    push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))
 
     def _on_message(self, message: object, push: zmq.Socket[Any]) -> None:
@@ -177,7 +180,7 @@ class PlayedEngine:
             planned = self.plan(message)
             if isinstance(planned, str):
                 push.send(encode(Reject(message.rid, planned)))
-            else:
+            elif planned:  # an empty plan: the request gets nothing (a test sends what it wants)
                 self._jobs[message.rid] = list(planned)
         elif isinstance(message, Abort):
             self.aborts.put((message, time.monotonic()))

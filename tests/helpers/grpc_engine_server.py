@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,13 @@ class EngineServer:
         for file in self.workdir.iterdir():
             file.unlink()
         self.workdir.rmdir()
+
+
+@contextlib.contextmanager
+def engine_server(*args: str) -> Iterator[EngineServer]:
+    """An EngineServer with `args`, cleaned up however the block ends."""
+    server = EngineServer(*args)
+    try:
+        yield server
+    finally:
+        server.cleanup()

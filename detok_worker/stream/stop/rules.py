@@ -69,6 +69,11 @@ class StopRules:
             raise StopRuleError(f"min_tokens must be >= 0 (got {params.min_tokens})", "min_tokens")
         return cls(params, frozenset() if ignore_eos else frozenset(eos_ids))
 
+    @property
+    def stop_chars(self) -> int:
+        """Characters of the stop strings: what the request holds of its worker's worker.max_live_stop_chars."""
+        return sum(len(text) for text in self.params.stop)
+
     def worker_params(self) -> DetokParams:
         """What the worker gets: the client's params with the EOS ids added to the stop token ids."""
         if not self.eos_ids:

@@ -11,7 +11,7 @@ import zmq
 from helpers.bus_peers import bus_config, short_runtime_dir
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.messages import FrontHello, Reject, RequestParams, Submit
+from detok_worker.bus.messages import Delivered, FrontHello, Reject, RequestParams, Submit
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.engine.link import EngineLink
 
@@ -71,5 +71,29 @@ def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
                 submitted, _ = poll_until(link, lambda s, _: s)
                 assert [submit.rid for submit in submitted] == ["y"]
                 assert link.decoder.bad_frames["front_index"] == 2
+            finally:
+                link.close()
+
+
+def test_a_delivered_that_overtakes_the_workers_finish_stops_the_engines_request() -> None:
+    """A worker sends its final delta (to the front) and its Finish (to the engine) at once; the front's Delivered
+    can reach the engine first. The rid still generates there: the engine loop must hear to stop it."""
+    with short_runtime_dir() as runtime_dir:
+        config = bus_config(runtime_dir, **{"engine.stats_interval_s": 60.0})
+        with BusSockets(config) as front:
+            front.front_pull(0)
+            to_engine = front.engine_push()
+            link = EngineLink(config)
+            try:
+                to_engine.send(encode(Submit("r", [1, 2], RequestParams(max_tokens=40), 0)))
+                (submit,), _ = poll_until(link, lambda s, _: s)
+                assert link.accept(submit) is not None and link.push("r", [5, 6])
+                to_engine.send(encode(Delivered("r")))
+                _, stopped = poll_until(link, lambda _, stopped: stopped)
+                assert stopped == ["r"] and not link.push("r", [7])
+                to_engine.send(encode(Delivered("r")))  # again: nothing generates any more
+                to_engine.send(encode(Submit("s", [1], RequestParams(max_tokens=4), 0)))
+                _, stopped = poll_until(link, lambda s, _: s)
+                assert stopped == []
             finally:
                 link.close()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from helpers.scheduler_steps import EOS
+from helpers.scheduler_steps import items as _items
+from helpers.scheduler_steps import new_scheduler as _scheduler
+from helpers.scheduler_steps import step as _step
+
 from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
 from detok_worker.engine.limits import SubmitLimits
@@ -11,28 +16,7 @@ from detok_worker.engine.scheduler import (
     BAD_STRAY_FINISH,
     ORPHAN_GRACE_S,
     Scheduler,
-    StepPlan,
 )
-
-EOS = 99
-
-
-def _scheduler(**kwargs: object) -> Scheduler:
-    options = {"max_batch": 8, "tokens_per_step": 1, "heartbeat_timeout_s": 1.0, "eos_ids": [EOS]}
-    options.update(kwargs)
-    return Scheduler(**options)  # type: ignore[arg-type]
-
-
-def _step(scheduler: Scheduler, now: float = 0.0, *, commit: bool = True) -> StepPlan:
-    plan = scheduler.plan_step(now, int(now * 1e9), 123)
-    if commit:
-        for worker_plan in plan.workers:
-            scheduler.commit(worker_plan)
-    return plan
-
-
-def _items(plan: StepPlan) -> dict[str, list[Tokens]]:
-    return {p.worker: list(token_items(p.batch)) for p in plan.workers}
 
 
 def _run_to_end(scheduler: Scheduler, rid: str, limit: int = 100) -> list[int]:

@@ -1,0 +1,151 @@
+"""Refusals the engine knows before any output reach the client as its HTTP status, never as a 200 and then an
+error event: the front holds a streamed response's head until every choice has output (or ended). By the Reject's
+`kind` (never its message): no worker has room for the request's stop strings -> 429 with Retry-After; outside the
+engine's limits -> 400; no live worker -> 503. A Reject without a kind (an engine failure) ends a stream with an
+error event as before. Also: the model name the engine serves."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from helpers.front_harness import FrontUnderTest, running_front
+
+from detok_worker.bus.codec import encode
+from detok_worker.bus.messages import (
+    REJECT_FAILED,
+    REJECT_INVALID,
+    REJECT_NO_WORKER,
+    REJECT_STOP_BUDGET,
+    Reject,
+    Submit,
+    TextDelta,
+)
+from detok_worker.config import load_config
+from detok_worker.tokenizer import load_configured_tokenizer
+
+REFUSAL_DELAY_S = 0.3  # the engine's Reject comes this long after the Submit (as from a step, not at once)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_configured_tokenizer(load_config())
+
+
+@pytest.fixture(scope="module")
+def front(tokenizer: Any) -> Iterator[FrontUnderTest]:
+    with running_front(tokenizer) as under_test:
+        yield under_test
+
+
+def refuse_later(front: FrontUnderTest, kind: str, *, only: str = "") -> Any:
+    """A plan that Rejects (rids ending with `only`; the others get one delta and then nothing, still live) after
+    REFUSAL_DELAY_S, no output before."""
+
+    def plan(submit: Submit) -> Any:
+        if not submit.rid.endswith(only):
+            return [TextDelta(submit.rid, 0, "Hel", 1)]
+        reject = Reject(submit.rid, f"refused as {kind}", kind=kind)
+        threading.Timer(REFUSAL_DELAY_S, front.engine.send_raw, [encode(reject)]).start()
+        return []
+
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "code"),
+    [
+        (REJECT_STOP_BUDGET, 429, "stop_budget"),
+        (REJECT_INVALID, 400, "invalid_request"),
+        (REJECT_NO_WORKER, 503, None),
+    ],
+)
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_refusal_before_any_output_is_the_status(front: FrontUnderTest, kind: str, status: int, code: str | None,
+                                                   stream: bool) -> None:  # fmt: skip
+    front.set_plan(refuse_later(front, kind))
+    try:
+        asked = time.monotonic()
+        with httpx.stream("POST", f"{front.url}/v1/completions", json={"prompt": "Hi", "stream": stream}) as response:
+            waited = time.monotonic() - asked
+            body = response.read()
+    finally:
+        front.set_plan(front.echo_plan)
+    assert response.status_code == status, body
+    assert waited >= REFUSAL_DELAY_S  # the head waited for the engine's answer
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == code and f"refused as {kind}" in error["message"]
+    assert response.headers.get("retry-after") == ("1" if status == 429 else None)
+
+
+def test_a_reject_without_a_kind_ends_the_stream_with_an_error_event(front: FrontUnderTest) -> None:
+    front.set_plan(refuse_later(front, REJECT_FAILED))
+    try:
+        with httpx.stream("POST", f"{front.url}/v1/completions", json={"prompt": "Hi", "stream": True}) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    finally:
+        front.set_plan(front.echo_plan)
+    assert response.status_code == 200 and events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][len("data: ") :])["error"]["message"].endswith("refused as ")
+
+
+def test_one_refused_choice_of_n_is_the_status_and_the_others_are_aborted(front: FrontUnderTest) -> None:
+    while not front.engine.aborts.empty():
+        front.engine.aborts.get_nowait()
+    front.set_plan(refuse_later(front, REJECT_STOP_BUDGET, only="-1"))
+    try:
+        body = {"prompt": "Hello there, how are you doing today?", "n": 2, "stream": True}
+        response = httpx.post(f"{front.url}/v1/completions", json=body)
+    finally:
+        front.set_plan(front.echo_plan)
+    assert response.status_code == 429
+    abort, _ = front.engine.aborts.get(timeout=5)  # choice 0 had output and still generated: it is stopped
+    assert abort.rid.endswith("-0")
+
+
+def test_a_client_gone_while_the_head_waits_aborts_its_request(front: FrontUnderTest) -> None:
+    while not front.engine.aborts.empty():
+        front.engine.aborts.get_nowait()
+    front.set_plan(lambda submit: [])  # no output, ever
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi", "stream": True}, timeout=0.5)
+        abort, _ = front.engine.aborts.get(timeout=5)
+        submit = front.engine.submits.get(timeout=5)
+        while not front.engine.submits.empty():
+            submit = front.engine.submits.get_nowait()
+        assert abort.rid == submit.rid
+    finally:
+        front.set_plan(front.echo_plan)
+
+
+def test_a_stream_with_output_starts_with_a_200_and_streams_it(front: FrontUnderTest) -> None:
+    body = {"prompt": "Hello there, how are you doing today?", "stream": True, "max_tokens": 50}
+    with httpx.stream("POST", f"{front.url}/v1/completions", json=body) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert response.status_code == 200 and lines[-1] == "data: [DONE]"
+
+
+def test_the_engines_model_name_is_served_unless_the_config_names_one(tokenizer: Any) -> None:
+    with running_front(tokenizer) as under_test:
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == tokenizer.name
+        under_test.engine.served_model_name = "engine-model"
+        time.sleep(0.3)  # the next EngineStats names it
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == "engine-model"
+        answer = httpx.post(f"{under_test.url}/v1/completions", json={"prompt": "Hi", "model": "engine-model"})
+        assert (answer.status_code, answer.json()["model"]) == (200, "engine-model")
+        assert (
+            httpx.post(f"{under_test.url}/v1/completions", json={"model": tokenizer.name, "prompt": "Hi"}).status_code
+            == 404
+        )
+    with running_front(tokenizer, **{"front.model_name": "configured"}) as under_test:
+        under_test.engine.served_model_name = "engine-model"
+        time.sleep(0.3)
+        assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == "configured"
+        assert httpx.get(f"{under_test.url}/v1/models/engine-model").status_code == 404
