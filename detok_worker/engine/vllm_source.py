@@ -22,7 +22,6 @@ import contextlib
 import logging
 import time
 
-import zmq
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.renderers import renderer_from_config
@@ -50,30 +49,6 @@ BLOCKED_RETRY_S = 0.005  # a worker's queue was full: send its ids again this so
 ENGINE_DIED = "the vLLM engine core died"
 
 
-class BusWakeup:
-    """Wakes the loop when one of the link's ZeroMQ sockets has something to read. ZeroMQ's FD is edge-triggered:
-    its EVENTS are checked before each wait."""
-
-    def __init__(self, sockets: list[zmq.Socket]) -> None:
-        self.sockets = sockets
-        self.ready = asyncio.Event()
-        self.loop = asyncio.get_running_loop()
-        self.fds = [socket.getsockopt(zmq.FD) for socket in sockets]
-        for fd in self.fds:
-            self.loop.add_reader(fd, self.ready.set)
-
-    async def wait(self, timeout_s: float) -> None:
-        if any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in self.sockets):
-            return
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self.ready.wait(), timeout_s)
-        self.ready.clear()
-
-    def close(self) -> None:
-        for fd in self.fds:
-            self.loop.remove_reader(fd)
-
-
 class VllmSource:
     def __init__(self, link: EngineLink, client: EngineCoreClient, requests: RequestBuilder) -> None:
         self.link = link
@@ -90,7 +65,11 @@ class VllmSource:
         link = self.link
         endpoints = link.sockets.endpoints
         log.info("engine: vLLM engine core; submits at %s, workers at %s", endpoints.engine, endpoints.workers)
-        wakeup = BusWakeup([link.fronts.pull, link.workers.router])
+        loop = asyncio.get_running_loop()
+        bus = asyncio.Event()  # bus frames may have arrived
+        fds = link.fds()
+        for fd in fds:
+            loop.add_reader(fd, bus.set)
         outputs = asyncio.create_task(self._read_outputs())
         try:
             while not self.stopping and not outputs.done():
@@ -103,11 +82,16 @@ class VllmSource:
                     await self.client.abort_requests_async(stopped)
                 if link.scheduler.has_work():
                     link.step()
-                await wakeup.wait(BLOCKED_RETRY_S if link.blocked else BUS_IDLE_S)
+                if link.has_news():  # the sockets' FDs are edge-triggered: what one poll left is not signalled again
+                    continue
+                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                    await asyncio.wait_for(bus.wait(), BLOCKED_RETRY_S if link.blocked else BUS_IDLE_S)
+                bus.clear()
         finally:
             outputs.cancel()
             await asyncio.gather(outputs, return_exceptions=True)
-            wakeup.close()
+            for fd in fds:
+                loop.remove_reader(fd)
 
     async def _start(self, submit: Submit) -> None:
         link = self.link
@@ -188,6 +172,7 @@ def run_vllm_source(config: DetokConfig) -> int:
                 special_ids=tokenizer.special_token_ids,
                 recorder=recorder_for(config, tokenizer),
                 vocab_size=model_config.get_vocab_size(),
+                served_model_name=model_config.served_model_name,
             )
             log.info(
                 "engine: vLLM engine core for %s (served as %s) ready in %.1f s",
