@@ -95,9 +95,10 @@ class FrontChannel:
                 else:
                     self._withdraw(message.rid, news)
             elif isinstance(message, Delivered):
-                generating = scheduler.has_rid(message.rid)
+                generating = scheduler.has_rid(message.rid, generating=True)
                 if scheduler.delivered(message.rid) and generating:
-                    # the front had the final text before the worker's Finish came here: stop the engine's request
+                    # the front had the final text before the worker's Finish came here while the engine still generates
+                    # the request: stop it there
                     news.stopped.append(message.rid)
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)

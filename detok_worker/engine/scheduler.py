@@ -14,7 +14,6 @@ Ownership: a request goes to the live worker with the fewest requests among thos
 (workers.py) when it starts and stays there (a new request none has room for is refused then, before any output);
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
 Open again, and a Tokens item with the full history. A worker that reads columns (Hello/Heartbeat) gets them.
-
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
 meanwhile, it is re-opened like a live one, its Tokens item carrying the finish too (why: engine/delivery.py).
 """
@@ -104,8 +103,9 @@ class Scheduler:
     def live_rids(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    def has_rid(self, rid: str) -> bool:
-        return rid in self.running or rid in self._waiting_by_rid
+    def has_rid(self, rid: str, *, generating: bool = False) -> bool:  # generating: the engine still makes its ids
+        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
         """The rids of the running and the waiting requests (`live_rids` counts them)."""
