@@ -1,6 +1,7 @@
-"""Side by side with SMG: one gRPC engine (`detok engine-server`, corpus source, flat out, Qwen3 tokenizer) behind
-(a) SMG (`smg launch --worker-urls grpc://...`, the Rust gateway) and (b) `detok serve --source grpc` with 1 and 2
-workers, under C concurrent streaming clients on /v1/completions and /v1/chat/completions.
+"""Side by side with SMG: one gRPC engine (`detok engine-server`, corpus source, flat out unless --engine-step-ms,
+Qwen3 tokenizer) behind (a) SMG (`smg launch --worker-urls grpc://...`, the Rust gateway) and (b) `detok serve
+--source grpc` with 1 and 2 workers, under C concurrent streaming clients on /v1/completions and
+/v1/chat/completions.
 
 Each client streams requests one after another (enough for `--streams` streams per run), each with a unique key
 in its prompt. The engine
@@ -14,7 +15,7 @@ With --profile, one more detok run (not in the table) is recorded with py-spy on
 
     python bench/bench_gateway.py [--clients 100 500 1500] [--streams 1500] [--max-tokens 64]
                                   [--systems smg detok-1 detok-2] [--endpoints completions chat]
-                                  [--tick-ms 5] [--profile] [--quick] [--json FILE]
+                                  [--tick-ms 5] [--engine-step-ms 0] [--profile] [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -261,7 +262,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--systems", nargs="+", default=["smg", "detok-1", "detok-2"])
     parser.add_argument("--endpoints", nargs="+", choices=sorted(PATHS), default=["completions", "chat"])
-    parser.add_argument("--tick-ms", type=float, default=5.0, help="detok's gateway tick (engine.step_interval_ms)")
+    parser.add_argument(
+        "--tick-ms", type=float, default=5.0, help="engine.step_interval_ms: the tick of a detok before the relay"
+    )
+    parser.add_argument(
+        "--engine-step-ms", type=float, default=0.0, help="the engine server's pace: one id per chunk this often"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy detok's front in one more run")
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 50 clients, 32 tokens")
@@ -278,7 +284,8 @@ def main() -> None:
 
     print(machine_line())
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{args.streams}+ streams per run, max_tokens {args.max_tokens}; detok tick {args.tick_ms} ms\n")
+    runs = f"{args.streams}+ streams per run, max_tokens {args.max_tokens}"
+    print(f"{runs}; detok tick {args.tick_ms} ms (before the relay); engine step {args.engine_step_ms} ms\n")
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     profile: list[str] = []
@@ -286,7 +293,7 @@ def main() -> None:
         workdir = Path(tmp)
         tokenizer_dir = write_tokenizer_dir(workdir)
         records = EngineRecords(workdir / "requests.jsonl", Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
-        engine, engine_url = start_engine_server(tokenizer_dir, workdir)
+        engine, engine_url = start_engine_server(tokenizer_dir, workdir, args.engine_step_ms)
         with running(engine):
             for system in args.systems:
                 service, url = start_system(system, engine_url, tokenizer_dir, workdir, args.tick_ms)
@@ -306,7 +313,12 @@ def main() -> None:
         print("\n" + "\n".join(profile))
     print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"total {time.monotonic() - started:.0f} s")
-    payload = {"max_tokens": args.max_tokens, "streams_per_run": args.streams, "tick_ms": args.tick_ms}
+    payload = {
+        "max_tokens": args.max_tokens,
+        "streams_per_run": args.streams,
+        "tick_ms": args.tick_ms,
+        "engine_step_ms": args.engine_step_ms,
+    }
     print(f"wrote {write_json('gateway', {**payload, 'rows': rows, 'profile': profile}, args.json)}")
     bad = sum(row["mismatches"] for row in rows)
     if bad:

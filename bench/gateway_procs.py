@@ -106,10 +106,11 @@ def detok_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "detok_worker.cli", *args]
 
 
-def start_engine_server(tokenizer_dir: Path, workdir: Path) -> tuple[Service, str]:
-    """`detok engine-server` on the corpus source, flat out, logging each request's ids; returns it and its URL."""
+def start_engine_server(tokenizer_dir: Path, workdir: Path, step_ms: float = 0.0) -> tuple[Service, str]:
+    """`detok engine-server` on the corpus source, one id per chunk every `step_ms` (0: flat out), logging each
+    request's ids; returns it and its URL."""
     argv = detok_argv(
-        "engine-server", "--listen", "127.0.0.1:0", "--source", "corpus", "--step-interval-ms", "0",
+        "engine-server", "--listen", "127.0.0.1:0", "--source", "corpus", "--step-interval-ms", str(step_ms),
         "--tokenizer", str(tokenizer_dir), "--set", f'front.model_name="{MODEL}"', "--log-level", "WARNING",
         "--requests-log", str(workdir / "requests.jsonl"),
     )  # fmt: skip
@@ -133,6 +134,8 @@ def start_smg(engine_url: str, tokenizer_dir: Path, workdir: Path) -> tuple[Serv
 def start_detok(
     engine_url: str, tokenizer_dir: Path, workdir: Path, workers: int, tick_ms: float
 ) -> tuple[Service, str]:
+    """tick_ms and --max-batch matter to a detok from before its gateway became a relay (a tick, an admission cap of
+    engine.max_batch); the relay ignores both."""
     argv = detok_argv(
         "serve", "--port", "0", "--workers", str(workers), "--source", "grpc", "--engine-url", engine_url,
         "--tokenizer", str(tokenizer_dir), "--step-interval-ms", str(tick_ms), "--max-batch", "4096",

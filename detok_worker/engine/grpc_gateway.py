@@ -69,6 +69,7 @@ class GrpcGateway:
         self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
         self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog
         self.backlogged = 0  # streams waiting for their rid's ids to reach its worker
+        self.retry: asyncio.TimerHandle | None = None  # a turn due after a step found a worker's queue full
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
@@ -96,6 +97,8 @@ class GrpcGateway:
                 self._turn()
         finally:
             timer.cancel()
+            if self.retry is not None:
+                self.retry.cancel()
             for fd in fds:
                 loop.remove_reader(fd)
             for task in list(self.streams.values()):
@@ -121,8 +124,8 @@ class GrpcGateway:
             if link.step() and self.backlogged:
                 sent, self.sent = self.sent, asyncio.Event()
                 sent.set()
-            if link.blocked:
-                asyncio.get_running_loop().call_later(BLOCKED_RETRY_S, self.due.set)
+            if link.blocked and self.retry is None:
+                self.retry = asyncio.get_running_loop().call_later(BLOCKED_RETRY_S, self._retry_step)
         if link.has_news():  # the sockets' FDs are edge-triggered: what one poll left is not signalled again
             self.due.set()
 
@@ -182,6 +185,10 @@ class GrpcGateway:
             if self.streams.get(rid) is asyncio.current_task():
                 del self.streams[rid]
             self.due.set()  # a failure's end item for the worker goes out with the next step
+
+    def _retry_step(self) -> None:
+        self.retry = None
+        self.due.set()
 
     async def _wait_sent(self) -> None:
         """Until a turn sends ids to the workers (the rid's may be among them)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -149,3 +151,41 @@ def test_the_engines_served_model_name_is_served(engine: EngineServer, qwen3: An
         assert (served["model"], served["choices"][0]["text"]) == (ENGINE_MODEL, reference(qwen3, case)[0])
         tokenizer_name = httpx.post(f"{service.url}/v1/completions", json={**body, "model": "qwen3"}, timeout=30)
         assert tokenizer_name.status_code == 404  # front.model_name would win: tests/unit/front/test_refusals.py
+
+
+def test_a_frozen_front_pauses_the_relayed_streams_and_loses_nothing(qwen3: Any) -> None:
+    """Tiny bus queues, the front frozen (SIGSTOP) for 3 s mid-stream: the workers block on it, the gateway's batches
+    to them wait (a stream whose ids back up is not read, so gRPC's flow control holds the engine), nothing is
+    declared dead; once the front resumes every text completes exactly."""
+    long_token = 89180  # qwen3: 114 characters, so a stream's text is far more than the socket buffers hold
+    cases = [EchoCase([long_token] * 3000, [], 3001) for _ in range(6)]
+    cases += faults.echo_cases(qwen3, 20, seed=305, min_tokens=150, stop_share=0.3)
+    with (
+        engine_server("--source", "echo", "--step-interval-ms", "2", "--tokens-per-step", "4") as flat_out,
+        faults.serving(healthy(relay(flat_out, "--set", "bus.high_water_mark=4"))) as service,
+    ):
+        front = faults.service_pids(service)["front"]
+        paused: dict[str, Any] = {}
+
+        async def run() -> list[Outcome]:
+            async with faults.http_client(service) as client:
+                streams = [asyncio.create_task(bounded(faults.stream_completion(client, c.body(True)))) for c in cases]
+                await asyncio.sleep(0.5)  # every request is streaming by now
+                os.kill(front, signal.SIGSTOP)
+                try:
+                    await asyncio.sleep(3.0)
+                finally:
+                    os.kill(front, signal.SIGCONT)
+                paused.update(await asyncio.to_thread(faults.fresh_engine_stats, service))
+                return await asyncio.gather(*streams)
+
+        outcomes = asyncio.run(run())
+        # the engine server is done within ~1.5 s: the ids waited in detok (the link, then gRPC's window)
+        assert paused["live_rids"] >= 6, paused
+        for case, outcome in zip(cases, outcomes, strict=True):
+            assert (outcome.status, outcome.error, (outcome.text, outcome.finish_reason)) == (
+                200,
+                None,
+                reference(qwen3, case),
+            )
+        assert service.stats()["engine"]["reopened"] == 0

@@ -19,6 +19,7 @@ from helpers.fault_helpers import (
     bounded,
     echo_cases,
     echo_service,
+    fresh_engine_stats,
     http_client,
     reference,
     service_pids,
@@ -48,10 +49,6 @@ def service() -> Iterator[ServeProcess]:
     )  # fmt: skip
     with serving(serve):
         yield serve
-
-
-def fresh_engine_stats(service: ServeProcess) -> dict[str, Any]:
-    return wait_for(lambda: (e := service.stats()["engine"]) and e["age_s"] < 0.2 and e, 5, what="fresh stats")
 
 
 def test_frozen_front_pauses_generation_and_loses_nothing(service: ServeProcess, tokenizer: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from engine_stub.sources import load_corpus, primary_eos_id
-from helpers.serve_helpers import ServeProcess
+from helpers.serve_helpers import ServeProcess, wait_for
 
 REQUEST_TIMEOUT_S = 60.0  # no request may hang: every one has this deadline (generous for a loaded 2-core box)
 
@@ -156,6 +156,11 @@ def live_counts(service: ServeProcess) -> dict[str, int]:
 
 def all_idle(service: ServeProcess) -> bool:
     return all(count == 0 for count in live_counts(service).values())
+
+
+def fresh_engine_stats(service: ServeProcess) -> dict[str, Any]:
+    """The engine's /stats section once it is at most 0.2 s old (a front that was frozen has caught up)."""
+    return wait_for(lambda: (e := service.stats()["engine"]) and e["age_s"] < 0.2 and e, 5, what="fresh stats")
 
 
 def rss_kb(pid: int) -> int:
