@@ -85,13 +85,16 @@ def test_300_clients_that_never_read_do_not_hold_back_a_normal_client(engine: En
                     outcome = await bounded(faults.stream_completion(client, case.body(True), arrivals))
                 return outcome, (arrivals[0] - asked if arrivals else float("inf"))
 
+            running_during_first = 0
             for case in normal_cases:
                 outcome, first_token_s = asyncio.run(normal(case))
+                running_during_first = running_during_first or engine.count("running")
                 assert (outcome.status, outcome.error) == (200, None), outcome
                 assert (outcome.text, outcome.finish_reason) == reference(qwen3, case)
                 print(f"first token after {first_token_s:.3f} s")
                 assert first_token_s < 1.0, f"first token after {first_token_s:.2f} s"
-            assert engine.count("running") > STALLED // 2  # the stalled ones were still generating meanwhile
+            # the stalled ones were still generating while the first normal request was served
+            assert running_during_first > STALLED // 2
             rss_mb = sum(faults.rss_kb(pid) for pid in pids) / 1024
             print(f"detok's processes: {rss_mb:.0f} MB RSS with {STALLED} stalled streams")
             assert rss_mb < MAX_SERVICE_RSS_MB
@@ -116,7 +119,7 @@ def test_a_request_no_worker_has_room_for_gets_429_before_any_200(engine: Engine
         async with faults.http_client(service) as client:
             streams = [faults.stream_completion(client, body(long_case, True, 60)) for _ in range(2)]
             holders = [asyncio.create_task(bounded(stream)) for stream in streams]
-            await asyncio.to_thread(wait_for, lambda: engine.count("running") >= 2, 10, what="the two holders")
+            await asyncio.to_thread(wait_for, lambda: engine.count("running") >= 2, 30, what="the two holders")
             answers: list[Any] = []
             for stream, chars in ((True, 60), (False, 60), (True, 101)):
                 answers.append(await client.post("/v1/completions", json=body(short_case, stream, chars)))
