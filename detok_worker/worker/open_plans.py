@@ -39,10 +39,6 @@ class OpenPlan:
     stops: PreparedStops
 
 
-def stop_chars_of(params: DetokParams) -> int:
-    return sum(len(text) for text in params.stop)
-
-
 def prepare_stops(tokenizer: Tokenizer, rules: StopRules, parsed: bool) -> PreparedStops:
     """The decoder's stop settings for a request with these rules; with a parser (`parsed`) stop strings apply to
     the parsed content instead (worker/parsing.py), so the decoder gets none. Raises StopConfigError."""

@@ -38,7 +38,7 @@ from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.endings import RidEndings
 from detok_worker.worker.lane import TICK_EVERY_ITEMS, RidState, step_lanes
 from detok_worker.worker.logprobs import TokenTexts
-from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops, stop_chars_of
+from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops
 from detok_worker.worker.parsing import parsing_for
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class WorkerState(RidEndings):
         except StopRuleError as exc:
             self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
             return
-        stop_chars = plan.stop_chars if plan is not None else stop_chars_of(params)
+        stop_chars = plan.stop_chars if plan is not None else rules.stop_chars
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
             message = (
                 f"this detok worker holds stop strings of {self.live_stop_chars} characters for its live requests; "
