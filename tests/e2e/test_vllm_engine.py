@@ -32,6 +32,8 @@ from helpers.vllm_cpu import SERVED_NAME, detok_vllm, vllm_server
 
 from detok_worker.trace.format import read_trace
 
+pytestmark = pytest.mark.timeout(900)  # each engine start is ~30-60 s here, much longer on a loaded machine
+
 EOS_IDS = {151643, 151645}  # the model's generation config: the engine stops at either
 PARTIAL_CHARACTER = [9707, 20741]  # "Hello", then the first bytes of a character that never completes
 
