@@ -34,6 +34,8 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
         content only.
     return_token_ids: the worker puts the ids of the tokens each delta consumed on it (TextDelta.token_ids), for
         the client's `return_token_ids`; such a rid leaves the worker's lane (a request without it costs nothing).
+    spaces_between_special_tokens: False (with skip_special_tokens False): vLLM's rule, an added token right after
+        an added token gives its content (stream/decode/added_tokens.py).
     """
 
     stop: list[str] = []
@@ -44,6 +46,7 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     reasoning_parser: str = ""
     tool_call_parser: str = ""
     return_token_ids: bool = False
+    spaces_between_special_tokens: bool = True
 
 
 # Constraint kinds (vLLM's StructuredOutputsParams; the token-only gRPC API's `constraint` oneof).

@@ -18,7 +18,7 @@ from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -39,6 +39,8 @@ class Limits:
     check_ids: Callable[[Sequence[int]], None]
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
+    # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
+    added_tokens_known: bool = True
 
     @classmethod
     def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
@@ -55,6 +57,7 @@ class Limits:
             eos_ids=frozenset(tokenizer.eos_token_ids),
             model_name_set=bool(config.front.model_name),
             engine_source=config.engine.source,
+            added_tokens_known=added_token_contents(tokenizer) is not None,
         )
 
 
@@ -182,7 +185,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "return_tokens_as_token_ids": _truthy,
     "kv_transfer_params": _is_set,
     "vllm_xargs": _is_set,
-    "spaces_between_special_tokens": _not(None, True),
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "suffix": _is_set,
@@ -245,6 +247,19 @@ def _check_n(request: GenerationRequest, limits: Limits) -> int:
     return n
 
 
+def _spaces_between_special_tokens(request: GenerationRequest, limits: Limits) -> bool:
+    """vLLM's option; false changes the text only with special tokens kept (stream/decode/added_tokens.py), and
+    needs a tokenizer that says which tokens are added ones."""
+    spaces = request.spaces_between_special_tokens is not False
+    if not spaces and request.skip_special_tokens is False and not limits.added_tokens_known:
+        message = (
+            "spaces_between_special_tokens false with skip_special_tokens false is honoured for Hugging Face "
+            "tokenizers (tokenizer.json) only"
+        )
+        raise bad_request(message, "spaces_between_special_tokens", code="unsupported_parameter")
+    return spaces
+
+
 def _continuous_usage(request: GenerationRequest) -> bool:
     """vLLM's stream_options.continuous_usage_stats: a no-op there without include_usage; a 400 here."""
     options = request.stream_options
@@ -289,6 +304,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         skip_special_tokens=request.skip_special_tokens is not False,
         min_tokens=min_tokens,
         return_token_ids=bool(request.return_token_ids),
+        spaces_between_special_tokens=_spaces_between_special_tokens(request, limits),
     )
     ignore_eos = bool(request.ignore_eos)
     try:

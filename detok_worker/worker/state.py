@@ -275,6 +275,7 @@ class WorkerState(RidEndings):
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,
                 model_vocab_size=open_.vocab_size,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
         except Exception as exc:  # noqa: BLE001 - bad input (e.g. a bad prompt id) must end only this rid
             message = f"cannot open request: {exc}"

@@ -1,6 +1,7 @@
-"""The bus fields of vLLM's request fields: DetokParams.return_token_ids, TextDelta.token_ids, SamplingParams'
-allowed_token_ids and bad_words, RequestParams' priority and cache_salt. Each is the last of its array-like struct,
-with a default, so frames of peers that predate it still decode (as "not asked"), and new frames carry it last."""
+"""The bus fields of vLLM's request fields: DetokParams' return_token_ids and spaces_between_special_tokens,
+TextDelta.token_ids, SamplingParams' allowed_token_ids and bad_words, RequestParams' priority and cache_salt. Each
+is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
+decode (as "not asked"), and new frames carry it last."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
     assert isinstance(message, Submit)
     params = message.params
     assert params.detok == DetokParams(stop=["x"], stop_token_ids=[2])
-    assert params.detok.return_token_ids is False
+    assert (params.detok.return_token_ids, params.detok.spaces_between_special_tokens) == (False, True)
     assert params.sampling == SamplingParams(temperature=0.5)
     assert (params.sampling.allowed_token_ids, params.sampling.bad_words) == (None, [])
     assert (params.priority, params.cache_salt) == (0, None)
@@ -35,11 +36,12 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
 
 def test_new_fields_travel_last() -> None:
     sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"])
-    params = RequestParams(3, DetokParams(return_token_ids=True), sampling=sampling, priority=-2, cache_salt="s1")
+    detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False)
+    params = RequestParams(3, detok, sampling=sampling, priority=-2, cache_salt="s1")
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
     assert raw[3][-2:] == [-2, "s1"]  # RequestParams: ..., priority, cache_salt
-    assert raw[3][1][-1] is True  # DetokParams: ..., return_token_ids
+    assert raw[3][1][-2:] == [True, False]  # DetokParams: ..., return_token_ids, spaces_between_special_tokens
     assert raw[3][3][-2:] == [[5, 9], ["no"]]  # SamplingParams: ..., allowed_token_ids, bad_words
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 

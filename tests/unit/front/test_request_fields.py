@@ -21,8 +21,12 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import FrontUnderTest, running_front
 
-from detok_worker.bus.messages import Constraint, RequestParams, Submit
+from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, Submit
+from detok_worker.config import load_config
+from detok_worker.front.errors import APIError
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
+from detok_worker.front.validation import Limits, check_generation, decode_completion
+from detok_worker.tokenizer.backends.mock import MockTokenizer
 
 openai = pytest.importorskip("openai")
 from openai.types import completion_create_params  # noqa: E402
@@ -219,7 +223,10 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "min_tokens": ({"min_tokens": 2}, Engine(lambda p: p.detok.min_tokens == 2)),
     "ignore_eos": ({"ignore_eos": True}, Engine(lambda p: p.ignore_eos is True)),
     "add_special_tokens": ({"add_special_tokens": True}, Prompt(lambda t, s: t.add_special_tokens is True)),
-    "spaces_between_special_tokens": ({"spaces_between_special_tokens": False}, REFUSED),
+    "spaces_between_special_tokens": (
+        {"spaces_between_special_tokens": False, "skip_special_tokens": False},
+        Engine(lambda p: p.detok.spaces_between_special_tokens is False and p.detok.skip_special_tokens is False),
+    ),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 2}, Prompt(lambda t, s: len(s.prompt_ids) == 2)),
     "request_id": ({"request_id": "my id/1"}, Response(lambda r: "-my_id_1-" in r.json()["id"])),
     "best_of": ({"best_of": 2}, REFUSED),
@@ -491,3 +498,16 @@ def test_engine_field_defaults_are_accepted_on_any_engine_source(front: FrontUnd
     assert response.status_code == 200, response.text
     assert submit is not None and (submit.params.priority, submit.params.sampling.bad_words) == (0, [])
     assert "token_ids" not in response.json()["choices"][0]
+
+
+def test_spaces_between_special_tokens_needs_a_tokenizer_that_knows_its_added_tokens() -> None:
+    """vLLM's rule for it reads the tokenizer's added tokens (a Hugging Face tokenizer's); with special tokens skipped
+    it changes nothing, so any tokenizer takes it then."""
+    limits = Limits.from_config(load_config(None, {}), "mock", MockTokenizer())
+    body = {**BASELINE["completions"], "spaces_between_special_tokens": False}
+    assert check_generation(decode_completion(json.dumps(body).encode()), limits).params.detok == DetokParams(
+        spaces_between_special_tokens=False
+    )
+    with pytest.raises(APIError) as refused:
+        check_generation(decode_completion(json.dumps({**body, "skip_special_tokens": False}).encode()), limits)
+    assert refused.value.param == "spaces_between_special_tokens" and "Hugging Face" in refused.value.message
