@@ -32,6 +32,10 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     reasoning_parser / tool_call_parser: names of the parsers (detok_worker/parse/registry.py) that split the
         output into reasoning, content and tool calls ("" = none). With a parser, stop strings apply to the
         content only.
+    return_token_ids: the worker puts the ids of the tokens each delta consumed on it (TextDelta.token_ids), for
+        the client's `return_token_ids`; such a rid leaves the worker's lane (a request without it costs nothing).
+    spaces_between_special_tokens: False (with skip_special_tokens False): vLLM's rule, an added token right after
+        an added token gives its content (stream/decode/added_tokens.py).
     """
 
     stop: list[str] = []
@@ -41,6 +45,8 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     min_tokens: int = 0
     reasoning_parser: str = ""
     tool_call_parser: str = ""
+    return_token_ids: bool = False
+    spaces_between_special_tokens: bool = True
 
 
 # Constraint kinds (vLLM's StructuredOutputsParams; the token-only gRPC API's `constraint` oneof).
@@ -78,7 +84,9 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
     top_k: -1 = off. logit_bias: token id -> bias (-100..100). n: completions per prompt. logprobs: top
     log-probabilities to return per output token (None: none; 0: the sampled token's only).
-    constraint: structured output (response_format, guided_*, structured_outputs, a required tool call)."""
+    constraint: structured output (response_format, guided_*, structured_outputs, a required tool call).
+    allowed_token_ids: the only ids the engine may sample (None: any). bad_words: words the engine must never
+    generate (vLLM tokenizes each with and without a leading space and bans those sequences)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -92,15 +100,21 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     n: int = 1
     logprobs: int | None = None
     constraint: Constraint | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = []
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
-    """Generation parameters the engine needs, plus the detok parameters it forwards to the worker."""
+    """Generation parameters the engine needs, plus the detok parameters it forwards to the worker.
+    priority: the engine's scheduling priority (lower runs earlier, with a priority scheduler). cache_salt: mixed
+    into the engine's prefix-cache keys, so only requests with the same salt share cached prompt blocks."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
     ignore_eos: bool = False
     sampling: SamplingParams = SamplingParams()
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 # ---- front -> engine -------------------------------------------------------------------------------
@@ -278,7 +292,8 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     finish / stop_reason / error are set on the rid's last delta. parsed: the split of the text into channels
     when the request names a parser (None otherwise). logprobs: for a request that asked for them, the entries
     of the tokens consumed since the rid's previous delta, i.e. of tokens n_tokens - len(logprobs) .. n_tokens - 1
-    (the receiver drops re-sent ones by that index)."""
+    (the receiver drops re-sent ones by that index). token_ids: for a request whose DetokParams ask for them, the
+    ids of those same tokens (the same index rule)."""
 
     rid: str
     offset: int
@@ -289,12 +304,13 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     error: str | None = None
     parsed: ParsedDelta | None = None
     logprobs: list[LogprobText] | None = None
+    token_ids: list[int] | None = None
 
 
 class TextBatch(msgspec.Struct, tag="text_batch", array_like=True, gc=False):
-    """A worker's answer to one TokenBatch. The plain deltas (text only: no finish, parsed or logprobs) are in
-    columns, TextDelta(rids[i], offsets[i], texts[i], n_tokens[i]), and come before those in `items`: a worker
-    never puts a rid's plain delta after one of its `items` (bus/columns.py reads both in that order)."""
+    """A worker's answer to one TokenBatch. The plain deltas (text only: no finish, parsed, logprobs or token ids)
+    are in columns, TextDelta(rids[i], offsets[i], texts[i], n_tokens[i]), and come before those in `items`: a
+    worker never puts a rid's plain delta after one of its `items` (bus/columns.py reads both in that order)."""
 
     worker: str
     sent_ns: int

@@ -11,7 +11,11 @@ ends the request with GAP_ERROR: a client gets an error, never a text with a hol
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from detok_worker.bus.messages import ParsedDelta, TextDelta, ToolCallDelta
+
+T = TypeVar("T")
 
 GAP_ERROR = "text of this request was lost between the detokenizer and the front (a gap in its deltas)"
 
@@ -34,6 +38,26 @@ class DeltaReassembly:
         self.duplicate_chars += len(delta.text) - len(text)
         self.delivered += len(text)
         return text
+
+
+class TokenEntries:
+    """The same rule for what a delta carries per consumed token (TextDelta.logprobs, TextDelta.token_ids): a delta's
+    entries are of tokens n_tokens - len(entries) .. n_tokens - 1, so a receiver keeps how many it has delivered and
+    drops the re-sent ones by that token index; entries that start past it are a gap. `take` returns the new ones
+    (possibly []), None on a gap."""
+
+    __slots__ = ("delivered",)
+
+    def __init__(self) -> None:
+        self.delivered = 0  # entries delivered so far: those of tokens 0 .. delivered - 1
+
+    def take(self, entries: list[T], n_tokens: int) -> list[T] | None:
+        skip = self.delivered - (n_tokens - len(entries))
+        if skip < 0:
+            return None
+        fresh = entries[skip:] if skip else entries
+        self.delivered += len(fresh)
+        return fresh
 
 
 class ParsedReassembly:

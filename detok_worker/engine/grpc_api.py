@@ -22,7 +22,7 @@ from smg_grpc_proto import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc, vllm
 from smg_grpc_proto.generated import common_pb2
 
 from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams, TokenLogprob
-from detok_worker.engine.grpc_sampling import request_fields, sampling_fields
+from detok_worker.engine.grpc_sampling import refuse_engine_fields, request_fields, sampling_fields
 from detok_worker.errors import OperatorError
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import tokenizer_fingerprint
@@ -67,6 +67,7 @@ class Dialect:
         applies it: unless ignore_eos) go to the engine so it stops generating there; the sampling parameters and
         the constraint go as the client gave them (grpc_sampling.py; UnsupportedParameter when they cannot)."""
         pb2 = self.pb2
+        refuse_engine_fields(params)
         limits = {"max_tokens": params.max_tokens, "min_tokens": detok.min_tokens}
         if self.name == "sglang":
             limits = {"max_new_tokens": params.max_tokens, "min_new_tokens": detok.min_tokens}

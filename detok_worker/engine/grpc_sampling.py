@@ -21,6 +21,7 @@ from detok_worker.bus.messages import (
     CONSTRAINT_REGEX,
     CONSTRAINT_STRUCTURAL_TAG,
     Constraint,
+    RequestParams,
     SamplingParams,
 )
 
@@ -53,6 +54,21 @@ def sampling_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:
     fields["logit_bias"] = dict(sampling.logit_bias)
     fields.update(_vllm_constraint(sampling.constraint))
     return fields
+
+
+def refuse_engine_fields(params: RequestParams) -> None:
+    """vLLM's engine-core fields (allowed_token_ids, bad_words, priority, cache_salt) have no place in the token-only
+    gRPC API: a request that sets one is refused naming it (the front refuses them first for this source)."""
+    sampling = params.sampling
+    asked = (
+        ("allowed_token_ids", sampling.allowed_token_ids is not None),
+        ("bad_words", bool(sampling.bad_words)),
+        ("priority", params.priority != 0),
+        ("cache_salt", params.cache_salt is not None),
+    )
+    for param, set_ in asked:
+        if set_:
+            raise UnsupportedParameter(param, f"{param} cannot be passed to a gRPC engine (use --source vllm)")
 
 
 def request_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class RequestBuilder:
         }
         if sampling.top_k is not None and sampling.top_k > 0:
             fields["top_k"] = sampling.top_k
+        if sampling.bad_words and self.processor.tokenizer is None:  # vLLM would drop them without a tokenizer
+            raise UnsupportedParameter("bad_words", "bad_words need vLLM's tokenizer (no --skip-tokenizer-init)")
         try:
             sampling_params = VllmSamplingParams.from_optional(
                 n=1,  # the front fans n out into one engine request per choice
@@ -75,13 +77,16 @@ class RequestBuilder:
                 stop_token_ids=list(params.detok.stop_token_ids),
                 ignore_eos=params.ignore_eos,
                 logit_bias=dict(sampling.logit_bias) or None,
+                allowed_token_ids=sampling.allowed_token_ids,
+                bad_words=list(sampling.bad_words) or None,
                 structured_outputs=structured_outputs(sampling.constraint),
                 detokenize=False,
                 output_kind=RequestOutputKind.DELTA,
                 **fields,
             )
+            prompt = tokens_input(list(submit.prompt_ids), cache_salt=params.cache_salt)
             return self.processor.process_inputs(
-                submit.rid, tokens_input(list(submit.prompt_ids)), sampling_params, SUPPORTED_TASKS, time.time()
+                submit.rid, prompt, sampling_params, SUPPORTED_TASKS, time.time(), priority=params.priority
             )
         except VLLMValidationError as exc:
             raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc

@@ -25,7 +25,7 @@ from detok_worker.front.openai_api import ChatCompletionRequest, CompletionReque
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
-from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter
+from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
 from detok_worker.front.validation import (
     CheckedParams,
     Limits,
@@ -97,14 +97,15 @@ class Generation:
         else:  # chat template + tokenizing of a long prompt: off the loop
             ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body)
         echo = None
-        if checked.echo and isinstance(body, CompletionRequest):
-            echo = await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
+        if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
+            echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
         rid = request_rid(request, id_kind, body.request_id)
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
         self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
-        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None)
+        token_ids = TokenIds(ids) if body.return_token_ids else None
+        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids)
         if body.stream:
             failure = await self._first_output(request, choices)
             if failure is not None:
@@ -149,6 +150,7 @@ class Generation:
         metrics = self.dispatcher.metrics
         metrics.sse_opened()
         self.open_event_streams += 1
+        with_ids = formatter.token_ids is not None
         try:
             for index, stream in enumerate(choices.streams):
                 first = formatter.first_chunk(index, stream)
@@ -159,8 +161,9 @@ class Generation:
                 for index, news, ended in await choices.changes():
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()
-                    if news or logprobs:
-                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs)))
+                    ids = stream.take_token_ids() if with_ids else None
+                    if news or logprobs or ids:
+                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs, ids)))
                     if ended and stream.failure is None:
                         ready.append(sse.event(formatter.final_chunk(index, stream)))
                 if choices.finished:
@@ -182,11 +185,13 @@ class Generation:
         watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
         pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
         logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
+        token_ids: list[list[int]] = [[] for _ in choices.streams]
         try:
             while True:
                 for index, news, _ in await choices.changes():
                     pieces[index].append(news)
                     logprobs[index] += choices.streams[index].take_logprobs()
+                    token_ids[index] += choices.streams[index].take_token_ids()
                 if choices.finished:
                     break
         finally:
@@ -194,7 +199,7 @@ class Generation:
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        return Response(formatter.whole(pieces, choices, logprobs), media_type=JSON)
+        return Response(formatter.whole(pieces, choices, logprobs, token_ids), media_type=JSON)
 
     async def _abort_on_disconnect(self, request: Request, choices: Choices) -> None:
         while True:

@@ -57,26 +57,27 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     add_special_tokens: bool | None = None  # None = the endpoint's default (vLLM's)
-    spaces_between_special_tokens: bool | None = None  # only true (the default) is supported
+    spaces_between_special_tokens: bool | None = None  # null = true
     truncate_prompt_tokens: int | None = None  # keep the last k prompt ids
     request_id: str | None = None  # like the X-Request-Id header
     # completions: top candidates per token (int); chat: bool (with top_logprobs). Checked in sampling.py.
     logprobs: Any = None
     echo: bool | None = None  # completions: the prompt before each choice's text; chat: refused
+    return_token_ids: bool | None = None  # the prompt's and each choice's token ids in the response
+    # vLLM's engine fields: honoured with engine.source = "vllm" only (validation.py refuses them elsewhere)
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    priority: int | None = None
+    cache_salt: str | None = None
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
     prompt_logprobs: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None
     return_tokens_as_token_ids: Any = None
-    return_token_ids: Any = None
-    priority: Any = None
-    cache_salt: Any = None
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
 
@@ -143,11 +144,16 @@ class CompletionLogprobs(msgspec.Struct):
 
 
 class CompletionChoice(msgspec.Struct):
+    """token_ids / prompt_token_ids (vLLM's, with return_token_ids): the choice's output ids (streamed: those of
+    this chunk) and the prompt's (streamed: on the choice's first chunk)."""
+
     index: int
     text: str
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: CompletionLogprobs | None = None
+    token_ids: list[int] | UnsetType = UNSET
+    prompt_token_ids: list[int] | UnsetType = UNSET
 
 
 class TopLogprobOut(msgspec.Struct):
@@ -206,6 +212,7 @@ class ChatChoice(msgspec.Struct):
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | UnsetType = UNSET  # with return_token_ids (vLLM's)
 
 
 class ChatCompletionResponse(msgspec.Struct):
@@ -215,6 +222,7 @@ class ChatCompletionResponse(msgspec.Struct):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids (vLLM's)
 
 
 class ChatDelta(msgspec.Struct):
@@ -230,6 +238,7 @@ class ChatChunkChoice(msgspec.Struct):
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | UnsetType = UNSET  # with return_token_ids: this chunk's output ids
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -239,6 +248,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     usage: Usage | None | UnsetType = UNSET
     object: str = "chat.completion.chunk"
+    prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids: on each choice's first chunk
 
 
 class ModelCard(msgspec.Struct):

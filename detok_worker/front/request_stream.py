@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
@@ -11,7 +12,7 @@ from detok_worker.bus.messages import (
     ParsedDelta,
     TextDelta,
 )
-from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly
+from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly, TokenEntries
 from detok_worker.front.errors import ENGINE_ERROR, APIError
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.stream.stop.rules import StopRules
@@ -38,7 +39,9 @@ class RequestStream:
         "_stop_rules",
         "_wakeup",
         "_logprobs",
-        "logprobs_delivered",
+        "logprob_entries",
+        "_token_ids",
+        "token_id_entries",
         "first_output_at",
         "first_output_tokens",
         "ended_at",
@@ -74,7 +77,9 @@ class RequestStream:
         # the n choices of one HTTP request share one event: their handler waits for news from any of them
         self._wakeup = wakeup or asyncio.Event()
         self._logprobs: list[LogprobText] = []  # entries not yet taken by the handler
-        self.logprobs_delivered = 0  # entries accepted so far (tokens 0 .. logprobs_delivered - 1)
+        self.logprob_entries = TokenEntries()  # how many were accepted (by token index: re-sent ones dropped)
+        self._token_ids: list[int] = []  # output ids not yet taken by the handler (return_token_ids)
+        self.token_id_entries = TokenEntries()
         # for TTFT and inter-token latency (time.monotonic(); 0.0 = not yet): two clock reads per request
         self.first_output_at = 0.0
         self.first_output_tokens = 0
@@ -95,7 +100,12 @@ class RequestStream:
         elif text:
             self._pieces.append(text)
             self.pending_chars += len(text)
-        if delta.logprobs and not self._accept_logprobs(delta, delta.logprobs):
+        n_tokens = delta.n_tokens
+        if delta.logprobs and not self._accept_entries(delta.logprobs, n_tokens, self.logprob_entries, self._logprobs):
+            return None
+        if delta.token_ids and not self._accept_entries(
+            delta.token_ids, n_tokens, self.token_id_entries, self._token_ids
+        ):
             return None
         if not self.first_output_at and delta.n_tokens:
             self.first_output_at = time.monotonic()
@@ -113,21 +123,25 @@ class RequestStream:
         self._wakeup.set()
         return text
 
-    def _accept_logprobs(self, delta: TextDelta, entries: list[LogprobText]) -> bool:
-        """A delta's entries are of tokens n_tokens - len(entries) onwards: keep those not delivered yet."""
-        skip = self.logprobs_delivered - (delta.n_tokens - len(entries))
-        if skip < 0:
+    def _accept_entries(self, entries: list[Any], n_tokens: int, reassembly: TokenEntries, into: list[Any]) -> bool:
+        """A delta's per-token entries (logprobs or ids) not delivered yet go `into` the untaken ones; a gap fails
+        the stream."""
+        fresh = reassembly.take(entries, n_tokens)
+        if fresh is None:
             self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
             return False
-        fresh = entries[skip:]
-        self._logprobs += fresh
-        self.logprobs_delivered += len(fresh)
+        into += fresh
         return True
 
     def take_logprobs(self) -> list[LogprobText]:
         """The logprob entries not taken yet (with the text `wait` returned), in token order."""
         entries, self._logprobs = self._logprobs, []
         return entries
+
+    def take_token_ids(self) -> list[int]:
+        """The output ids not taken yet (return_token_ids), in token order."""
+        ids, self._token_ids = self._token_ids, []
+        return ids
 
     def _accept_parsed(self, delta: TextDelta) -> bool:
         assert self.parsed_reassembly is not None and self._parsed is not None
@@ -185,7 +199,7 @@ class RequestStream:
 
     @property
     def has_news(self) -> bool:
-        return bool(self._pieces or self._parsed or self._logprobs)
+        return bool(self._pieces or self._parsed or self._logprobs or self._token_ids)
 
     def take(self) -> str | ParsedOutput:
         """All text not taken yet (for a request with parsers: the channels' news), released."""

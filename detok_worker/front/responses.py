@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -33,6 +34,9 @@ from detok_worker.parse.base import ParsedOutput
 FINISH_TOOL_CALLS = "tool_calls"
 
 _encode = msgspec.json.encode
+News = str | ParsedOutput  # a choice's news: text, or a parsed request's channels
+Entries = list[LogprobText] | None
+Ids = list[int] | None
 _TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
 
 
@@ -121,39 +125,92 @@ class ChunkUsage:
         return usage_of(stream) if self._continuous else self._fixed
 
 
-class CompletionFormatter:
-    """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
-    the prompt (streamed: in the choice's first chunk)."""
+class TokenIds:
+    """return_token_ids (vLLM's): the prompt's ids, and which choices' streams have shown them (their first chunk)."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.prompt_ids = prompt_ids
+        self._shown: set[int] = set()
+
+    def prompt_once(self, index: int) -> list[int] | msgspec.UnsetType:
+        """The prompt's ids for choice `index`'s first chunk; UNSET on its later chunks."""
+        if index in self._shown:
+            return msgspec.UNSET
+        self._shown.add(index)
+        return self.prompt_ids
+
+
+class FormatterBase:
+    """What both endpoints' formatters keep: the response's id, model and creation time, and the request's output
+    options (usage in chunks, echo, logprobs, return_token_ids)."""
 
     def __init__(
-        self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None, logprobs: bool = False
+        self,
+        rid: str,
+        model: str,
+        usage: ChunkUsage,
+        echo: str | None = None,
+        logprobs: bool = False,
+        token_ids: TokenIds | None = None,
     ) -> None:
         self.rid = rid
         self.model = model
         self.created = int(time.time())
         self._usage = usage
         self._echo = echo
-        # per choice: text_offset runs across that choice's chunks
-        self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if logprobs else None
+        self._with_logprobs = logprobs
+        self.token_ids = token_ids
+        # a plain text chunk has nothing per chunk but its text: it is filled into a template
+        self._templated = not logprobs and not usage.continuous and token_ids is None
         self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
+
+    def text_chunk(
+        self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
+    ) -> bytes:
+        """A chunk of a choice's news, with the logprob entries and output ids that came with it."""
+        if self._templated and isinstance(text, str):
+            return self._text_templates.fill(index, text, stream)
+        return self._text_chunk(index, text, stream, logprobs, token_ids)
+
+    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
+        raise NotImplementedError
+
+    def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
+        raise NotImplementedError
+
+
+class CompletionFormatter(FormatterBase):
+    """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
+    the prompt (streamed: in the choice's first chunk). With `token_ids` (return_token_ids) each choice carries its
+    output ids and the prompt's (streamed: its chunks' ids, the prompt's on its first chunk)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # per choice: text_offset runs across that choice's chunks
+        self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if self._with_logprobs else None
 
     def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
         return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage))
 
+    def _with_ids(self, choice: CompletionChoice, token_ids: list[int] | None) -> CompletionChoice:
+        if self.token_ids is not None:
+            choice.token_ids = token_ids or []
+            choice.prompt_token_ids = self.token_ids.prompt_once(choice.index)
+        return choice
+
     def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
-        return None if self._echo is None else self._chunk(CompletionChoice(index, self._echo), stream)
+        if self._echo is None:
+            return None
+        return self._chunk(self._with_ids(CompletionChoice(index, self._echo), None), stream)
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
         return self._chunk(CompletionChoice(index, _TEXT_MARK), stream)
 
-    def text_chunk(
-        self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
-    ) -> bytes:
+    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
-        if self._logprobs is None and not self._usage.continuous:
-            return self._text_templates.fill(index, text, stream)
-        return self._chunk(CompletionChoice(index, text, logprobs=self._logprobs_of(index, logprobs)), stream)
+        choice = CompletionChoice(index, text, logprobs=self._logprobs_of(index, logprobs))
+        return self._chunk(self._with_ids(choice, token_ids), stream)
 
     def _logprobs_of(self, index: int, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
         if self._logprobs is None:
@@ -161,7 +218,7 @@ class CompletionFormatter:
         return self._logprobs.setdefault(index, CompletionLogprobsBuilder()).build(entries or [])
 
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        return self._chunk(CompletionChoice(index, "", stream.finish, stream.stop_reason), stream)
+        return self._chunk(self._with_ids(CompletionChoice(index, "", stream.finish, stream.stop_reason), None), stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
         return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=choices.usage()))
@@ -171,29 +228,26 @@ class CompletionFormatter:
         pieces: list[list[str | ParsedOutput]],
         choices: Choices,
         logprobs: list[list[LogprobText]] | None = None,
+        token_ids: list[list[int]] | None = None,
     ) -> bytes:
         out = []
         for index, stream in enumerate(choices.streams):
             text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
             entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
-            out.append(CompletionChoice(index, text, stream.finish, stream.stop_reason, entries))
+            choice = CompletionChoice(index, text, stream.finish, stream.stop_reason, entries)
+            out.append(self._with_ids(choice, token_ids[index] if token_ids else None))
         return _encode(CompletionResponse(self.rid, self.created, self.model, out, usage=choices.usage()))
 
 
-class ChatFormatter:
-    """/v1/chat/completions: `chat.completion(.chunk)` objects; each choice's first chunk carries the role."""
+class ChatFormatter(FormatterBase):
+    """/v1/chat/completions: `chat.completion(.chunk)` objects; each choice's first chunk carries the role (and with
+    `token_ids`, return_token_ids, the prompt's ids: vLLM puts them on the response, and each choice's output ids on
+    the choice; streamed, each chunk's output ids)."""
 
-    def __init__(
-        self, rid: str, model: str, usage: ChunkUsage, echo: str | None = None, logprobs: bool = False
-    ) -> None:
-        self.rid = rid
-        self.model = model
-        self.created = int(time.time())
-        self._usage = usage
-        self._with_logprobs = logprobs
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
-        self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
 
     def _tool_call_id(self, choice: int, index: int) -> str:
         if (choice, index) not in self._tool_call_ids:
@@ -202,10 +256,16 @@ class ChatFormatter:
 
     def _chunk(self, choice: ChatChunkChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage))
+        chunk = ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage)
+        if self.token_ids is not None:
+            chunk.prompt_token_ids = self.token_ids.prompt_once(choice.index)
+        return _encode(chunk)
 
     def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
         return self._chunk(ChatChunkChoice(index, ChatDelta(role="assistant", content="")), stream)
+
+    def _ids_of(self, token_ids: list[int] | None) -> list[int] | msgspec.UnsetType:
+        return msgspec.UNSET if self.token_ids is None else token_ids or []
 
     def _logprobs_of(self, entries: list[LogprobText] | None) -> ChatLogprobs | None:
         return chat_logprobs(entries or []) if self._with_logprobs else None
@@ -213,14 +273,11 @@ class ChatFormatter:
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
         return self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream)
 
-    def text_chunk(
-        self, index: int, text: str | ParsedOutput, stream: RequestStream, logprobs: list[LogprobText] | None = None
-    ) -> bytes:
-        if isinstance(text, str) and not self._with_logprobs and not self._usage.continuous:
-            return self._text_templates.fill(index, text, stream)
+    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         chosen = self._logprobs_of(logprobs)
+        ids = self._ids_of(token_ids)
         if isinstance(text, str):
-            return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen), stream)
+            return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen, token_ids=ids), stream)
         delta = ChatDelta()
         if text.reasoning:
             delta.reasoning_content = text.reasoning
@@ -230,7 +287,7 @@ class ChatFormatter:
             delta.tool_calls = [
                 self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in text.tool_calls
             ]
-        return self._chunk(ChatChunkChoice(index, delta, logprobs=chosen), stream)
+        return self._chunk(ChatChunkChoice(index, delta, logprobs=chosen, token_ids=ids), stream)
 
     def _tool_call_piece(self, choice: int, index: int, name: str, arguments: str) -> ToolCallOut:
         if not name:
@@ -238,7 +295,9 @@ class ChatFormatter:
         return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(choice, index), "function")
 
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        return self._chunk(ChatChunkChoice(index, ChatDelta(), _finish_reason(stream), stream.stop_reason), stream)
+        finish = _finish_reason(stream)
+        choice = ChatChunkChoice(index, ChatDelta(), finish, stream.stop_reason, token_ids=self._ids_of(None))
+        return self._chunk(choice, stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
         return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=choices.usage()))
@@ -248,6 +307,7 @@ class ChatFormatter:
         pieces: list[list[str | ParsedOutput]],
         choices: Choices,
         logprobs: list[list[LogprobText]] | None = None,
+        token_ids: list[list[int]] | None = None,
     ) -> bytes:
         out = [
             ChatChoice(
@@ -256,10 +316,14 @@ class ChatFormatter:
                 _finish_reason(stream),
                 stream.stop_reason,
                 self._logprobs_of(logprobs[index] if logprobs else None),
+                self._ids_of(token_ids[index] if token_ids else None),
             )
             for index, stream in enumerate(choices.streams)
         ]
-        return _encode(ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage()))
+        response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage())
+        if self.token_ids is not None:
+            response.prompt_token_ids = self.token_ids.prompt_ids
+        return _encode(response)
 
     def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
         if stream.parsed_reassembly is None:

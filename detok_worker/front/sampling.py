@@ -6,6 +6,9 @@ Constraint sources, as vLLM reads them: `response_format` (json_object, json_sch
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, `structural_tag`, `structured_outputs`
 (vLLM >= 0.10: json, regex, choice, grammar, json_object, structural_tag), and a chat `tool_choice` of
 "required" or a named function (a JSON schema over the request's tools, built as vLLM builds it). At most one.
+
+vLLM's engine fields (allowed_token_ids, bad_words; priority and cache_salt, which go on the RequestParams) are
+checked here as vLLM's server checks them; validation.py refuses them for an engine source that cannot pass them on.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ SAMPLING_RANGES = (
 )
 LOGIT_BIAS_LIMIT = 100.0
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+CACHE_SALT_MAX_CHARS = 128  # vLLM's limit, and the characters it forbids in a salt
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 # structured_outputs keys that select the constraint -> its kind; the others are backend options detok cannot pass
 _STRUCTURED_KINDS = {
     "json": CONSTRAINT_JSON_SCHEMA,
@@ -69,6 +74,8 @@ def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_si
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
         logprobs=logprobs_of(request),
         constraint=constraint_of(request),
+        allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
+        bad_words=_bad_words(request.bad_words),
     )
 
 
@@ -104,6 +111,8 @@ def _check_ranges(request: GenerationRequest) -> None:
         raise bad_request("top_k must be -1 (off), 0 (off) or a positive number", "top_k")
     if request.seed is not None and not INT64_MIN <= request.seed <= INT64_MAX:
         raise bad_request("seed must fit in 64 bits", "seed")
+    if request.priority is not None and not INT64_MIN <= request.priority <= INT64_MAX:
+        raise bad_request("priority must fit in 64 bits", "priority")
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
@@ -117,6 +126,37 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
             raise bad_request(f"logit_bias values must be between -100 and 100 (got {value})", "logit_bias")
         result[int(key)] = float(value)
     return result
+
+
+def _allowed_token_ids(ids: list[int] | None, vocab_size: int) -> list[int] | None:
+    """vLLM: a non-empty list of ids inside the vocabulary (None: no restriction)."""
+    if ids is None:
+        return None
+    if not ids:
+        raise bad_request("allowed_token_ids must not be empty", "allowed_token_ids")
+    outside = [token_id for token_id in ids if not 0 <= token_id < vocab_size]
+    if outside:
+        message = f"allowed_token_ids: {outside[:5]} are not token ids of this model (0..{vocab_size - 1})"
+        raise bad_request(message, "allowed_token_ids")
+    return list(ids)
+
+
+def _bad_words(words: list[str] | None) -> list[str]:
+    """vLLM: every word tokenizes to at least one token (it encodes the word without its leading whitespace, so a
+    blank one does not); repeated words once, in order."""
+    if any(not word.lstrip() for word in words or ()):
+        raise bad_request("bad_words must not contain an empty or blank string", "bad_words")
+    return list(dict.fromkeys(words or ()))
+
+
+def cache_salt_of(salt: str | None) -> str | None:
+    """vLLM's rule for a cache salt: a non-empty string of at most 128 characters without '@', '/', '\\' or NUL."""
+    if salt is None:
+        return None
+    if not salt or len(salt) > CACHE_SALT_MAX_CHARS or not CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+        message = "cache_salt must be a non-empty string of at most 128 characters without '@', '/', '\\' or NUL"
+        raise bad_request(message, "cache_salt")
+    return salt
 
 
 # ---- constraints --------------------------------------------------------------------------------------------

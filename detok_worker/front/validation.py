@@ -16,9 +16,9 @@ from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from detok_worker.front.sampling import INT64_MAX, sampling_params
+from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, validate_token_ids
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -38,6 +38,9 @@ class Limits:
     # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
     check_ids: Callable[[Sequence[int]], None]
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
+    engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
+    # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
+    added_tokens_known: bool = True
 
     @classmethod
     def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
@@ -53,6 +56,8 @@ class Limits:
             stop=StopLimits.from_config(config),
             eos_ids=frozenset(tokenizer.eos_token_ids),
             model_name_set=bool(config.front.model_name),
+            engine_source=config.engine.source,
+            added_tokens_known=added_token_contents(tokenizer) is not None,
         )
 
 
@@ -174,18 +179,12 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "use_beam_search": _truthy,
     "length_penalty": _not(None, 1, 1.0),
     "prompt_logprobs": _is_set,
-    "allowed_token_ids": _is_set,
-    "bad_words": _truthy,
     "guided_decoding_backend": _is_set,
     "guided_whitespace_pattern": _is_set,
     "logits_processors": _is_set,
     "return_tokens_as_token_ids": _truthy,
-    "return_token_ids": _truthy,
-    "priority": _not(None, 0),
-    "cache_salt": _is_set,
     "kv_transfer_params": _is_set,
     "vllm_xargs": _is_set,
-    "spaces_between_special_tokens": _not(None, True),
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "suffix": _is_set,
@@ -211,11 +210,31 @@ _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _check_unsupported(request: CompletionRequest | ChatCompletionRequest) -> None:
+# vLLM's fields of its SamplingParams and EngineCoreRequest that only an engine source speaking to vLLM's engine
+# core can pass on: field -> "this value asks for it" (their defaults ask nothing of the engine)
+ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "allowed_token_ids": _is_set,
+    "bad_words": _truthy,
+    "priority": _not(None, 0),
+    "cache_salt": _is_set,
+}
+ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
+
+
+def _check_unsupported(request: CompletionRequest | ChatCompletionRequest, engine_source: str) -> None:
     own = _REFUSED_COMPLETION if isinstance(request, CompletionRequest) else _REFUSED_CHAT
     for name, refused in (*_REFUSED.items(), *own.items()):
         if refused(getattr(request, name)):
             raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
+    if engine_source == ENGINE_FIELDS_SOURCE:
+        return
+    for name, asks in ENGINE_FIELDS.items():
+        if asks(getattr(request, name)):
+            message = (
+                f"{name} is honoured only by the {ENGINE_FIELDS_SOURCE!r} engine source (detok serve --source "
+                f"{ENGINE_FIELDS_SOURCE}); this server's engine source is {engine_source!r}"
+            )
+            raise bad_request(message, name, code="unsupported_parameter")
 
 
 def _check_n(request: GenerationRequest, limits: Limits) -> int:
@@ -226,6 +245,19 @@ def _check_n(request: GenerationRequest, limits: Limits) -> int:
     if seed is not None and n > 1 and seed + n - 1 > INT64_MAX:  # choice i samples with seed + i
         raise bad_request("seed + n - 1 must fit in 64 bits (choice i samples with seed + i)", "seed")
     return n
+
+
+def _spaces_between_special_tokens(request: GenerationRequest, limits: Limits) -> bool:
+    """vLLM's option; false changes the text only with special tokens kept (stream/decode/added_tokens.py), and
+    needs a tokenizer that says which tokens are added ones."""
+    spaces = request.spaces_between_special_tokens is not False
+    if not spaces and request.skip_special_tokens is False and not limits.added_tokens_known:
+        message = (
+            "spaces_between_special_tokens false with skip_special_tokens false is honoured for Hugging Face "
+            "tokenizers (tokenizer.json) only"
+        )
+        raise bad_request(message, "spaces_between_special_tokens", code="unsupported_parameter")
+    return spaces
 
 
 def _continuous_usage(request: GenerationRequest) -> bool:
@@ -254,7 +286,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     n = _check_n(request, limits)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
-    _check_unsupported(request)
+    _check_unsupported(request, limits.engine_source)
     if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens < 1:
         raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
     sampling = sampling_params(request, limits.vocab_size)
@@ -271,6 +303,8 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         include_stop_str_in_output=bool(request.include_stop_str_in_output),
         skip_special_tokens=request.skip_special_tokens is not False,
         min_tokens=min_tokens,
+        return_token_ids=bool(request.return_token_ids),
+        spaces_between_special_tokens=_spaces_between_special_tokens(request, limits),
     )
     ignore_eos = bool(request.ignore_eos)
     try:
@@ -278,7 +312,14 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     except StopRuleError as exc:
         raise bad_request(str(exc), exc.param) from exc
     check_token_ids(stop_token_ids, limits, "stop_token_ids")
-    params = RequestParams(max_tokens=max_tokens, detok=detok, ignore_eos=ignore_eos, sampling=sampling)
+    params = RequestParams(
+        max_tokens=max_tokens,
+        detok=detok,
+        ignore_eos=ignore_eos,
+        sampling=sampling,
+        priority=request.priority or 0,
+        cache_salt=cache_salt_of(request.cache_salt),
+    )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)
 

@@ -7,7 +7,7 @@ front needs encode and chat templates. Backends live one per module beside this 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -137,3 +137,11 @@ def validate_token_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> None:
         backend_check(ids)
     else:
         check_token_ids(ids, tokenizer.vocab_size)
+
+
+def added_token_contents(tokenizer: Tokenizer) -> Mapping[int, str] | None:
+    """id -> content of the tokenizer's added tokens (special or not), for a backend that knows them (its
+    `added_token_contents`: Hugging Face `tokenizers`, the tokenizers vLLM's fast detokenizer serves); None for one
+    that does not say."""
+    hook = getattr(tokenizer, "added_token_contents", None)
+    return hook() if hook is not None else None

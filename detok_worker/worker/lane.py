@@ -32,6 +32,9 @@ class RidState:
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
     logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
+    # a rid whose params ask for its token ids (never on the lane): the ids consumed whose delta has not gone yet;
+    # None for the others
+    held_ids: list[int] | None = None
     # the decoder's lane() while the request has no parser (see step_lanes): set after each call of the decoder,
     # with the bytes pending and the stop state replaced as the lane steps; None once the decoder is synced
     lane: Lane | None = None

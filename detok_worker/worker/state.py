@@ -9,10 +9,11 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
   engine's model can emit (below Open.vocab_size) is a token without text, counted (unknown_ids), not an error. A
   Tokens item with finish set (EOS/max_tokens/abort decided by the engine) flushes and ends the rid with that finish.
 - Tokens for a rid that ended recently are dropped silently; for a rid never opened they are counted as bad.
-- Tokens with logprobs (only for requests that asked) take a slower path beside the hot loop: the item is handled
-  as if it had none, then the entries of the ids it consumed ride on the delta it produced, or wait for the rid's
-  next delta while its text is held back (an unfinished character, a possible stop string). So each delta carries
-  the entries of the tokens consumed since the previous one, and their count is the rid's n_tokens.
+- Tokens with logprobs, and every id of a rid whose params ask for its token ids (only requests that asked), take a
+  slower path beside the hot loop: the item is handled as if it had neither, then the entries and ids of the tokens
+  it consumed ride on the delta it produced, or wait for the rid's next delta while its text is held back (an
+  unfinished character, a possible stop string). So each delta carries the entries (ids) of the tokens consumed
+  since the previous one, and their count is the rid's n_tokens. Such a rid never takes the lane.
 """
 
 from __future__ import annotations
@@ -114,9 +115,9 @@ class WorkerState(RidEndings):
             def off_lane(rid: str, token_id: int, state: RidState | None) -> str | None:
                 """A column entry the lane could not take, through the rid's decoder: the plain text for the
                 columns, or None (a hold, or the outcome went to `deltas`). That happens only to a rid that ends
-                (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held logprobs): so
-                no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
-                if state is None or state.parsing is not None or state.logprobs:
+                (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held logprobs, token
+                ids): so no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
+                if state is None or state.parsing is not None or state.logprobs or state.held_ids is not None:
                     self._items([Tokens(rid, [token_id])], deltas, finishes, None)
                     return None
                 return self._step_one(rid, state, token_id, deltas, finishes)
@@ -170,12 +171,12 @@ class WorkerState(RidEndings):
                 state = live_get(rid)
                 if state is not None:
                     state.leave_lane()
-                if item.logprobs is not None and state is not None:
-                    self._logprobs_item(item, state, deltas, finishes)
-                    continue
+                    if item.logprobs is not None or state.held_ids is not None:
+                        self._entries_item(item, state, deltas, finishes)
+                        continue
                 if state is None or item.finish is not None:
                     if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                        self._logprobs_item(item, state, deltas, finishes)
+                        self._entries_item(item, state, deltas, finishes)
                     else:
                         self._end_item(item, state, deltas, finishes)
                     continue
@@ -204,27 +205,38 @@ class WorkerState(RidEndings):
         self.live_stop_chars = 0
         return rids
 
-    def _logprobs_item(self, item: Tokens, state: RidState, deltas: list[TextDelta], finishes: list[Finish]) -> None:
-        """An item of a rid with logprobs: handled as one without them, then its consumed ids' entries (and any
-        held ones) go on the delta it produced, or are held for the next."""
+    def _entries_item(self, item: Tokens, state: RidState, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+        """An item of a rid with logprobs or token ids: handled as one without them, then its consumed ids' entries
+        and ids (and any held ones) go on the delta it produced, or are held for the next."""
         try:
             logprobs, vocab_size = item.logprobs, state.decoder.model_vocab_size
             entries = self.token_texts.texts(item.ids, logprobs, vocab_size) if logprobs is not None else []
         except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
             self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", deltas, finishes)
             return
+        with_logprobs = logprobs is not None or bool(state.logprobs)
         held, state.logprobs = state.logprobs or [], None
+        held_ids, state.held_ids = state.held_ids, None  # so that the plain pass below does not come back here
         before = state.n_tokens
         plain = TokenBatch(0, 0, [], [Tokens(item.rid, item.ids, item.finish, item.error)])
         result = self.handle_batch(plain)
         finishes.extend(result.finishes)
-        held += entries[: state.n_tokens - before]
+        consumed = state.n_tokens - before
+        held += entries[:consumed]
+        if held_ids is not None:
+            held_ids += item.ids[:consumed]
+            state.lane = None  # the plain pass put the rid back on the lane: its ids must keep coming here
         produced = text_deltas(result.text_batch)
         if produced:
-            produced[-1].logprobs = held
+            last = produced[-1]
+            if with_logprobs:
+                last.logprobs = held
+            if held_ids is not None:
+                last.token_ids, held_ids = held_ids, []
             deltas.extend(produced)
         else:
-            state.logprobs = held
+            state.logprobs = held if with_logprobs else None
+        state.held_ids = held_ids
 
     # ---- per message ----------------------------------------------------------------------------------
 
@@ -263,11 +275,13 @@ class WorkerState(RidEndings):
                 skip_special_tokens=params.skip_special_tokens,
                 min_tokens=params.min_tokens,
                 model_vocab_size=open_.vocab_size,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
             )
         except Exception as exc:  # noqa: BLE001 - bad input (e.g. a bad prompt id) must end only this rid
             message = f"cannot open request: {exc}"
             self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_PARAMS)
             return
-        lane = decoder.lane() if parsing is None else None
-        self.live[rid] = RidState(decoder=decoder, parsing=parsing, stop_chars=stop_chars, lane=lane)
+        held_ids: list[int] | None = [] if params.return_token_ids else None
+        lane = decoder.lane() if parsing is None and held_ids is None else None
+        self.live[rid] = RidState(decoder, parsing=parsing, stop_chars=stop_chars, held_ids=held_ids, lane=lane)
         self.live_stop_chars += stop_chars

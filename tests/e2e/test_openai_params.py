@@ -121,3 +121,35 @@ def test_request_id_and_chat_ids(service: ServeProcess, client: Any) -> None:
     body = {"model": model, "messages": MESSAGES, **nulls}
     response = httpx.post(f"{service.url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200 and json.loads(response.text)["object"] == "chat.completion"
+
+
+def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
+    lines = [line[len("data: ") :] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_return_token_ids_through_the_workers(service: ServeProcess) -> None:
+    """The echo engine's output is the prompt's own ids and its EOS: the response carries the prompt's ids and those
+    output ids (from the worker, as each delta consumed them), whole and streamed, as vLLM's server does."""
+    text = "Grüße, 世界! 👨‍👩‍👧‍👦 done"
+    prompt = httpx.post(f"{service.url}/tokenize", json={"prompt": text}).json()["tokens"]
+    eos = httpx.post(f"{service.url}/tokenize", json={"prompt": "<|im_end|>"}).json()["tokens"]  # the stub's EOS
+    body = {"model": model_of(service), "prompt": text, "max_tokens": 64, "return_token_ids": True}
+    whole = httpx.post(f"{service.url}/v1/completions", json=body, timeout=30).json()["choices"][0]
+    assert whole["prompt_token_ids"] == prompt
+    assert whole["token_ids"] == prompt + eos and whole["text"] == text and whole["finish_reason"] == "stop"
+    streamed = httpx.post(f"{service.url}/v1/completions", json={**body, "stream": True}, timeout=30)
+    choices = [event["choices"][0] for event in sse_events(streamed)]
+    assert [choice.get("prompt_token_ids") for choice in choices] == [prompt] + [None] * (len(choices) - 1)
+    assert sum((choice["token_ids"] for choice in choices), []) == prompt + eos
+    assert "".join(choice["text"] for choice in choices) == text
+    chat = {"model": body["model"], "messages": MESSAGES, "max_tokens": 64, "return_token_ids": True}
+    answer = httpx.post(f"{service.url}/v1/chat/completions", json=chat, timeout=30).json()
+    rendered = httpx.post(f"{service.url}/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    # the echoed template holds the EOS after the user's message: the output ends there, the EOS id included
+    consumed = rendered[: rendered.index(eos[0]) + 1]
+    assert answer["prompt_token_ids"] == rendered and answer["choices"][0]["token_ids"] == consumed
+    refused = httpx.post(f"{service.url}/v1/completions", json={**body, "allowed_token_ids": [1]}, timeout=30)
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "allowed_token_ids" and "'vllm'" in error["message"]

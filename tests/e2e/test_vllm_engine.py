@@ -6,6 +6,7 @@ stop rule."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -243,7 +244,8 @@ def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: Serve
 
 
 def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, qwen3: Any) -> None:
-    bodies = [seeded(3000 + i, 120, request_id=f"k{i}") for i in range(20)]
+    """Nor an id: half the requests ask for their token ids, which the new worker replays from the first."""
+    bodies = [seeded(3000 + i, 120, request_id=f"k{i}", return_token_ids=i % 2 == 0) for i in range(20)]
 
     async def run() -> list[Outcome]:
         async with http_client(service) as client:
@@ -258,6 +260,43 @@ def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, 
         assert outcome.status == 200 and outcome.error is None and outcome.done, (body, outcome)
         ids = recorded_ids(trace_path, body["request_id"])
         assert outcome.text == expected_text(qwen3, ids, [], False), body
+        assert outcome.token_ids == (ids if body["return_token_ids"] else None), body
+
+
+def test_vllm_request_fields(service: ServeProcess, qwen3: Any) -> None:
+    """return_token_ids gives the ids the engine generated (their full decode is the text), streamed the same;
+    allowed_token_ids and bad_words reach vLLM's sampler (only the allowed ids, never a banned word's); priority and
+    cache_salt are taken by vLLM's engine core."""
+    with httpx.Client(base_url=service.url, timeout=120) as client:
+        body = {**seeded(11, 24), "model": SERVED_NAME, "return_token_ids": True, "request_id": "ids"}
+        whole = client.post("/v1/completions", json=body)
+        assert whole.status_code == 200, whole.text
+        choice = whole.json()["choices"][0]
+        assert choice["prompt_token_ids"] == qwen3.encode(body["prompt"]).ids
+        assert len(choice["token_ids"]) == 24 or choice["token_ids"][-1] in EOS_IDS
+        assert qwen3.decode(choice["token_ids"]) == choice["text"]
+        streamed = client.post("/v1/completions", json={**body, "stream": True, "request_id": "ids-stream"})
+        chunks = [json.loads(line[6:]) for line in streamed.text.split("\n\n") if line.startswith("data: {")]
+        assert sum((chunk["choices"][0]["token_ids"] for chunk in chunks), []) == choice["token_ids"]
+        assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == choice["text"]
+
+        allowed = [qwen3.encode(word).ids[0] for word in ("yes", "no", " maybe")]
+        body = {**seeded(12, 16), "model": SERVED_NAME, "return_token_ids": True, "allowed_token_ids": allowed}
+        answer = client.post("/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        ids = answer.json()["choices"][0]["token_ids"]
+        assert len(ids) == 16 and set(ids) <= set(allowed)  # no EOS either: it is not allowed
+        banned = client.post("/v1/completions", json={**body, "bad_words": ["yes", "maybe"]})
+        assert banned.status_code == 200, banned.text
+        assert banned.json()["choices"][0]["token_ids"] == [allowed[1]] * 16  # "no" is all that is left
+
+        extra = {"priority": -3, "cache_salt": "tenant-7", "bad_words": ["the"]}
+        accepted = client.post("/v1/completions", json={**seeded(13, 8), "model": SERVED_NAME, **extra})
+        assert accepted.status_code == 200 and accepted.json()["usage"]["completion_tokens"] > 0, accepted.text
+        chat = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **extra}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        refused = client.post("/v1/completions", json={**seeded(14, 4), "model": SERVED_NAME, "cache_salt": "a/b"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "cache_salt"
 
 
 def engine_core_pids(service: ServeProcess) -> list[int]:

@@ -34,6 +34,7 @@ class Outcome:
     completion_tokens: int | None = None
     done: bool = False  # the stream ended with data: [DONE]
     error_at: float | None = None  # time.monotonic() when the error event arrived
+    token_ids: list[int] | None = None  # with return_token_ids: the concatenated chunks' output ids
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ async def stream_completion(
                 continue
             for choice in event["choices"]:
                 parts.append(choice["text"])
+                if "token_ids" in choice:
+                    outcome.token_ids = (outcome.token_ids or []) + choice["token_ids"]
                 if arrivals is not None and choice["text"]:
                     arrivals.append(time.monotonic())
                 outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason

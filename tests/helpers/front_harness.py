@@ -96,11 +96,14 @@ def decode_plan(
     finish: str = "length",
     stop_reason: str | int | None = None,
     tokens_per_delta: int = 1,
+    with_ids: bool = False,
 ) -> Plan:
     """Deltas as a worker would send them for `ids`: at each step the newly completed characters of
-    decode(ids[:k]) (held back while the text ends in an incomplete character), offsets and n_tokens cumulative."""
+    decode(ids[:k]) (held back while the text ends in an incomplete character), offsets and n_tokens cumulative;
+    `with_ids` (a request with return_token_ids): each delta carries the ids consumed since the previous delta."""
     deltas: Plan = []
     emitted = ""
+    shown = 0  # ids already on a delta
     for k in range(tokens_per_delta, len(ids) + tokens_per_delta, tokens_per_delta):
         k = min(k, len(ids))
         text = tokenizer.decode(ids[:k], skip_special_tokens=True)
@@ -109,7 +112,10 @@ def decode_plan(
             deltas.append(TextDelta(rid, len(emitted), "", k))
             continue
         new = text[len(emitted) :]
-        deltas.append(TextDelta(rid, len(emitted), new, k, finish if last else None, stop_reason if last else None))
+        delta = TextDelta(rid, len(emitted), new, k, finish if last else None, stop_reason if last else None)
+        if with_ids:
+            delta.token_ids, shown = list(ids[shown:k]), k
+        deltas.append(delta)
         emitted = text
     return deltas
 
@@ -212,7 +218,7 @@ class FrontUnderTest:
 
     def echo_plan(self, submit: Submit) -> Plan:
         """Default behaviour: the output is the prompt's own ids (like engine_stub's echo source)."""
-        return decode_plan(self.tokenizer, submit.rid, submit.prompt_ids)
+        return decode_plan(self.tokenizer, submit.rid, submit.prompt_ids, with_ids=submit.params.detok.return_token_ids)
 
     def wait_healthy(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.worker.state import WorkerState
+from helpers.texts import load_texts
 
+STOPS = ["\n\n", "。", "the", "🇯🇵"]
 # per rid its deltas as (offset, text, n_tokens, finish, stop_reason, error)
 Delta = tuple[int, str, int, str | None, str | int | None, str | None]
 
@@ -19,6 +21,38 @@ class Request:
     params: DetokParams
     ids: list[int]
     vocab_size: int = 0  # Open.vocab_size: the engine's vocabulary size
+
+
+def varied_requests(tokenizer, seed: int, ask_ids: bool = False) -> list[Request]:  # noqa: ANN001
+    """Per request: params and output ids (real text, some random ids, an EOS or a bad id now and then); every third
+    request's engine knows a vocabulary past the tokenizer's, with ids of it the tokenizer lacks (no text). With
+    `ask_ids` every other request asks for its token ids (return_token_ids); the ids are the same either way."""
+    rng = random.Random(seed)
+    texts = list(load_texts().values())
+    eos = sorted(tokenizer.eos_token_ids)
+    vocab = tokenizer.vocab_size
+    requests = []
+    for index in range(24):
+        ids = list(tokenizer.encode(rng.choice(texts)).ids)[: rng.randint(5, 120)]
+        for _ in range(rng.randint(0, 4)):
+            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab))
+        model_vocab = vocab + 64 if index % 3 == 0 else 0
+        for _ in range(rng.randint(1, 3) if model_vocab else 0):
+            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab, model_vocab))
+        if index % 5 == 0 and eos:
+            ids.insert(rng.randrange(len(ids) + 1), eos[0])
+        if index % 11 == 3:
+            ids.insert(rng.randrange(len(ids) + 1), max(vocab, model_vocab) + 7)  # a bad id ends only this request
+        ordinary = [ids[rng.randrange(len(ids))]] if index % 4 == 2 else []  # a stop token that is plain text
+        params = DetokParams(
+            stop=rng.sample(STOPS, rng.randint(0, 2)) if index % 3 else [],
+            stop_token_ids=sorted(set(eos + ordinary) - set(range(vocab, model_vocab))),
+            include_stop_str_in_output=index % 4 == 1,
+            min_tokens=rng.choice([0, 0, 3]),
+            return_token_ids=ask_ids and index % 2 == 0,
+        )
+        requests.append(Request(params, ids, model_vocab))
+    return requests
 
 
 def engine_batches(requests: list[Request], seed: int) -> list[TokenBatch]:

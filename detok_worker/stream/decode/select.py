@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from detok_worker.stream.decode.added_tokens import join_added_tokens
 from detok_worker.stream.decode.base import DecodeStream, register_factory
 from detok_worker.stream.decode.byte_fallback import ByteFallbackDecodeStream
 from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
@@ -23,13 +24,19 @@ def create_decode_stream(
     skip_special_tokens: bool = False,
     *,
     force_generic: bool = False,
+    spaces_between_special_tokens: bool = True,
 ) -> DecodeStream:
-    """A stream for one request: the fastest exact implementation for this tokenizer (see base.py's contract)."""
+    """A stream for one request: the fastest exact implementation for this tokenizer (see base.py's contract).
+    `spaces_between_special_tokens` False with special tokens kept: vLLM's rule for it (added_tokens.py)."""
     decoding = None if force_generic else byte_decoding_for(tokenizer)
     if decoding is None:
-        return GenericDecodeStream.open(tokenizer, prompt_ids, skip_special_tokens)
-    implementation = ByteFallbackDecodeStream if decoding.byte_fallback else ByteLevelDecodeStream
-    return implementation.open(tokenizer, decoding, prompt_ids, skip_special_tokens)
+        stream: DecodeStream = GenericDecodeStream.open(tokenizer, prompt_ids, skip_special_tokens)
+    else:
+        implementation = ByteFallbackDecodeStream if decoding.byte_fallback else ByteLevelDecodeStream
+        stream = implementation.open(tokenizer, decoding, prompt_ids, skip_special_tokens)
+    if skip_special_tokens or spaces_between_special_tokens:
+        return stream
+    return join_added_tokens(stream, tokenizer)
 
 
 def decode_text(tokenizer: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Set as AbstractSet
 
 import msgspec
 
+from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
@@ -113,10 +114,12 @@ class StopSequenceDecoder:
         skip_special_tokens: bool = False,
         min_tokens: int = 0,
         model_vocab_size: int = 0,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         """`config` checked against `tokenizer` here, or prepared by PreparedStops.check (for that tokenizer).
         `model_vocab_size`: the engine's vocabulary size; an id below it that the tokenizer lacks has no text (see
-        the module docstring); 0: every id the tokenizer lacks is an error."""
+        the module docstring); 0: every id the tokenizer lacks is an error. `spaces_between_special_tokens`: vLLM's
+        option (stream/decode/added_tokens.py)."""
         if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
             raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
         if not is_int_id(model_vocab_size) or model_vocab_size < 0:
@@ -128,6 +131,7 @@ class StopSequenceDecoder:
         self._config = config = stops.config
         self._prompt_ids = tuple(prompt_ids)
         self._skip_special_tokens = skip_special_tokens
+        self._spaces_between_special_tokens = spaces_between_special_tokens
         self._min_tokens = min_tokens
         self._model_vocab_size = model_vocab_size
         self._visible_stop_tokens = stops.visible_stop_tokens
@@ -138,7 +142,7 @@ class StopSequenceDecoder:
             if strings
             else None
         )
-        self._stream = create_decode_stream(tokenizer, self._prompt_ids, skip_special_tokens)
+        self._stream = self._new_stream()
         self._num_generated = 0
         self._stop_reason: StopReason | None = None
         self._last_error: InvalidTokenIdError | None = None
@@ -171,9 +175,17 @@ class StopSequenceDecoder:
         """Text held back because it may be the start of a stop string."""
         return self._filter.held if self._filter is not None else ""
 
+    def _new_stream(self) -> DecodeStream:
+        return create_decode_stream(
+            self._tokenizer,
+            self._prompt_ids,
+            self._skip_special_tokens,
+            spaces_between_special_tokens=self._spaces_between_special_tokens,
+        )
+
     def reset(self) -> None:
         """Start over as if freshly built (same tokenizer, config, prompt and options)."""
-        self._stream = create_decode_stream(self._tokenizer, self._prompt_ids, self._skip_special_tokens)
+        self._stream = self._new_stream()
         if self._filter is not None:
             self._filter.reset()
         self._num_generated = 0

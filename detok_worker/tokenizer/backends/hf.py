@@ -89,6 +89,7 @@ class HFTokenizer(TokenizerBase):
         # The library looks a token up among the added tokens first (then in the model): the same answer here,
         # without building it, for a content that names one added token.
         self._added_ids = {content: i for i, (content, _) in added.items() if named[content] == 1}
+        self._added_contents = {i: content for i, (content, _) in added.items()}
         special_tokens = self._read_special_tokens(config, contents, added)
         eos_ids = _as_id_list((generation_config or {}).get("eos_token_id"))
         if special_tokens.eos is not None and (eos_id := self.token_to_id(special_tokens.eos)) is not None:
@@ -181,6 +182,10 @@ class HFTokenizer(TokenizerBase):
         if not 0 <= token_id < self._vocab_size:
             return None
         return self._tokenizer.id_to_token(token_id)
+
+    def added_token_contents(self) -> Mapping[int, str]:
+        """id -> content of every added token, special or not (what vLLM's fast detokenizer calls added tokens)."""
+        return self._added_contents
 
     def token_bytes_table(self) -> TokenBytesTable | None:
         """Per-token bytes for the streaming fast path (None if the decoder is not a byte concatenation)."""

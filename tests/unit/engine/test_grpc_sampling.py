@@ -105,6 +105,23 @@ def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: 
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        (RequestParams(9, sampling=SamplingParams(allowed_token_ids=[1])), "allowed_token_ids"),
+        (RequestParams(9, sampling=SamplingParams(bad_words=["x"])), "bad_words"),
+        (RequestParams(9, priority=3), "priority"),
+        (RequestParams(9, cache_salt="s"), "cache_salt"),
+    ],
+)
+def test_vllm_engine_core_fields_are_refused_by_name(dialect: str, params: RequestParams, param: str) -> None:
+    """They have no place in the token-only gRPC API: never dropped (the front refuses them first for this source)."""
+    with pytest.raises(UnsupportedParameter) as raised:
+        DIALECTS[dialect].generate_request("rid-1", [1, 2, 3], params, params.detok)
+    assert raised.value.param == param
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang"])
 def test_output_logprobs_become_bus_entries(dialect: str) -> None:
     module = DIALECTS[dialect].pb2
     top = [module.TopLogProbs(values=[-0.5, -1.5], token_ids=[7, 9]), module.TopLogProbs(values=[-0.25], token_ids=[8])]

@@ -43,7 +43,7 @@ def test_resent_logprobs_are_delivered_once_by_token_index() -> None:
     stream.accept(TextDelta("r", 0, "Hello", 3, logprobs=[_entry("He"), _entry("l"), _entry("lo")]))
     stream.accept(TextDelta("r", 5, "!", 5, "length", logprobs=[_entry("\ufffd"), _entry("!")]))
     assert [entry.token for entry in stream.take_logprobs()] == ["lo", "\ufffd", "!"]
-    assert stream.logprobs_delivered == 5 == stream.n_tokens and stream.failure is None
+    assert stream.logprob_entries.delivered == 5 == stream.n_tokens and stream.failure is None
 
 
 def test_a_logprobs_gap_fails_the_stream() -> None:
@@ -51,3 +51,19 @@ def test_a_logprobs_gap_fails_the_stream() -> None:
     stream.accept(TextDelta("r", 0, "a", 1, logprobs=[_entry("a")]))
     assert stream.accept(TextDelta("r", 1, "b", 3, logprobs=[_entry("b")])) is None  # token 1 never came
     assert stream.failure is not None and stream.failure.message == GAP_ERROR
+
+
+def test_resent_token_ids_are_delivered_once_by_token_index() -> None:
+    """return_token_ids: the ids follow the logprobs' rule (a delta's ids are of tokens n_tokens - len(ids) on)."""
+    stream = make_stream()
+    stream.accept(TextDelta("r", 0, "Hel", 2, token_ids=[10, 11]))
+    assert stream.take_token_ids() == [10, 11]
+    stream.accept(TextDelta("r", 0, "Hello", 3, token_ids=[10, 11, 12]))  # a re-open replays from token 0
+    stream.accept(TextDelta("r", 5, "", 4, token_ids=[13]))  # a token whose text is held
+    stream.accept(TextDelta("r", 5, "!", 5, "length", token_ids=[14]))
+    assert stream.take_token_ids() == [12, 13, 14]
+    assert stream.token_id_entries.delivered == 5 == stream.n_tokens and stream.failure is None
+    gapped = make_stream()
+    gapped.accept(TextDelta("r", 0, "a", 1, token_ids=[10]))
+    assert gapped.accept(TextDelta("r", 1, "b", 3, token_ids=[12])) is None  # token 1's id never came
+    assert gapped.failure is not None and gapped.failure.message == GAP_ERROR

@@ -21,8 +21,12 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import FrontUnderTest, running_front
 
-from detok_worker.bus.messages import Constraint, RequestParams, Submit
+from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, Submit
+from detok_worker.config import load_config
+from detok_worker.front.errors import APIError
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
+from detok_worker.front.validation import Limits, check_generation, decode_completion
+from detok_worker.tokenizer.backends.mock import MockTokenizer
 
 openai = pytest.importorskip("openai")
 from openai.types import completion_create_params  # noqa: E402
@@ -111,6 +115,14 @@ class Response:
     check: Callable[[httpx.Response], bool]
 
 
+@dataclass(frozen=True)
+class VllmEngine:
+    """vLLM's engine-core fields: forwarded (the check holds on the engine's RequestParams) by a front whose engine
+    source is vLLM's engine core; refused elsewhere with a 400 naming the field and the source that honours it."""
+
+    check: Callable[[RequestParams], bool]
+
+
 class Refused:
     """A 400 whose error names the field."""
 
@@ -119,7 +131,7 @@ class Informational:
     """No effect on the output by OpenAI's own definition; accepted (200)."""
 
 
-Expect = Engine | Prompt | Response | Refused | Informational
+Expect = Engine | VllmEngine | Prompt | Response | Refused | Informational
 REFUSED = Refused()
 INFORMATIONAL = Informational()
 
@@ -134,6 +146,17 @@ def constraint(expected: Constraint) -> Engine:
 
 def template_kwarg(name: str, value: Any) -> Prompt:
     return Prompt(lambda tokenizer, submit: tokenizer.template_kwargs.get(name) == value)
+
+
+def token_ids_returned(response: httpx.Response) -> bool:
+    """return_token_ids as vLLM answers it: the prompt's ids on the response (chat) or the choice (completions),
+    each choice's output ids on the choice; the played engine's output is the prompt's own ids."""
+    body = response.json()
+    choice = body["choices"][0]
+    chat = body["object"] == "chat.completion"
+    prompt = body["prompt_token_ids"] if chat else choice["prompt_token_ids"]
+    placed = ("prompt_token_ids" in choice) != chat
+    return response.status_code == 200 and placed and len(prompt) >= 2 and choice["token_ids"] == prompt
 
 
 def sse(response: httpx.Response) -> list[dict[str, Any]]:
@@ -200,22 +223,28 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "min_tokens": ({"min_tokens": 2}, Engine(lambda p: p.detok.min_tokens == 2)),
     "ignore_eos": ({"ignore_eos": True}, Engine(lambda p: p.ignore_eos is True)),
     "add_special_tokens": ({"add_special_tokens": True}, Prompt(lambda t, s: t.add_special_tokens is True)),
-    "spaces_between_special_tokens": ({"spaces_between_special_tokens": False}, REFUSED),
+    "spaces_between_special_tokens": (
+        {"spaces_between_special_tokens": False, "skip_special_tokens": False},
+        Engine(lambda p: p.detok.spaces_between_special_tokens is False and p.detok.skip_special_tokens is False),
+    ),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 2}, Prompt(lambda t, s: len(s.prompt_ids) == 2)),
     "request_id": ({"request_id": "my id/1"}, Response(lambda r: "-my_id_1-" in r.json()["id"])),
     "best_of": ({"best_of": 2}, REFUSED),
     "use_beam_search": ({"use_beam_search": True}, REFUSED),
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
     "prompt_logprobs": ({"prompt_logprobs": 1}, REFUSED),
-    "allowed_token_ids": ({"allowed_token_ids": [1, 2]}, REFUSED),
-    "bad_words": ({"bad_words": ["x"]}, REFUSED),
+    "allowed_token_ids": (
+        {"allowed_token_ids": [1, 2, 151643]},
+        VllmEngine(lambda p: p.sampling.allowed_token_ids == [1, 2, 151643]),
+    ),
+    "bad_words": ({"bad_words": ["x", " y", "x"]}, VllmEngine(lambda p: p.sampling.bad_words == ["x", " y"])),
     "guided_decoding_backend": ({"guided_decoding_backend": "xgrammar"}, REFUSED),
     "guided_whitespace_pattern": ({"guided_whitespace_pattern": " "}, REFUSED),
     "logits_processors": ({"logits_processors": ["x"]}, REFUSED),
     "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, REFUSED),
-    "return_token_ids": ({"return_token_ids": True}, REFUSED),
-    "priority": ({"priority": 5}, REFUSED),
-    "cache_salt": ({"cache_salt": "s"}, REFUSED),
+    "return_token_ids": ({"return_token_ids": True}, Response(token_ids_returned)),
+    "priority": ({"priority": -5}, VllmEngine(lambda p: p.priority == -5)),
+    "cache_salt": ({"cache_salt": "tenant-7"}, VllmEngine(lambda p: p.cache_salt == "tenant-7")),
     "kv_transfer_params": ({"kv_transfer_params": {}}, REFUSED),
     "vllm_xargs": ({"vllm_xargs": {"a": 1}}, REFUSED),
 }
@@ -306,6 +335,13 @@ def front(recording: RecordingTokenizer) -> Iterator[FrontUnderTest]:
         yield under_test
 
 
+@pytest.fixture(scope="module")
+def vllm_front(recording: RecordingTokenizer) -> Iterator[FrontUnderTest]:
+    """A front whose engine source is vLLM's engine core (played here too)."""
+    with running_front(recording, **{"engine.source": "vllm", "engine.model": "qwen3-tiny"}) as under_test:
+        yield under_test
+
+
 def post(front: FrontUnderTest, path: str, body: dict[str, Any]) -> tuple[httpx.Response, Submit | None]:
     while not front.engine.submits.empty():
         front.engine.submits.get_nowait()
@@ -327,19 +363,23 @@ def test_the_cases_cover_every_openai_and_vllm_field(endpoint: str) -> None:
     [(endpoint, field) for endpoint in sorted(ENDPOINTS) for field in sorted(ENDPOINTS[endpoint][1])],
 )
 def test_each_field_is_used_or_refused(
-    front: FrontUnderTest, recording: RecordingTokenizer, endpoint: str, field: str
+    front: FrontUnderTest, vllm_front: FrontUnderTest, recording: RecordingTokenizer, endpoint: str, field: str
 ) -> None:
     path, cases, _ = ENDPOINTS[endpoint]
     extra, expect = cases[field]
     response, submit = post(front, path, {**BASELINE[endpoint], **extra})
-    if isinstance(expect, Refused):
+    if isinstance(expect, (Refused, VllmEngine)):
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == field and field in error["message"]
-        return
+        assert error["code"] == "unsupported_parameter"
+        if isinstance(expect, Refused):
+            return
+        assert "'vllm' engine source" in error["message"] and "'corpus'" in error["message"]
+        response, submit = post(vllm_front, path, {**BASELINE[endpoint], **extra})
     assert response.status_code == 200, response.text
     assert submit is not None
-    if isinstance(expect, Engine):
+    if isinstance(expect, (Engine, VllmEngine)):
         assert expect.check(submit.params), submit.params
     elif isinstance(expect, Prompt):
         assert expect.check(recording, submit)
@@ -361,7 +401,8 @@ NULLABLE = (
     "n", "stream", "stop", "max_tokens", "temperature", "top_p", "seed", "logit_bias", "presence_penalty",
     "frequency_penalty", "stream_options", "user", "response_format", "top_k", "min_p", "repetition_penalty",
     "stop_token_ids", "logprobs", "echo", "best_of", "skip_special_tokens", "min_tokens", "ignore_eos",
-    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens",
+    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "return_token_ids",
+    "spaces_between_special_tokens", "allowed_token_ids", "bad_words", "priority", "cache_salt",
 )  # fmt: skip
 
 
@@ -422,3 +463,51 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
     body = {**BASELINE["completions"], "response_format": {"type": "json_object"}}
     _, submit = post(front, "/v1/completions", body)
     assert submit is not None and submit.params.sampling.constraint == Constraint("json_object")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [5, -1]}, "allowed_token_ids"),
+        ({"allowed_token_ids": [151669]}, "allowed_token_ids"),  # the embedded Qwen3 tokenizer has 151,669 ids
+        ({"allowed_token_ids": "1,2"}, "allowed_token_ids"),
+        ({"bad_words": [""]}, "bad_words"),
+        ({"bad_words": ["ok", " \t"]}, "bad_words"),
+        ({"bad_words": "x"}, "bad_words"),
+        ({"priority": 2**63}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"cache_salt": ""}, "cache_salt"),
+        ({"cache_salt": "a/b"}, "cache_salt"),
+        ({"cache_salt": "x" * 129}, "cache_salt"),
+        ({"cache_salt": 7}, "cache_salt"),
+        ({"return_token_ids": "yes"}, "return_token_ids"),
+    ],
+)
+def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
+    """vLLM's own checks of these fields (protocol and SamplingParams), made by the front before any engine work."""
+    response, _ = post(vllm_front, "/v1/completions", {**BASELINE["completions"], **extra})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_engine_field_defaults_are_accepted_on_any_engine_source(front: FrontUnderTest) -> None:
+    """What asks nothing of the engine (vLLM's defaults) is no reason to refuse a request."""
+    body = {**BASELINE["completions"], "bad_words": [], "priority": 0, "return_token_ids": False}
+    response, submit = post(front, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    assert submit is not None and (submit.params.priority, submit.params.sampling.bad_words) == (0, [])
+    assert "token_ids" not in response.json()["choices"][0]
+
+
+def test_spaces_between_special_tokens_needs_a_tokenizer_that_knows_its_added_tokens() -> None:
+    """vLLM's rule for it reads the tokenizer's added tokens (a Hugging Face tokenizer's); with special tokens skipped
+    it changes nothing, so any tokenizer takes it then."""
+    limits = Limits.from_config(load_config(None, {}), "mock", MockTokenizer())
+    body = {**BASELINE["completions"], "spaces_between_special_tokens": False}
+    assert check_generation(decode_completion(json.dumps(body).encode()), limits).params.detok == DetokParams(
+        spaces_between_special_tokens=False
+    )
+    with pytest.raises(APIError) as refused:
+        check_generation(decode_completion(json.dumps({**body, "skip_special_tokens": False}).encode()), limits)
+    assert refused.value.param == "spaces_between_special_tokens" and "Hugging Face" in refused.value.message

@@ -6,50 +6,15 @@ that the engine's model can emit."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.texts import load_texts
-from helpers.worker_batches import Delta, Request, columnar, engine_batches, run_batches
+from helpers.worker_batches import Delta, columnar, engine_batches, run_batches, varied_requests
 
 from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
 from detok_worker.stream.stop.decoder import StopSequenceDecoder as Decoder
 from detok_worker.worker.state import WorkerState
-
-STOPS = ["\n\n", "。", "the", "🇯🇵"]
-
-
-def _requests(tokenizer, seed: int) -> list[Request]:
-    """Per request: params and output ids (real text, some random ids, an EOS or a bad id now and then); every third
-    request's engine knows a vocabulary past the tokenizer's, with ids of it the tokenizer lacks (no text)."""
-    rng = random.Random(seed)
-    texts = list(load_texts().values())
-    eos = sorted(tokenizer.eos_token_ids)
-    vocab = tokenizer.vocab_size
-    requests = []
-    for index in range(24):
-        ids = list(tokenizer.encode(rng.choice(texts)).ids)[: rng.randint(5, 120)]
-        for _ in range(rng.randint(0, 4)):
-            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab))
-        model_vocab = vocab + 64 if index % 3 == 0 else 0
-        for _ in range(rng.randint(1, 3) if model_vocab else 0):
-            ids.insert(rng.randrange(len(ids) + 1), rng.randrange(vocab, model_vocab))
-        if index % 5 == 0 and eos:
-            ids.insert(rng.randrange(len(ids) + 1), eos[0])
-        if index % 11 == 3:
-            ids.insert(rng.randrange(len(ids) + 1), max(vocab, model_vocab) + 7)  # a bad id ends only this request
-        ordinary = [ids[rng.randrange(len(ids))]] if index % 4 == 2 else []  # a stop token that is plain text
-        params = DetokParams(
-            stop=rng.sample(STOPS, rng.randint(0, 2)) if index % 3 else [],
-            stop_token_ids=sorted(set(eos + ordinary) - set(range(vocab, model_vocab))),
-            include_stop_str_in_output=index % 4 == 1,
-            min_tokens=rng.choice([0, 0, 3]),
-        )
-        requests.append(Request(params, ids, model_vocab))
-    return requests
 
 
 def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[Delta]], list[tuple], int, int]:
@@ -62,7 +27,7 @@ def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[Delta]], 
 @pytest.mark.parametrize("family", ["qwen3", "mistral-sp-v1", "gpt4o"])
 def test_the_lane_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = load_fixture_tokenizer(family)
-    batches = engine_batches(_requests(tokenizer, seed=16), seed=61)
+    batches = engine_batches(varied_requests(tokenizer, seed=16), seed=61)
     columns = columnar(batches)
     assert sum(len(batch.rids) for batch in columns) > 5 * sum(len(batch.items) for batch in columns)
     with_lane = _run(tokenizer, columns)

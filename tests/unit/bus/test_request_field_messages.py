@@ -1,0 +1,64 @@
+"""The bus fields of vLLM's request fields: DetokParams' return_token_ids and spaces_between_special_tokens,
+TextDelta.token_ids, SamplingParams' allowed_token_ids and bad_words, RequestParams' priority and cache_salt. Each
+is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
+decode (as "not asked"), and new frames carry it last."""
+
+from __future__ import annotations
+
+import msgspec
+
+from detok_worker.bus.codec import encode, engine_decoder, front_decoder, worker_decoder
+from detok_worker.bus.messages import (
+    DetokParams,
+    Open,
+    RequestParams,
+    SamplingParams,
+    Submit,
+    TextBatch,
+    TextDelta,
+    TokenBatch,
+)
+
+
+def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
+    detok = [["x"], [2], False, True, 0, "", ""]  # DetokParams without return_token_ids
+    sampling = [0.5, None, None, None, None, None, None, None, {}, 1, None, None]  # without the two lists
+    old_frame = msgspec.msgpack.encode(["submit", "r1", [1, 2], [3, detok, False, sampling], 5, 0])
+    message = engine_decoder().decode(old_frame)
+    assert isinstance(message, Submit)
+    params = message.params
+    assert params.detok == DetokParams(stop=["x"], stop_token_ids=[2])
+    assert (params.detok.return_token_ids, params.detok.spaces_between_special_tokens) == (False, True)
+    assert params.sampling == SamplingParams(temperature=0.5)
+    assert (params.sampling.allowed_token_ids, params.sampling.bad_words) == (None, [])
+    assert (params.priority, params.cache_salt) == (0, None)
+
+
+def test_new_fields_travel_last() -> None:
+    sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"])
+    detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False)
+    params = RequestParams(3, detok, sampling=sampling, priority=-2, cache_salt="s1")
+    frame = encode(Submit("r1", [1], params))
+    raw = msgspec.msgpack.decode(frame)
+    assert raw[3][-2:] == [-2, "s1"]  # RequestParams: ..., priority, cache_salt
+    assert raw[3][1][-2:] == [True, False]  # DetokParams: ..., return_token_ids, spaces_between_special_tokens
+    assert raw[3][3][-2:] == [[5, 9], ["no"]]  # SamplingParams: ..., allowed_token_ids, bad_words
+    assert engine_decoder().decode(frame) == Submit("r1", [1], params)
+
+
+def test_an_open_asking_for_token_ids_reaches_the_worker() -> None:
+    batch = TokenBatch(1, 0, [Open("r1", [7], DetokParams(return_token_ids=True))], [])
+    decoded = worker_decoder().decode(encode(batch))
+    assert isinstance(decoded, TokenBatch) and decoded.opens[0].params.return_token_ids is True
+
+
+def test_a_delta_from_before_token_ids_decodes_without_them() -> None:
+    old_delta = ["delta", "r1", 0, "Hi", 1, "stop", None, None, None, None]  # up to logprobs
+    old_frame = msgspec.msgpack.encode(["text_batch", "w", 0, 1, [old_delta]])
+    batch = front_decoder().decode(old_frame)
+    assert isinstance(batch, TextBatch) and batch.items == [TextDelta("r1", 0, "Hi", 1, "stop")]
+    assert batch.items[0].token_ids is None
+    new = TextBatch("w", 0, 1, [TextDelta("r1", 0, "Hi", 2, token_ids=[9707, 13])])
+    raw = msgspec.msgpack.decode(encode(new))
+    assert raw[4][0][-1] == [9707, 13]  # the last element of the delta
+    assert front_decoder().decode(encode(new)) == new
