@@ -1,6 +1,6 @@
 """StopSequenceDecoder: a DecodeStream plus stop tokens and stop strings, as the worker runs it per request.
 
-Rules (issue 2, point 5):
+Rules:
 - Stop tokens are checked before stop strings: a stop token's own text never completes a stop string. A hidden
   stop token releases the text before it and never its own text; a visible one appends its own text decoded in
   context by the request's stream. The text before a stop token ends where the token starts: what the stream still
