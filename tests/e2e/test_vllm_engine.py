@@ -236,7 +236,7 @@ def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: Serve
         assert outcome.text == expected_text(reference_hf_tokenizer("qwen3"), ids, [], False)
         # what the stalled streams hold stays in the front's bounded per-request buffers
         total_kb = sum(rss_kb(pid) for role, pid in service_pids(service).items() if role != "engine")
-        assert total_kb < 600_000, service_pids(service)
+        assert total_kb < 900_000, service_pids(service)  # vLLM's environment imports more per process
     finally:
         for sock in stalled:
             sock.close()
