@@ -45,7 +45,7 @@ from gateway_procs import (
     wait_until_serving,
     write_tokenizer_dir,
 )
-from sse_client import StreamStats, stream_completion
+from sse_client import StreamStats, install_uvloop, parse_stream, stream_completion
 from tokenizers import Tokenizer
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -87,23 +87,6 @@ async def run_clients(
     return stats, captures
 
 
-def streamed_text(events: list[bytes]) -> tuple[str, str | None]:
-    """(the text of an SSE stream's text/content deltas, its error message or None)."""
-    parts: list[str] = []
-    for event in events:
-        if event.startswith(b"failed: "):
-            return "".join(parts), event.decode(errors="replace")
-        data = event.strip()[len(b"data: ") :]
-        if not data or data == b"[DONE]":
-            continue
-        chunk = json.loads(data)
-        if "error" in chunk:
-            return "".join(parts), str(chunk["error"])
-        for choice in chunk.get("choices", []):
-            parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
-    return "".join(parts), None
-
-
 class EngineRecords:
     """The engine server's requests log, read as it grows: key -> ids it streamed for that request."""
 
@@ -138,7 +121,8 @@ def check_exact(
     records.collect(set(captures))
     tokens, mismatches, failures = 0, 0, []
     for key, events in captures.items():
-        text, error = streamed_text(events)
+        output = parse_stream(events)
+        text, error = output.text, output.error
         ids = records.ids.get(key)
         if ids is None or error is not None:
             failures.append(f"{system} {endpoint} key {key}: {error or 'the engine never saw it'}")
@@ -275,12 +259,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.clients, args.max_tokens, args.streams = [50], 32, 50
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
 
     print(machine_line())
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

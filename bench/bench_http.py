@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from common import REPO, machine_line, percentile, print_table, write_json
 from prometheus_client.parser import text_string_to_metric_families
-from sse_client import StreamStats, stream_completion
+from sse_client import StreamStats, install_uvloop, stream_completion
 
 URL_LINE = re.compile(r"serving at (http://\S+)")
 
@@ -172,12 +172,7 @@ def main() -> None:
         args.max_tokens = 32 if args.quick else args.max_tokens
     elif args.quick:
         args.clients, args.requests, args.max_tokens, args.step_interval_ms = [50], 1, 64, [0.0]
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
 
     print(machine_line())
     if args.per_chunk:

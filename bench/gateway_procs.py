@@ -172,8 +172,9 @@ def start_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def profile_summary(collapsed: Path, top: int = 15) -> list[str]:
-    """Top frames of a py-spy raw profile: by self samples (the leaf frame) and by inclusive samples (our code)."""
+def profile_summary(collapsed: Path, top: int = 15, package: str = "detok_worker/front/") -> list[str]:
+    """Top frames of a py-spy raw profile: by self samples (the leaf frame) and by inclusive samples (the frames of
+    `package`, our code in the profiled process)."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -184,10 +185,10 @@ def profile_summary(collapsed: Path, top: int = 15) -> list[str]:
         total += samples
         own[frames[-1]] += samples
         for frame in set(frames):
-            if "detok_worker/front/" in frame and "server.py" not in frame:
+            if package in frame and "server.py" not in frame:
                 inclusive[frame] += samples
     lines = [f"{total} samples; self (leaf frame):"]
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in own.most_common(top)]
-    lines.append("inclusive (detok_worker/front frames):")
+    lines.append(f"inclusive ({package.rstrip('/')} frames):")
     lines += [f"  {100 * n / total:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
     return lines

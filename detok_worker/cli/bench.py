@@ -18,6 +18,7 @@ SCENARIOS = {
     "worker": ("bench_worker.py", "the worker's whole per-batch path (decode, stops, framing) vs DecodeStream"),
     "bus": ("bench_bus.py", "engine -> ZMQ -> workers -> collector, vs null workers (transport limit)"),
     "http": ("bench_http.py", "concurrent SSE clients against detok serve"),
+    "vllm": ("bench_vllm.py", "one real vLLM engine behind vLLM's server, SMG, detok --source grpc and --source vllm"),
     "memory": ("bench_memory.py", "worker state bytes per live rid, short vs 32k-token requests"),
     "scaling": ("bench_scaling.py", "throughput with 1, 2, 4 workers"),
     "load": ("bench_load.py", "tokenizer create + fast-path tables (cold/warm disk cache), detok serve to healthy"),
