@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -139,7 +140,12 @@ def reference_pass(system: System, clients: int, args: argparse.Namespace, decod
     _, outputs = asyncio.run(run_clients(system.url, clients, args.max_tokens, args.timeout, with_ids=True))
     bad = [seed for seed, output in outputs.items() if output.error or len(output.token_ids) != args.max_tokens]
     if bad:
-        print(f"reference pass at {clients}: {len(bad)} stream(s) failed or short, e.g. seed {bad[0]}", file=sys.stderr)
+        first = outputs[bad[0]]
+        print(
+            f"reference pass at {clients}: {len(bad)} stream(s) failed or short, e.g. seed {bad[0]}: "
+            f"{len(first.token_ids)} ids, error {first.error}",
+            file=sys.stderr,
+        )
     return {seed: output for seed, output in outputs.items() if seed not in bad}
 
 
@@ -210,7 +216,7 @@ class Bench:
         self.args = args
         self.model = model
         self.workdir = workdir
-        self.flags = engine_flags(args.max_num_seqs)
+        self.flags = engine_flags(args.max_num_seqs, args.max_num_batched_tokens)
         self.decoder = Tokenizer.from_file(str(model / "tokenizer.json"))
         self.reference: Reference = {} if "vllm" in args.systems else load_reference(args.max_tokens, args.vocab)
         self.rows: list[dict[str, Any]] = []
@@ -230,27 +236,39 @@ class Bench:
                     outputs.setdefault(clients, []).append(run_outputs)
                     print(f"  {clients} clients #{repeat + 1}: {row['tokens_per_s']:,.0f} tok/s, front side "
                           f"{row['cpu_front_side']:.3f} s/1k, failed {row['failed']}", flush=True)  # fmt: skip
+                    self.save(complete=False)
                 if name == "vllm":
                     self.reference[clients] = reference_pass(system, clients, args, self.decoder)
             if args.profile and name == "detok-vllm":
                 self.profile = profile_detok(system, args, self.workdir)
+        if name == "vllm":
+            self.check_reference()
         for clients, runs in outputs.items():
             counts: dict[str, int] = {}
             for run_outputs in runs:
                 for key, n in check_exact(name, clients, run_outputs, self.reference, self.decoder).items():
                     counts[key] = counts.get(key, 0) + n
             self.exact.append({"system": name, "clients": clients, **counts})
+        self.save(complete=False)
 
     def check_reference(self) -> None:
-        """vLLM's reference texts against the decode of their own ids; kept for runs without vLLM's server."""
-        if "vllm" not in self.args.systems:
-            return
+        """vLLM's reference texts against the decode of their own ids, kept on disk at once for runs without
+        vLLM's server."""
         save_reference(self.args.max_tokens, self.args.vocab, self.reference)
-        self.exact[:0] = [
+        self.exact += [
             {"system": "vllm (ids pass)", "clients": clients,
              **check_exact("vllm-ids", clients, level, {clients: level}, self.decoder)}
             for clients, level in self.reference.items()
         ]  # fmt: skip
+
+    def save(self, complete: bool) -> Path:
+        """The result file; written after every run too (complete: false), so a run cut short keeps its rows."""
+        args = self.args
+        table = medians(self.rows)
+        payload = {"complete": complete, "max_tokens": args.max_tokens, "repeats": args.repeats, "vocab": args.vocab}
+        payload |= {"engine_flags": self.flags, "workers": args.workers, "medians": table, "rows": self.rows}
+        payload |= {"exactness": self.exact, "verdict": verdict(table), "profile": self.profile}
+        return write_json("vllm", {**payload, "load_now": load_average()}, args.json)
 
     def report(self) -> None:
         table = medians(self.rows)
@@ -260,14 +278,8 @@ class Bench:
         print("but vLLM's engine core and model worker (column 'engine core'); load = 1-min load average at the start")
         print("\nexactness (streams of all repeats; 'vs decode' = HF tokenizers' decode of vLLM's ids):")
         print_table(self.exact, EXACT_COLUMNS)
-        lines = verdict(table)
-        print("\n" + "\n".join(lines + self.profile))
-        args = self.args
-        payload = {"max_tokens": args.max_tokens, "repeats": args.repeats, "engine_flags": self.flags}
-        payload |= {"vocab": args.vocab}
-        payload |= {"workers": args.workers, "medians": table, "rows": self.rows, "exactness": self.exact}
-        payload |= {"verdict": lines, "profile": self.profile, "load_end": load_average()}
-        print(f"wrote {write_json('vllm', payload, args.json)}")
+        print("\n" + "\n".join(verdict(table) + self.profile))
+        print(f"wrote {self.save(complete=True)}")
 
 
 def parse_args() -> argparse.Namespace:
@@ -279,6 +291,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="detok workers (both detok systems)")
     parser.add_argument("--tick-ms", type=float, default=5.0, help="detok-grpc's gateway tick")
     parser.add_argument("--max-num-seqs", type=int, default=512, help="vLLM's engine flag, the same everywhere")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192,
+        help="vLLM's step token budget (its CPU default, 2048, splits prompts when ~300 requests arrive at once)",
+    )  # fmt: skip
     parser.add_argument(
         "--vocab", choices=("model", "tokenizer"), default="model",
         help="the model's vocabulary: Qwen3's 151936 ids (the tests' config) or the tokenizer's 151669",
@@ -294,8 +310,14 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def stop_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM ends the bench like Ctrl-C: the running system's processes are stopped on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     args = parse_args()
+    signal.signal(signal.SIGTERM, stop_on_signal)
     install_uvloop()
     print(machine_line())
     print(f"load average at start: {load_average()}")
@@ -309,7 +331,6 @@ def main() -> None:
             print(f"engine flags: {' '.join(bench.flags)}; max_tokens {args.max_tokens}, {args.repeats} repeat(s)\n")
             for name in args.systems:
                 bench.run_system(name)
-            bench.check_reference()
     finally:
         shutil.rmtree(model, ignore_errors=True)
     bench.report()

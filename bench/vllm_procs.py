@@ -43,13 +43,15 @@ GRPC_READY = re.compile(r"vLLM gRPC server started on (\S+)")
 START_TIMEOUT_S = 300.0  # an engine start is 30-45 s here; much longer on a loaded machine
 
 
-def engine_flags(max_num_seqs: int) -> list[str]:
+def engine_flags(max_num_seqs: int, max_num_batched_tokens: int) -> list[str]:
     """The tests' `vllm serve` engine flags, served as the neutral MODEL (SMG picks a reasoning parser for a
-    qwen3-looking name) with `max_num_seqs` sequences at once."""
+    qwen3-looking name), with `max_num_seqs` sequences at once and a step budget of `max_num_batched_tokens`: set
+    for every system alike, and large enough that no prompt is split across steps (vLLM 0.32 on CPU kills its
+    engine core when it splits a seeded request's prompt: "CPU Generator does not use offset")."""
     flags = list(vllm_cpu.ENGINE_FLAGS)
     for name, value in (("--served-model-name", MODEL), ("--max-num-seqs", str(max_num_seqs))):
         flags[flags.index(name) + 1] = value
-    return flags
+    return [*flags, "--max-num-batched-tokens", str(max_num_batched_tokens)]
 
 
 def vllm_env(**extra: str) -> dict[str, str]:
