@@ -49,9 +49,14 @@ def engine_flags(max_num_seqs: int, max_num_batched_tokens: int) -> list[str]:
     for every system alike, and large enough that no prompt is split across steps (vLLM 0.32 on CPU kills its
     engine core when it splits a seeded request's prompt: "CPU Generator does not use offset")."""
     flags = list(vllm_cpu.ENGINE_FLAGS)
-    for name, value in (("--served-model-name", MODEL), ("--max-num-seqs", str(max_num_seqs))):
+    settings = {
+        "--served-model-name": MODEL,
+        "--max-num-seqs": str(max_num_seqs),
+        "--max-num-batched-tokens": str(max_num_batched_tokens),
+    }
+    for name, value in settings.items():
         flags[flags.index(name) + 1] = value
-    return [*flags, "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    return flags
 
 
 def vllm_env(**extra: str) -> dict[str, str]:
