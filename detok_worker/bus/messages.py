@@ -364,6 +364,7 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     # connections the engine's receiving sockets lost: a frame over bus.max_message_bytes, or a peer going away
     dropped_connections: int = 0
     served_model_name: str = ""  # the model name the engine serves ("" = it names none): the front serves it too
+    max_model_len: int = 0  # the engine's context length (0 = not reported): the front reports it
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

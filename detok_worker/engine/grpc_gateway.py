@@ -65,6 +65,7 @@ class GrpcGateway:
             recorder=recorder_for(config, tokenizer),
             vocab_size=api.vocab_size,
             served_model_name=api.served_model_name,
+            max_model_len=api.max_context_length,
         )
         self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
         self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog

@@ -69,15 +69,18 @@ class EngineLink:
         recorder: TraceWriter | None = None,
         vocab_size: int = 0,
         served_model_name: str = "",
+        max_model_len: int = 0,
     ) -> None:
         """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
         (Open.vocab_size); 0: not known.
         `served_model_name`: the model name the engine serves (its fronts serve it too unless front.model_name is
-        set); "" = the engine names none."""
+        set); "" = the engine names none. `max_model_len`: the engine's context length (0: not known), which the
+        fronts report (/v1/models, /tokenize) unless front.max_model_len is set."""
         engine = config.engine
         self.config = config
         self.served_model_name = served_model_name
+        self.max_model_len = max_model_len
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -129,6 +132,13 @@ class EngineLink:
         self.fronts.flush()
         news, self._news = self._news, BusNews()
         return news
+
+    def idle_wait_s(self) -> float:
+        """How long an engine loop with nothing to do may wait for bus traffic before `poll` has timer work: the
+        next stats report, or a liveness check (a few per engine.heartbeat_timeout_s, should every worker fall
+        silent)."""
+        until_stats = self.next_stats - time.monotonic()
+        return max(0.0, min(until_stats, self.config.engine.heartbeat_timeout_s / 4))
 
     def fds(self) -> list[int]:
         """For an asyncio engine loop that waits on the bus with `loop.add_reader` instead of `poll(timeout)`: the
@@ -251,6 +261,7 @@ class EngineLink:
             generated=scheduler.generated,
             dropped_connections=self.dropped_connections,
             served_model_name=self.served_model_name,
+            max_model_len=self.max_model_len,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -18,7 +18,6 @@ system or orchestrator to restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -44,7 +43,6 @@ from detok_worker.tokenizer import load_configured_tokenizer
 
 log = logging.getLogger(__name__)
 
-BUS_IDLE_S = 0.05  # longest wait for bus traffic (the link's timers: worker liveness, stats)
 BLOCKED_RETRY_S = 0.005  # a worker's queue was full: send its ids again this soon
 ENGINE_DIED = "the vLLM engine core died"
 
@@ -57,6 +55,7 @@ class VllmSource:
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
         self.stopping = False
         self.engine_dead = False
+        self.bus = asyncio.Event()  # bus frames may have arrived
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -66,7 +65,7 @@ class VllmSource:
         endpoints = link.sockets.endpoints
         log.info("engine: vLLM engine core; submits at %s, workers at %s", endpoints.engine, endpoints.workers)
         loop = asyncio.get_running_loop()
-        bus = asyncio.Event()  # bus frames may have arrived
+        bus = self.bus
         fds = link.fds()
         for fd in fds:
             loop.add_reader(fd, bus.set)
@@ -84,8 +83,9 @@ class VllmSource:
                     link.step()
                 if link.has_news():  # the sockets' FDs are edge-triggered: what one poll left is not signalled again
                     continue
-                with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(bus.wait(), BLOCKED_RETRY_S if link.blocked else BUS_IDLE_S)
+                timer = loop.call_later(BLOCKED_RETRY_S if link.blocked else link.idle_wait_s(), bus.set)
+                await bus.wait()
+                timer.cancel()
                 bus.clear()
         finally:
             outputs.cancel()
@@ -134,6 +134,9 @@ class VllmSource:
                     on_engine.discard(rid)
                     gone.append(rid)
             link.step()
+            # the step used the bus sockets, which can take the edge off their file descriptors: the bus loop
+            # looks again rather than wait for a signal that may not come
+            self.bus.set()
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
                 await client.abort_requests_async(gone)
 
@@ -173,6 +176,7 @@ def run_vllm_source(config: DetokConfig) -> int:
                 recorder=recorder_for(config, tokenizer),
                 vocab_size=model_config.get_vocab_size(),
                 served_model_name=model_config.served_model_name,
+                max_model_len=model_config.max_model_len,
             )
             log.info(
                 "engine: vLLM engine core for %s (served as %s) ready in %.1f s",

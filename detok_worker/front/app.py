@@ -60,7 +60,7 @@ class Front:
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
         self.limits = Limits.from_config(config, config.front.model_name or tokenizer.name, tokenizer)
-        self.max_model_len = config.front.max_model_len or getattr(tokenizer, "model_max_length", None)
+        self._tokenizer_max_len: int | None = getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config, index)
         self.dispatcher.metrics.also_flush(self.tokenizer)
         self.parsers = ParserChoice.from_config(config, tokenizer)
@@ -102,6 +102,12 @@ class Front:
     def model_name(self) -> str:
         """The name served (validation.served_model_name): front.model_name, the engine's, or the tokenizer's."""
         return served_model_name(self.limits, self.dispatcher.engine_model_name)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """front.max_model_len when set, else the engine's context length (once reported), else the tokenizer's."""
+        configured = self.config.front.max_model_len
+        return configured or self.dispatcher.engine_max_model_len or self._tokenizer_max_len
 
     def _model_card(self) -> ModelCard:
         name = self.model_name

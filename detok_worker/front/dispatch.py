@@ -79,6 +79,7 @@ class Dispatcher:
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
+        self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
@@ -290,6 +291,8 @@ class Dispatcher:
             self._engine = (message, time.monotonic())
             if message.served_model_name:
                 self.engine_model_name = message.served_model_name
+            if message.max_model_len:
+                self.engine_max_model_len = message.max_model_len
         elif isinstance(message, Reject):
             stream = self._streams.pop(message.rid, None)
             if stream is not None:

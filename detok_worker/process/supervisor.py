@@ -45,6 +45,7 @@ from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
 from detok_worker.process.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
 from detok_worker.process.parent_watch import PARENT_PID_ENV
+from detok_worker.process.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ BACKOFF_INITIAL_S = 0.25
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 10.0  # a worker that ran this long resets its backoff
 FRONT_EXIT_MARGIN_S = 3.0  # past its drain timeout, the front's own shutdown (error events, sockets)
+SUPERVISE_POLL_S = 0.5
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
 
@@ -118,6 +120,7 @@ class Supervisor:
         self._scale_requests = 0  # +n: add workers, -n: retire workers (from SIGTTIN/SIGTTOU)
         self._stop = threading.Event()
         self._stop_signals = 0
+        self._wakeup = Wakeup()  # a child exited (SIGCHLD), a stop or scale signal: supervise at once
 
     @property
     def url(self) -> str:
@@ -190,13 +193,15 @@ class Supervisor:
             signal.signal(signum, self._on_stop_signal)
         signal.signal(signal.SIGTTIN, lambda *_: self.scale(+1))
         signal.signal(signal.SIGTTOU, lambda *_: self.scale(-1))
+        signal.signal(signal.SIGCHLD, lambda *_: self._wakeup.set())
 
     def _on_stop_signal(self, signum: int, _frame: object) -> None:
         self._stop_signals += 1
-        self._stop.set()
+        self.request_stop()
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._wakeup.set()
 
     @property
     def stopping(self) -> bool:
@@ -205,6 +210,7 @@ class Supervisor:
     def scale(self, delta: int) -> None:
         """Ask for `delta` more (or fewer) workers; applied by the supervise loop."""
         self._scale_requests += delta
+        self._wakeup.set()
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -248,12 +254,23 @@ class Supervisor:
 
     def supervise(self) -> int:
         """Restart dead workers until a stop signal (EXIT 0) or the death of the engine or front (EXIT_FAILED)."""
-        while not self._stop.wait(0.05):
+        while not self._stop.is_set():
+            self._wakeup.wait(self._next_check_s())
+            if self._stop.is_set():
+                break
             failed = self.check_children()
             if failed is not None:
                 log.error("%s exited (code %s); stopping the service", failed.name, failed.proc.returncode)  # type: ignore[union-attr]
                 return EXIT_FAILED
         return 0
+
+    def _next_check_s(self) -> float:
+        """Until the next timed supervision work (a restart's backoff, a leaver's deadline); at most
+        SUPERVISE_POLL_S, which is also how late a child's exit is seen without the SIGCHLD handler."""
+        now = time.monotonic()
+        due = [child.restart_at for child in self.children if child.restart_at is not None]
+        due += [child.retire_deadline for child in self.children if child.retire_deadline is not None]
+        return min([SUPERVISE_POLL_S, *(at - now for at in due)])
 
     def check_children(self) -> Child | None:
         """One supervision pass: scale, restart dead workers, retire leavers. Returns a dead engine/front."""

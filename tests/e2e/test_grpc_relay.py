@@ -146,6 +146,8 @@ def test_the_engines_served_model_name_is_served(engine: EngineServer, qwen3: An
     with faults.serving(healthy(relay(engine))) as service:
         models = httpx.get(f"{service.url}/v1/models", timeout=10).json()
         assert [card["id"] for card in models["data"]] == [ENGINE_MODEL]
+        # the engine's context length (GetModelInfo's max_context_length), not the tokenizer's model_max_length
+        assert [card["max_model_len"] for card in models["data"]] == [1 << 20]
         assert httpx.get(f"{service.url}/v1/models/{ENGINE_MODEL}", timeout=10).status_code == 200
         body = {**case.body(False), "model": ENGINE_MODEL}
         answer = httpx.post(f"{service.url}/v1/completions", json=body, timeout=30)

@@ -29,7 +29,7 @@ from helpers.fault_helpers import (
 )
 from helpers.serve_helpers import ServeProcess, children_of, process_cmdline, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
-from helpers.vllm_cpu import SERVED_NAME, detok_vllm, vllm_server
+from helpers.vllm_cpu import MAX_MODEL_LEN, SERVED_NAME, detok_vllm, vllm_server
 
 from detok_worker.trace.format import read_trace
 
@@ -266,8 +266,10 @@ def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, 
 def test_vllm_request_fields(service: ServeProcess, qwen3: Any) -> None:
     """return_token_ids gives the ids the engine generated (their full decode is the text), streamed the same;
     allowed_token_ids and bad_words reach vLLM's sampler (only the allowed ids, never a banned word's); priority and
-    cache_salt are taken by vLLM's engine core."""
+    cache_salt are taken by vLLM's engine core. The model card gives vLLM's context length (--max-model-len)."""
     with httpx.Client(base_url=service.url, timeout=120) as client:
+        cards = client.get("/v1/models").json()["data"]
+        assert [(card["id"], card["max_model_len"]) for card in cards] == [(SERVED_NAME, MAX_MODEL_LEN)]
         body = {**seeded(11, 24), "model": SERVED_NAME, "return_token_ids": True, "request_id": "ids"}
         whole = client.post("/v1/completions", json=body)
         assert whole.status_code == 200, whole.text
