@@ -18,8 +18,8 @@ from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_api import connect_engine
-from detok_worker.engine.grpc_gateway import GrpcGateway
 from detok_worker.engine.link import EngineLink
+from detok_worker.engine.sources.grpc_gateway import GrpcGateway
 from detok_worker.worker.process import run_worker
 
 MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,669 ids

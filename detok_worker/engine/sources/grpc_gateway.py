@@ -1,5 +1,5 @@
 """`detok engine --source grpc`: detok as the gateway in front of an engine that serves the token-only gRPC API
-(vLLM `--grpc`, SGLang `--grpc-mode`, engine_stub's `detok engine-server`).
+(vLLM `--grpc`, SGLang `--grpc-mode`; the tests' `detok engine-server`).
 
 A relay, not a second scheduler: every Submit opens a streaming Generate on the engine at once
 (grpc_api.Dialect.generate_request) and the engine schedules it (no admission cap of ours: engine.max_batch is the
@@ -38,6 +38,7 @@ from detok_worker.engine.grpc_api import (
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.sources.base import RunOptions
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -241,7 +242,7 @@ class GrpcGateway:
         return None
 
 
-def run_gateway(config: DetokConfig) -> None:
+def run_gateway(config: DetokConfig, options: RunOptions) -> int:
     """Connect to engine.engine_url, check it, and serve the bus until SIGINT/SIGTERM."""
     engine = config.engine
     tokenizer = load_configured_tokenizer(config)
@@ -256,3 +257,4 @@ def run_gateway(config: DetokConfig) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         run_event_loop(main())
+    return 0
