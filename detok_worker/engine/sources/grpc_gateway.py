@@ -55,18 +55,26 @@ RETRY_BACKOFF_S = 0.05  # before the first retry of a Generate; doubled for each
 RETRIED_CODES = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 
 
+def gateway_link(config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> EngineLink:
+    """The gateway's bus side: Opens carry the engine's vocabulary size, the fronts serve its model name."""
+    return EngineLink(
+        config,
+        eos_ids=tokenizer.eos_token_ids,
+        special_ids=tokenizer.special_token_ids,
+        recorder=recorder_for(config, tokenizer),
+        vocab_size=api.vocab_size,
+        served_model_name=api.served_model_name,
+    )
+
+
 class GrpcGateway:
-    def __init__(self, config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> None:
-        self.config = config
+    """The relay between `link` (closed when run ends) and the engine behind `api`; start_retries: how many times a
+    Generate that fails before its first response is opened (engine.start_retries)."""
+
+    def __init__(self, link: EngineLink, api: EngineApi, start_retries: int) -> None:
         self.api = api
-        self.link = EngineLink(
-            config,
-            eos_ids=tokenizer.eos_token_ids,
-            special_ids=tokenizer.special_token_ids,
-            recorder=recorder_for(config, tokenizer),
-            vocab_size=api.vocab_size,
-            served_model_name=api.served_model_name,
-        )
+        self.link = link
+        self.max_starts = start_retries
         self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
         self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog
         self.backlogged = 0  # streams waiting for their rid's ids to reach its worker
@@ -168,7 +176,7 @@ class GrpcGateway:
         any response (nothing of it reached the link, let alone the client) is opened again, up to
         engine.start_retries times: grpcio's aio server cancels a few of ~1500 concurrent streams as they start."""
         try:
-            for attempt in range(self.config.engine.start_retries):
+            for attempt in range(self.max_starts):
                 code = await self._stream(rid, request)
                 if code is None:
                     return
@@ -251,7 +259,7 @@ def run_gateway(config: DetokConfig, options: RunOptions) -> int:
         started = time.monotonic()
         api = await connect_engine(engine.engine_url, engine.engine_service, tokenizer, engine.connect_timeout_s)
         log.info("engine: connected to %s in %.2f s", engine.engine_url, time.monotonic() - started)
-        gateway = GrpcGateway(config, tokenizer, api)
+        gateway = GrpcGateway(gateway_link(config, tokenizer, api), api, engine.start_retries)
         with stop_on_signals(gateway.request_stop):
             await gateway.run()
 
