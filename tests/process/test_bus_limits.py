@@ -1,4 +1,4 @@
-"""Bus limits against same-uid peers that bypass the front (issue 14, finding 8): a 100 MB frame is refused by
+"""Bus limits against same-uid peers that bypass the front: a 100 MB frame is refused by
 the engine's socket (ZMQ_MAXMSGSIZE) and counted, max_tokens 2**40 and an over-long prompt are rejected by the
 engine itself, and a worker that heartbeats but never handles a TokenBatch loses its requests to a healthy one."""
 
@@ -87,7 +87,7 @@ def test_heartbeat_only_worker_loses_its_requests(qwen3):
                 assert front.wait_for(lambda: "w1" in front.engine_stats.workers, 60)
                 for rid, text in prompts.items():
                     front.submit(rid, qwen3.encode(text).ids, RequestParams(max_tokens=4096))
-                # the fake takes its share (least loaded), then only heartbeats, like the finding's fake worker
+                # the fake takes its share (least loaded), then only heartbeats, like a stalled worker
                 deadline = time.monotonic() + 60
                 while not all(front.requests[rid].done for rid in prompts):
                     assert time.monotonic() < deadline, "requests hang on the heartbeat-only worker"
