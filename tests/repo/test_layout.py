@@ -111,6 +111,19 @@ def test_no_import_loops() -> None:
     assert cycles(import_graph(modules())) == []
 
 
+def test_no_import_loops_among_the_bench_scripts() -> None:
+    """bench/ scripts import each other by plain module name (the folder is on sys.path when one runs)."""
+    scripts = {path.stem: path for path in sorted((REPO / "bench").glob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in scripts}
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in scripts}
+            elif isinstance(node, ast.ImportFrom) and node.module in scripts and node.level == 0:
+                graph[name].add(node.module)
+    assert cycles(graph) == []
+
+
 def test_engine_stub_never_imports_the_cli() -> None:
     graph = import_graph(modules())
     for name in graph:
