@@ -27,13 +27,19 @@ def detok_serve(*args: str, timeout_s: float = 90.0) -> Iterator[str]:
         try:
             yield wait_for_url(proc, log, timeout_s)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_child(proc, signal.SIGTERM, 20.0)
+
+
+def stop_child(proc: subprocess.Popen[str], sig: int, timeout_s: float) -> None:
+    """Send `sig` to a child still running; kill it if it has not exited within timeout_s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wait_for_url(proc: subprocess.Popen[str], log: Any, timeout_s: float) -> str:
