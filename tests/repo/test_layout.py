@@ -12,6 +12,8 @@ from pathlib import Path
 from helpers.fixtures import REPO
 from helpers.vllm_cpu import require_venv
 
+from detok_worker.engine.sources.factory import LOCAL_SOURCES
+
 PACKAGES = ("detok_worker", "engine_stub")
 MAX_LINES = 400
 
@@ -151,21 +153,26 @@ def test_only_the_engine_server_command_imports_engine_stub() -> None:
     assert not any("engine_stub" in ast.dump(node) for node in top_level)
 
 
-def test_every_engine_source_runs_without_engine_stub() -> None:
-    """The modules of `detok serve` and of each engine source's loop load without engine_stub (vllm: its module
-    needs vLLM's environment; the static test above covers it)."""
-    code = """
+_SOURCES_WITHOUT_ENGINE_STUB = """
 import sys
 import detok_worker.cli.main, detok_worker.process.supervisor, detok_worker.front.server, detok_worker.worker.process
-from detok_worker.engine.sources.factory import engine_run, LOCAL_SOURCES
-for source in (*LOCAL_SOURCES, "grpc"):
+from detok_worker.engine.sources.factory import engine_run
+for source in sys.argv[1:]:
     engine_run(source)
-import detok_worker.engine.sources.local
 print(sorted(m for m in sys.modules if m.startswith("engine_stub")))
 """
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "[]"
+
+
+def test_every_engine_source_runs_without_engine_stub() -> None:
+    """The modules of `detok serve` and of each engine source's loop load without engine_stub; vllm in vLLM's
+    virtualenv (tests/vllm_cpu)."""
+    groups = ((sys.executable, [*LOCAL_SOURCES, "grpc"]), (str(require_venv()), ["vllm"]))
+    for python, sources in groups:
+        result = subprocess.run(
+            [python, "-c", _SOURCES_WITHOUT_ENGINE_STUB, *sources], cwd=REPO, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip().splitlines()[-1] == "[]", sources
 
 
 def test_no_module_over_the_line_limit() -> None:
