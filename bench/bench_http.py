@@ -17,55 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import re
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from common import REPO, machine_line, percentile, print_table, write_json
+from common import machine_line, percentile, print_table, write_json
 from prometheus_client.parser import text_string_to_metric_families
+from serve_proc import detok_serve
 from sse_client import StreamStats, install_uvloop, stream_completion
-
-URL_LINE = re.compile(r"serving at (http://\S+)")
-
-
-@contextlib.contextmanager
-def detok_serve(*args: str, timeout_s: float = 90.0) -> Iterator[str]:
-    """Run `detok serve --port 0 ARGS` until the block ends; yields its URL."""
-    argv = [sys.executable, "-m", "detok_worker.cli", "serve", "--port", "0", "--log-level", "WARNING", *args]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
-        try:
-            yield _wait_for_url(proc, log, timeout_s)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-def _wait_for_url(proc: subprocess.Popen[str], log: Any, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        match = URL_LINE.search(line)
-        if match:
-            return match.group(1)
-    log.seek(0)
-    raise RuntimeError(f"detok serve did not start: {log.read().decode(errors='replace')[-3000:]}")
 
 
 async def run_clients(url: str, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:

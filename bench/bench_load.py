@@ -23,8 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench_http import detok_serve
 from common import FIXTURES, REPO, TOKENIZERS, load_average, machine_line, print_table, tokenizer_spec, write_json
+from serve_proc import detok_serve
 
 FAMILIES = {
     **{name: tokenizer_spec(name) for name in TOKENIZERS},

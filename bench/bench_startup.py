@@ -44,7 +44,8 @@ if role == "worker":
 elif role == "front":
     import detok_worker.front.server
 else:
-    import engine_stub.engine
+    import detok_worker.engine.sources.factory
+    import detok_worker.engine.sources.local
 marks.append(("import role", time.process_time()))
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -58,8 +59,8 @@ elif role == "front":
     from detok_worker.front.app import create_app
     create_app(config, tokenizer)
 else:
-    from engine_stub.sources import create_source
-    create_source(config, tokenizer)
+    from detok_worker.engine.sources.factory import create_local_source
+    create_local_source(config, tokenizer)
 marks.append(("prepare", time.process_time()))
 print(json.dumps({"marks": marks}))
 """

@@ -1,4 +1,4 @@
-"""The worker's whole per-batch path against tokenizers' DecodeStream per request (issue 16, point 3).
+"""The worker's whole per-batch path against tokenizers' DecodeStream per request.
 
 What a worker does with one TokenBatch frame, minus the socket: the bus codec's decoding of the frame,
 WorkerState.handle_batch (rid table lookup, decode, stop check, framing into a TextBatch) and the msgpack encoding of

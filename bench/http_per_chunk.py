@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_http import _wait_for_url, detok_serve
 from common import HERE, REPO, cpu_seconds, load_average, print_table
+from serve_proc import detok_serve, stop_child, wait_for_url
 from sse_client import StreamStats, stream_completion
 
 
@@ -75,14 +75,9 @@ def bare_server(events_file: str, step_ms: float, http: str) -> Iterator[tuple[s
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([*argv, "--http", http], cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
         try:
-            yield _wait_for_url(proc, log, 30.0), proc.pid
+            yield wait_for_url(proc, log, 30.0), proc.pid
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child(proc, signal.SIGINT, 10.0)
 
 
 def request_body(model: str, index: int, round_: int, max_tokens: int) -> bytes:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR
 from detok_worker.engine.generators import GeneratorEngine
-from engine_stub.sources import GeneratingSource
+from detok_worker.engine.sources.base import GeneratingSource
 
 # one step's news for a stream: (new ids, finish or None, error or None)
 StepNews = tuple[list[int], str | None, str | None]

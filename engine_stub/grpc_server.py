@@ -1,11 +1,11 @@
-"""`detok engine-server` / `python -m engine_stub.grpc_server`: engine_stub's token sources (corpus, echo, trace,
+"""`detok engine-server` / `python -m engine_stub.grpc_server`: detok's local token sources (corpus, echo, trace,
 llama-cpp) served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests
-and benches of detok's gateway (`--source grpc`) and of other gateways (SMG).
+and benches of gRPC gateways (detok's own and SMG).
 
 Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
 engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
 GenerateComplete with every output id. A request that asks for logprobs gets the planning sources'
-deterministic fake ones (engine_stub/fake_logprobs.py) in each chunk's and the GenerateComplete's
+deterministic fake ones (detok_worker/engine/sources/fake_logprobs.py) in each chunk's and the GenerateComplete's
 output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the request's
 stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
 ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
@@ -55,13 +55,14 @@ from detok_worker.bus.messages import (
     TokenLogprob,
 )
 from detok_worker.config import DetokConfig
+from detok_worker.engine.sources.base import GeneratingSource, TokenSource
+from detok_worker.engine.sources.factory import create_local_source
+from detok_worker.engine.sources.fake_logprobs import fake_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from detok_worker.tokenizer.protocol import Tokenizer
-from engine_stub.fake_logprobs import fake_logprobs
 from engine_stub.grpc_generation import Generation, GenerationRuns
-from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,7 @@ async def serve_engine(
     tokenizer = load_configured_tokenizer(config)
     with contextlib.ExitStack() as files:
         log_file = files.enter_context(open(requests_log, "a", buffering=1)) if requests_log else None
-        source = create_source(config, tokenizer)
+        source = create_local_source(config, tokenizer)
         servicer = StubEngineServicer(config, tokenizer, source, log_file, cancel_starts)
         await _serve(servicer, listen, stats_file)
 

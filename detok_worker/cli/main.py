@@ -1,10 +1,10 @@
 """The `detok` command.
 
-  detok serve     front + engine stub + N workers, supervised (the one command most users need)
+  detok serve     front + engine + N workers, supervised (the one command most users need)
   detok worker    one detok worker process        detok front    the HTTP front
-  detok engine    the engine: the stub (same as `engine-stub`), --source grpc the gateway to a gRPC engine,
-                  --source vllm vLLM's engine core (`vllm serve` engine flags after --)
-  detok engine-server    engine_stub's sources served as a gRPC VllmEngine (for tests and benches)
+  detok engine    the engine: a local source (corpus, echo, trace, llama-cpp), --source grpc the gateway to
+                  a gRPC engine, --source vllm vLLM's engine core (`vllm serve` engine flags after --)
+  detok engine-server    the local sources served as a gRPC VllmEngine (engine_stub: for tests and benches)
   detok config    print the effective config (files + flags) as TOML
   detok trace     record | synth | replay | inspect token traces
   detok tokenize | detokenize | template    look inside a tokenizer (ids, tokens, offsets, chat prompts)
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    serve = command("serve", cmd_serve, "run front + engine stub + N detok workers, supervised")
+    serve = command("serve", cmd_serve, "run front + engine + N detok workers, supervised")
     add_config_flags(serve)
     add_worker_count_flag(serve)
     add_front_flags(serve)
@@ -112,11 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--index", type=int, default=0, help="which of the front.processes front processes this is (0 .. N-1)"
     )
 
-    engine = command("engine", run_engine_command, "run the engine (the stub, the gRPC gateway or vLLM's engine core)")
+    engine = command("engine", run_engine_command, "run the engine (a local source, the gRPC gateway or vLLM's engine)")
     add_engine_command_flags(engine)
 
     engine_server = command(
-        "engine-server", cmd_engine_server, "serve engine_stub's token sources as a gRPC VllmEngine (tests, benches)"
+        "engine-server", cmd_engine_server, "serve the local token sources as a gRPC VllmEngine (tests, benches)"
     )
     add_config_flags(engine_server)
     add_engine_flags(engine_server)

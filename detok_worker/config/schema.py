@@ -68,7 +68,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     connect_timeout_s: float = 10.0  # source = grpc: how long to wait for the engine at start-up
     start_retries: int = 3  # source = grpc: a Generate that fails before its first chunk is sent again this often
     trace: str = ""
-    corpus: str = ""  # "" = the corpus shipped with engine_stub
+    corpus: str = ""  # "" = the shipped corpus (engine/sources/corpus/)
     step_interval_ms: float = 20.0
     max_batch: int = 256
     tokens_per_step: int = 1

@@ -1,4 +1,4 @@
-"""The engine's side of the detok bus, for any engine loop: the stub's, the gRPC gateway's, a real scheduler's.
+"""The engine's side of the detok bus, for any engine loop: the local sources', the gRPC gateway's, a real scheduler's.
 
 `EngineLink` binds the engine sockets (docs/protocol.md), takes Submit/Abort/Delivered from the front and
 Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registry, rid -> worker assignment,

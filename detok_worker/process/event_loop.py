@@ -1,7 +1,7 @@
 """The asyncio event loop of detok's asyncio processes (the gRPC gateway, the engine server; the front's is
 uvicorn's, which picks uvloop the same way): uvloop when it is installed (a dependency except on Windows), else
-asyncio's own. grpc.aio runs on any asyncio loop; on uvloop a Generate stream's message costs a bare client about a
-third less CPU, and the gateway's process ~15% less per token (BENCHMARKS.md, "Side by side with SMG")."""
+asyncio's own. grpc.aio runs on any asyncio loop, and on uvloop a Generate stream's message costs less CPU, in a bare
+client and in the gateway's process (BENCHMARKS.md, "Side by side with SMG")."""
 
 from __future__ import annotations
 

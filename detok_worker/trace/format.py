@@ -1,4 +1,4 @@
-"""Token traces: a recorded run of the bus, replayable by engine_stub.
+"""Token traces: a recorded run of the bus, replayable by the trace engine source.
 
 File format (version 1): a stream of records, each a 4-byte little-endian unsigned length followed by that many
 bytes of msgpack. The first record is a TraceHeader; then TraceRequest (a request arrived: rid, prompt ids,

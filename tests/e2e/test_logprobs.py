@@ -1,7 +1,7 @@
-"""logprobs end to end: a real `detok serve` (echo engine stub, whose fake logprobs are a pure function of the
-output position and id: engine_stub/fake_logprobs.py) and the official `openai` client, chat and completions,
-streamed and not. Token strings are the tokenizer's decode of each id, bytes the token's own bytes (pieces of a
-character for tokens that split one), top candidates most likely first, one entry per completion token."""
+"""logprobs end to end: a real `detok serve` (the echo source, whose fake logprobs are a pure function of the
+output position and id: detok_worker/engine/sources/fake_logprobs.py) and the official `openai` client, chat and
+completions, streamed and not. Token strings are the tokenizer's decode of each id, bytes the token's own bytes
+(pieces of a character for tokens that split one), top candidates most likely first, one entry per completion token."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from helpers.fixtures import load_fixture_tokenizer
 from helpers.grpc_engine_server import EngineServer
 from helpers.serve_helpers import ServeProcess, healthy_serve
 
-from engine_stub.fake_logprobs import fake_value
+from detok_worker.engine.sources.fake_logprobs import fake_value
 
 openai = pytest.importorskip("openai")
 

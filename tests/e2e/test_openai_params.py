@@ -45,7 +45,7 @@ def model_of(service: ServeProcess) -> str:
     return http_json(f"{service.url}/v1/models")[1]["data"][0]["id"]
 
 
-def test_parameters_reach_the_engine_stub(tmp_path: Path) -> None:
+def test_parameters_reach_the_engine(tmp_path: Path) -> None:
     trace = tmp_path / "engine.trace"
     process = serve("--set", f"engine.record={trace}")
     try:

@@ -1,4 +1,4 @@
-"""Graceful drain and engine loss, with real processes (issue 14 findings 4 and 5).
+"""Graceful drain and engine loss, with real processes.
 
 - SIGTERM to `detok serve` under live streams: new requests get 503 + Retry-After and /health says "draining";
   streams that end within front.drain_timeout_s are exact and end with [DONE]; the others get a `shutdown`

@@ -1,4 +1,4 @@
-"""HTTP limits of the real front (issue 14 findings 3 and 6):
+"""HTTP limits of the real front:
 
 - slowloris: connections that trickle header lines are closed after front.header_timeout_s, and while they are
   open a legitimate request succeeds, even past the open-file limit the front was started with (it raises its

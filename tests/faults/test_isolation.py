@@ -1,9 +1,9 @@
-"""One heavy request must not hurt the others (issue 14, findings 1, 2 and 7) on a real `detok serve`:
+"""One heavy request must not hurt the others on a real `detok serve`:
 - requests at the stop-string maxima (64 strings of 1,024 characters each, every request its own set) next to
   plain requests: the plain ones are exact and no worker is restarted or declared dead;
 - a 3.9 MB prompt is refused with a 400 naming the field, and /health keeps answering meanwhile (ticking client);
 - prompt-token limits give a 400 naming the field.
-The full sizes of finding 1 (100 + 50 requests) run under the slow marker."""
+The full sizes of the stop-string case (100 + 50 requests) run under the slow marker."""
 
 from __future__ import annotations
 
@@ -82,14 +82,14 @@ def _heavy_and_plain(service: ServeProcess, tokenizer: Any, heavy: int, plain: i
     assert service_pids(service) == pids  # no worker restarted
     assert service.stats()["engine"]["reopened"] == reopened  # none declared dead
     assert sum(o.error is None for o in heavy_outcomes) == heavy  # the default bound holds 50 per worker
-    # compiled eagerly, each stop set cost ~19 MB, and the automaton cache kept up to 32 per worker afterwards
+    # the automaton is built lazily, and the cache keeps at most 32 per worker: growth stays bounded
     growth_mb = {pid: (rss_kb(pid) - rss_before[pid]) / 1024 for pid in workers}
     print(f"worker RSS growth (MB): {growth_mb}")
     assert all(growth < 150 for growth in growth_mb.values()), growth_mb
 
 
 def test_stop_string_maxima_do_not_hurt_plain_requests(service: ServeProcess, tokenizer: Any) -> None:
-    # 40 heavy requests: ~20 stop sets per worker, ~2 s of compiling in one batch before the fix (> 1 s timeout)
+    # 40 heavy requests: ~20 stop sets per worker in one batch, which must not stall the worker past its timeout
     _heavy_and_plain(service, tokenizer, heavy=40, plain=20)
 
 
@@ -131,7 +131,7 @@ def test_huge_prompt_is_refused_without_stalling_health(service: ServeProcess) -
     assert (error["param"], error["code"]) == ("prompt", "prompt_too_long")
     assert "3900000 characters" in error["message"]
     print(f"/health: {len(gaps)} answers, longest gap {max(gaps) * 1000:.0f} ms")
-    # before the fix the front froze for 3.7 s while the tokenizer held the GIL; a loose bound, not a benchmark
+    # a tokenizer holding the GIL over the whole prompt would freeze the front; a loose bound, not a benchmark
     assert max(gaps) < 1.0
 
 

@@ -37,7 +37,7 @@ from helpers.fault_helpers import (
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
-from engine_stub.sources import load_corpus
+from detok_worker.engine.sources.planned import load_corpus
 
 MAX_PENDING_CHARS = 100_000
 LONG_TOKEN = 89180  # qwen3: "//" + 112 dashes, 114 characters

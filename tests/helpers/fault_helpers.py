@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from engine_stub.sources import load_corpus, primary_eos_id
+from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from helpers.serve_helpers import ServeProcess, wait_for
 
 REQUEST_TIMEOUT_S = 60.0  # no request may hang: every one has this deadline (generous for a loaded 2-core box)

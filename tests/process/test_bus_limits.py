@@ -1,4 +1,4 @@
-"""Bus limits against same-uid peers that bypass the front (issue 14, finding 8): a 100 MB frame is refused by
+"""Bus limits against same-uid peers that bypass the front: a 100 MB frame is refused by
 the engine's socket (ZMQ_MAXMSGSIZE) and counted, max_tokens 2**40 and an over-long prompt are rejected by the
 engine itself, and a worker that heartbeats but never handles a TokenBatch loses its requests to a healthy one."""
 
@@ -14,9 +14,10 @@ from helpers.fixtures import load_fixture_tokenizer
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import Heartbeat, Hello, RequestParams, Submit
+from detok_worker.engine.sources.base import RunOptions
+from detok_worker.engine.sources.factory import run_source
+from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
-from engine_stub.engine import run_engine
-from engine_stub.sources import load_corpus
 
 BIG_FRAME_BYTES = 100 * 1024 * 1024
 
@@ -35,7 +36,7 @@ def test_engine_refuses_huge_frames_and_unbounded_submits(qwen3):
         )
         with FrontCollector(config) as front:
             worker = start_process(run_worker, config, "w1")
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 assert front.wait_for(lambda: front.engine_stats is not None and "w1" in front.engine_stats.workers, 60)
                 rss_before = rss_kb(engine.pid)
@@ -75,7 +76,7 @@ def test_heartbeat_only_worker_loses_its_requests(qwen3):
             **{"engine.source": "echo", "engine.step_interval_ms": 2.0, "engine.batch_answer_timeout_s": 1.5},
         )
         with FrontCollector(config) as front, PlayedWorker(config, "fake") as fake:
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             worker = None
             try:
                 # the fake joins first, so it is the least loaded worker on ties and surely gets requests
@@ -86,7 +87,7 @@ def test_heartbeat_only_worker_loses_its_requests(qwen3):
                 assert front.wait_for(lambda: "w1" in front.engine_stats.workers, 60)
                 for rid, text in prompts.items():
                     front.submit(rid, qwen3.encode(text).ids, RequestParams(max_tokens=4096))
-                # the fake takes its share (least loaded), then only heartbeats, like the finding's fake worker
+                # the fake takes its share (least loaded), then only heartbeats, like a stalled worker
                 deadline = time.monotonic() + 60
                 while not all(front.requests[rid].done for rid in prompts):
                     assert time.monotonic() < deadline, "requests hang on the heartbeat-only worker"
@@ -110,7 +111,7 @@ def test_submit_frame_over_the_limit_is_dropped_not_decoded(qwen3):
         )
         with FrontCollector(config) as front:
             worker = start_process(run_worker, config, "w1")
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 assert front.wait_for(lambda: front.engine_stats is not None and "w1" in front.engine_stats.workers, 60)
                 sockets, push = raw_push(config, "engine")

@@ -12,8 +12,9 @@ from helpers.fixtures import load_fixture_tokenizer
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
-from engine_stub.engine import run_engine
-from engine_stub.sources import primary_eos_id
+from detok_worker.engine.sources.base import RunOptions
+from detok_worker.engine.sources.factory import run_source
+from detok_worker.engine.sources.planned import primary_eos_id
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
             PlayedWorker(config, "slow") as slow,
             PlayedWorker(config, "fast") as fast,
         ):
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 slow.send(Hello("slow", 1))
                 assert front.wait_for(

@@ -11,9 +11,10 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
+from detok_worker.engine.sources.base import RunOptions
+from detok_worker.engine.sources.factory import run_source
+from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
-from engine_stub.engine import run_engine
-from engine_stub.sources import load_corpus
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_killed_worker_rids_are_reopened_exactly_once(qwen3):
         config = bus_config(runtime, **{"engine.source": "echo", "engine.step_interval_ms": 5.0})
         with FrontCollector(config) as front:
             workers = {wid: start_process(run_worker, config, wid) for wid in ("w1", "w2")}
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 assert front.wait_for(
                     lambda: front.engine_stats is not None and len(front.engine_stats.workers) == 2, 60

@@ -15,8 +15,8 @@ from helpers.fixtures import REPO, load_fixture_tokenizer
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.engine.generators import GeneratorEngine
+from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from detok_worker.worker.process import run_worker
-from engine_stub.sources import load_corpus, primary_eos_id
 
 LOOP_BLOCK = re.compile(r"<!-- engine-loop:start -->\n```python\n(.*?)```\n<!-- engine-loop:end -->", re.S)
 

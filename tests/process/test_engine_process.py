@@ -1,5 +1,5 @@
-"""A real engine_stub process. The test plays the workers (DEALER) and the front (FrontCollector), or runs real
-workers; also recording and replaying traces."""
+"""A real engine process with a local source. The test plays the workers (DEALER) and the front (FrontCollector),
+or runs real workers; also recording and replaying traces."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from detok_worker.bus.messages import (
     TokenBatch,
 )
 from detok_worker.engine.plans import PROMPT_TAIL
+from detok_worker.engine.sources.base import RunOptions
+from detok_worker.engine.sources.factory import run_source
+from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
 from detok_worker.worker.process import run_worker
-from engine_stub.engine import run_engine
-from engine_stub.sources import load_corpus, primary_eos_id
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_engine_with_played_worker_and_front(qwen3):
             runtime, **{"engine.source": "echo", "engine.step_interval_ms": 2.0, "engine.heartbeat_timeout_s": 30.0}
         )
         with FrontCollector(config) as front:
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 # no worker yet: Reject
                 front.submit("early", prompt, RequestParams(max_tokens=50))
@@ -185,7 +186,7 @@ def test_engine_corpus_source_with_a_real_worker_and_recording(qwen3, tmp_path):
         )
         with FrontCollector(config) as front:
             worker = start_process(run_worker, config, "w1")
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 assert front.wait_for(lambda: front.engine_stats is not None and front.engine_stats.workers, 60)
                 rids = [f"c{i}" for i in range(8)]
@@ -227,7 +228,7 @@ def test_replay_of_a_recorded_trace_gives_identical_texts(qwen3, tmp_path):
         config = bus_config(runtime, **overrides, **{"engine.record": str(record)})
         with FrontCollector(config) as front:
             worker = start_process(run_worker, config, "w1")
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 assert front.wait_for(lambda: front.engine_stats is not None and front.engine_stats.workers, 60)
                 for rid, (text, stops) in prompts.items():
@@ -243,7 +244,7 @@ def test_replay_of_a_recorded_trace_gives_identical_texts(qwen3, tmp_path):
 
         replay_config = bus_config(runtime, **{"engine.step_interval_ms": 1.0, "engine.replay_speed": 0.0})
         with FrontCollector(replay_config) as replay_front:
-            replay_engine = start_process(run_engine, replay_config, str(record), exit_after_replay=True)
+            replay_engine = start_process(run_source, replay_config, RunOptions(str(record), exit_after_replay=True))
             try:
                 assert replay_front.wait_done(prompts, 60)
                 replay_engine.join(30)
@@ -282,7 +283,7 @@ def test_trace_source_streams_recorded_outputs_round_robin(tmp_path):
         overrides = {"engine.source": "trace", "engine.trace": str(path), "engine.heartbeat_timeout_s": 30.0}
         config = bus_config(runtime, **overrides, **{"engine.step_interval_ms": 1.0})
         with FrontCollector(config) as front, PlayedWorker(config, "pw") as worker:
-            engine = start_process(run_engine, config)
+            engine = start_process(run_source, config, RunOptions())
             try:
                 log = TokenLog(worker, front)
                 worker.send(Hello("pw", 1))

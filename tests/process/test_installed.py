@@ -1,5 +1,5 @@
 """A non-editable install (what README's first command does) works from any directory: it finds the default
-config, the embedded tokenizer, the engine stub's corpus and the bench scripts, all shipped as package data."""
+config, the embedded tokenizer, the corpus source's passages and the bench scripts, all shipped as package data."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def test_config_reads_the_shipped_default(installed: Path, tmp_path: Path) -> No
     result = run_installed(installed, "config", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "[engine]" in result.stdout and 'source = "corpus"' in result.stdout
+
+
+def test_the_corpus_source_reads_the_shipped_corpus(installed: Path, tmp_path: Path) -> None:
+    code = "from detok_worker.engine.sources.planned import load_corpus; print(len(load_corpus()))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([installed / "python", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 0
 
 
 def test_bench_runs_a_shipped_script(installed: Path, tmp_path: Path) -> None:

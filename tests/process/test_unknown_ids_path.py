@@ -18,8 +18,8 @@ from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_api import connect_engine
-from detok_worker.engine.grpc_gateway import GrpcGateway
 from detok_worker.engine.link import EngineLink
+from detok_worker.engine.sources.grpc_gateway import gateway_link
 from detok_worker.worker.process import run_worker
 
 MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,669 ids
@@ -78,9 +78,9 @@ def test_the_grpc_gateway_gives_its_workers_the_engines_vocabulary_size(qwen3) -
     async def gateway_vocab_size(config: DetokConfig) -> tuple[int, int]:
         api = await connect_engine(server.url, "auto", qwen3, 30.0)
         try:
-            gateway = GrpcGateway(config, qwen3, api)
-            gateway.link.close()
-            return api.vocab_size, gateway.link.scheduler.vocab_size
+            link = gateway_link(config, qwen3, api)
+            link.close()
+            return api.vocab_size, link.scheduler.vocab_size
         finally:
             await api.channel.close()
 

@@ -1,5 +1,6 @@
 """The package layout holds its rules: no import loops (function-local imports included), every module imports
-on its own in a fresh interpreter, no module over 400 lines, engine_stub never imports the CLI."""
+on its own in a fresh interpreter, no module over 400 lines, engine_stub never imports the CLI nor the relay sources,
+and no production path imports engine_stub."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from helpers.fixtures import REPO
 from helpers.vllm_cpu import require_venv
+
+from detok_worker.engine.sources.factory import LOCAL_SOURCES
 
 PACKAGES = ("detok_worker", "engine_stub")
 MAX_LINES = 400
@@ -110,11 +113,66 @@ def test_no_import_loops() -> None:
     assert cycles(import_graph(modules())) == []
 
 
+def test_no_import_loops_among_the_bench_scripts() -> None:
+    """bench/ scripts import each other by plain module name (the folder is on sys.path when one runs)."""
+    scripts = {path.stem: path for path in sorted((REPO / "bench").glob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in scripts}
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in scripts}
+            elif isinstance(node, ast.ImportFrom) and node.module in scripts and node.level == 0:
+                graph[name].add(node.module)
+    assert cycles(graph) == []
+
+
 def test_engine_stub_never_imports_the_cli() -> None:
     graph = import_graph(modules())
     for name in graph:
         if name.startswith("engine_stub"):
             assert not any(target.startswith("detok_worker.cli") for target in graph[name]), name
+
+
+def test_engine_stub_names_no_relay_source() -> None:
+    """engine_stub is the tests' gRPC engine: it serves the local sources, never detok's relays to real engines."""
+    relays = {"detok_worker.engine.sources.grpc_gateway", "detok_worker.engine.sources.vllm_source"}
+    graph = import_graph(modules())
+    for name in graph:
+        if name.startswith("engine_stub"):
+            assert not graph[name] & relays, name
+
+
+def test_only_the_engine_server_command_imports_engine_stub() -> None:
+    """Every source the product runs lives in detok_worker.engine.sources; `detok engine-server` (a test engine)
+    is the one path into engine_stub, imported inside its command."""
+    graph = import_graph(modules())
+    importers = {n for n, targets in graph.items() if n.startswith("detok_worker") and "engine_stub" in str(targets)}
+    assert importers == {"detok_worker.cli.main"}
+    tree = ast.parse((REPO / "detok_worker" / "cli" / "main.py").read_text(encoding="utf-8"))
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not any("engine_stub" in ast.dump(node) for node in top_level)
+
+
+_SOURCES_WITHOUT_ENGINE_STUB = """
+import sys
+import detok_worker.cli.main, detok_worker.process.supervisor, detok_worker.front.server, detok_worker.worker.process
+from detok_worker.engine.sources.factory import engine_run
+for source in sys.argv[1:]:
+    engine_run(source)
+print(sorted(m for m in sys.modules if m.startswith("engine_stub")))
+"""
+
+
+def test_every_engine_source_runs_without_engine_stub() -> None:
+    """The modules of `detok serve` and of each engine source's loop load without engine_stub; vllm in vLLM's
+    virtualenv (tests/vllm_cpu)."""
+    groups = ((sys.executable, [*LOCAL_SOURCES, "grpc"]), (str(require_venv()), ["vllm"]))
+    for python, sources in groups:
+        result = subprocess.run(
+            [python, "-c", _SOURCES_WITHOUT_ENGINE_STUB, *sources], cwd=REPO, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip().splitlines()[-1] == "[]", sources
 
 
 def test_no_module_over_the_line_limit() -> None:
@@ -161,7 +219,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     found = modules()
     names = [n for n in sorted(found) if not n.endswith("__main__")]
     with_vllm = [n for n in names if needs_vllm(found[n])]
-    assert with_vllm == ["detok_worker.engine.vllm_requests", "detok_worker.engine.vllm_source"]
+    assert with_vllm == ["detok_worker.engine.sources.vllm_source", "detok_worker.engine.vllm_requests"]
     for python, group in ((sys.executable, sorted(set(names) - set(with_vllm))), (str(require_venv()), with_vllm)):
         result = subprocess.run([python, "-c", _FORK_PER_MODULE, *group], cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]

@@ -48,8 +48,8 @@ class StopStringMatch(NamedTuple):
 class StopStringAutomaton:
     """Aho-Corasick automaton over stop strings, built lazily: a state (a prefix of some stop string) and its
     failure link, match and hold length are made the first time a scan needs them, so compiling costs O(number of
-    stop strings) and memory grows with the text actually scanned (at most linear in the stop strings' length).
-    64 stop strings of 1,024 characters, built eagerly, took ~100 ms and ~19 MB in the worker's loop.
+    stop strings) and memory grows with the text actually scanned (at most linear in the stop strings' length): an
+    eager build of the limits' largest set (64 strings of 1,024 characters) would stall the worker's loop.
 
     `longest_match_of(s)` is the index of the longest stop string that is a suffix of state s (-1 if none).
     `hold_len_of(s)` is the length of the longest suffix of state s that is a proper prefix of some stop string:

@@ -1,4 +1,5 @@
-"""StopSequenceDecoder on real fixture tokenizers: every rule of issue 2 point 5, checked step by step.
+"""StopSequenceDecoder on real fixture tokenizers: every stop-string rule (hidden or
+visible, min_tokens, the earliest end wins), checked step by step.
 
 Expected outputs come from a naive reference model (decode the whole text, find the earliest-ending stop after
 the min_tokens boundary, truncate), never from the decoder itself. After every step the tests also check that

@@ -1,4 +1,4 @@
-"""Stop token ids are validated by the tokenizer's own id rule, like every other id (issue 12): an id inside the
+"""Stop token ids are validated by the tokenizer's own id rule, like every other id: an id inside the
 range that names no token (cl100k_base's 100256, o200k_base's 199998) is refused as a stop token id by the stop
 decoder (so the worker ends the request with an error) and by the front (400), not only when generated.
 

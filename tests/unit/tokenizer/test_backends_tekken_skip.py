@@ -1,4 +1,4 @@
-"""Tekken with skip_special_tokens=True decodes and streams as mistral-common's IGNORE policy (issue 12, finding 6).
+"""Tekken with skip_special_tokens=True decodes and streams as mistral-common's IGNORE policy.
 
 mistral-common, the tokenizer's own library, is the reference: it decodes each run of ordinary tokens between
 special tokens on its own, so a skipped special token still ends the text before it. `[1227, 1129, 3, 1130]` are the

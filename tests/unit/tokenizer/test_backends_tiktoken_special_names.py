@@ -1,4 +1,4 @@
-"""An id named by several special texts decodes as tiktoken decodes it (issue 12, finding 5).
+"""An id named by several special texts decodes as tiktoken decodes it.
 
 o200k_harmony names 200018 both `<|endofprompt|>` (from o200k_base) and `<|reserved_200018|>`; tiktoken and the
 gpt-oss tokenizer.json decode it as `<|endofprompt|>`. The same rule on a second family: cl100k_base from a rank

@@ -1,5 +1,5 @@
 """`detok engine --source grpc`: detok as the gateway in front of an engine that serves the token-only gRPC API
-(vLLM `--grpc`, SGLang `--grpc-mode`, engine_stub's `detok engine-server`).
+(vLLM `--grpc`, SGLang `--grpc-mode`; the tests' `detok engine-server`).
 
 A relay, not a second scheduler: every Submit opens a streaming Generate on the engine at once
 (grpc_api.Dialect.generate_request) and the engine schedules it (no admission cap of ours: engine.max_batch is the
@@ -38,6 +38,7 @@ from detok_worker.engine.grpc_api import (
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.sources.base import RunOptions
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -54,19 +55,27 @@ RETRY_BACKOFF_S = 0.05  # before the first retry of a Generate; doubled for each
 RETRIED_CODES = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 
 
+def gateway_link(config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> EngineLink:
+    """The gateway's bus side: Opens carry the engine's vocabulary size, the fronts serve its model name."""
+    return EngineLink(
+        config,
+        eos_ids=tokenizer.eos_token_ids,
+        special_ids=tokenizer.special_token_ids,
+        recorder=recorder_for(config, tokenizer),
+        vocab_size=api.vocab_size,
+        served_model_name=api.served_model_name,
+        max_model_len=api.max_context_length,
+    )
+
+
 class GrpcGateway:
-    def __init__(self, config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> None:
-        self.config = config
+    """The relay between `link` (closed when run ends) and the engine behind `api`; start_retries: how many times a
+    Generate that fails before its first response is opened (engine.start_retries)."""
+
+    def __init__(self, link: EngineLink, api: EngineApi, start_retries: int) -> None:
         self.api = api
-        self.link = EngineLink(
-            config,
-            eos_ids=tokenizer.eos_token_ids,
-            special_ids=tokenizer.special_token_ids,
-            recorder=recorder_for(config, tokenizer),
-            vocab_size=api.vocab_size,
-            served_model_name=api.served_model_name,
-            max_model_len=api.max_context_length,
-        )
+        self.link = link
+        self.max_starts = start_retries
         self.due = asyncio.Event()  # a turn is due: ids or bus frames arrived, or a timer fired
         self.sent = asyncio.Event()  # set (and replaced) by each turn that sent ids while streams wait on a backlog
         self.backlogged = 0  # streams waiting for their rid's ids to reach its worker
@@ -168,7 +177,7 @@ class GrpcGateway:
         any response (nothing of it reached the link, let alone the client) is opened again, up to
         engine.start_retries times: grpcio's aio server cancels a few of ~1500 concurrent streams as they start."""
         try:
-            for attempt in range(self.config.engine.start_retries):
+            for attempt in range(self.max_starts):
                 code = await self._stream(rid, request)
                 if code is None:
                     return
@@ -242,7 +251,7 @@ class GrpcGateway:
         return None
 
 
-def run_gateway(config: DetokConfig) -> None:
+def run_gateway(config: DetokConfig, options: RunOptions) -> int:
     """Connect to engine.engine_url, check it, and serve the bus until SIGINT/SIGTERM."""
     engine = config.engine
     tokenizer = load_configured_tokenizer(config)
@@ -251,9 +260,10 @@ def run_gateway(config: DetokConfig) -> None:
         started = time.monotonic()
         api = await connect_engine(engine.engine_url, engine.engine_service, tokenizer, engine.connect_timeout_s)
         log.info("engine: connected to %s in %.2f s", engine.engine_url, time.monotonic() - started)
-        gateway = GrpcGateway(config, tokenizer, api)
+        gateway = GrpcGateway(gateway_link(config, tokenizer, api), api, engine.start_retries)
         with stop_on_signals(gateway.request_stop):
             await gateway.run()
 
     with contextlib.suppress(KeyboardInterrupt):
         run_event_loop(main())
+    return 0

@@ -1,7 +1,7 @@
-"""The token ids of the corpus source's passages, on disk per tokenizer content and corpus text, so an engine stub
+"""The token ids of the corpus source's passages, on disk per tokenizer content and corpus text, so an engine
 whose tokenizer defers building the library tokenizer (detok_worker/tokenizer/backends/hf.py) never builds it for
-the corpus: with the ids here and the EOS and special ids from the tokenizer load cache, the stub starts without
-`Tokenizer.from_str` (~0.45 s for Qwen3) and plans every request by a lookup.
+the corpus: with the ids here and the EOS and special ids from the tokenizer load cache, the engine starts without
+`Tokenizer.from_str` (BENCHMARKS.md, startup) and plans every request by a lookup.
 
 Where: the detok cache directory (`cache_root()`, as for the other disk caches), folder `corpus-ids/`, one JSON
 file per key (`content_key`: the tokenizer's content fingerprint, a tokenizer without one is never cached, and
@@ -42,7 +42,7 @@ def read_corpus_ids(key: str, count: int) -> list[list[int]] | None:
 
 
 def write_corpus_ids(key: str, ids: list[list[int]]) -> None:
-    """Store the ids (atomically); a cache that cannot be written is skipped: the stub works without it."""
+    """Store the ids (atomically); a cache that cannot be written is skipped: the source works without it."""
     write_json_entry(_SUBDIR, key, {"ids": ids})
 
 

@@ -15,9 +15,10 @@ from helpers.llama_oracle import greedy_ids, smollm2
 
 from detok_worker.config import ConfigError, load_config
 from detok_worker.engine.generators import GeneratorEngine
+from detok_worker.engine.sources.base import GeneratingSource, SourceError
+from detok_worker.engine.sources.factory import create_local_source
+from detok_worker.engine.sources.llama import PREFILL_CHUNK, default_model_path
 from detok_worker.tokenizer import create_tokenizer
-from engine_stub.llama_source import PREFILL_CHUNK, default_model_path
-from engine_stub.sources import GeneratingSource, SourceError, create_source
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def source(tokenizer):
-    return create_source(load_config(overrides={"engine.source": "llama-cpp"}), tokenizer)
+    return create_local_source(load_config(overrides={"engine.source": "llama-cpp"}), tokenizer)
 
 
 def _prompt(tokenizer, *turns: str) -> list[int]:
@@ -98,11 +99,11 @@ def test_prompts_that_cannot_be_generated_from_are_refused_before_any_work(sourc
 
 def test_another_tokenizer_or_a_bad_model_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=f"serve with --tokenizer {default_model_path()}"):
-        create_source(load_config(overrides={"engine.source": "llama-cpp"}), load_fixture_tokenizer("qwen3"))
+        create_local_source(load_config(overrides={"engine.source": "llama-cpp"}), load_fixture_tokenizer("qwen3"))
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(64))
     config = load_config(overrides={"engine.source": "llama-cpp", "engine.model": str(broken)})
     with pytest.raises(SourceError, match="cannot load model"):
-        create_source(config, load_fixture_tokenizer("qwen3"))
+        create_local_source(config, load_fixture_tokenizer("qwen3"))
     with pytest.raises(ConfigError, match="model_threads"):
         load_config(overrides={"engine.source": "llama-cpp", "engine.model_threads": 0})

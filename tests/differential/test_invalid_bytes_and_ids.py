@@ -1,4 +1,5 @@
-"""One test per streaming finding of issue 12, each on at least two tokenizer families (fail on the old code)."""
+"""Invalid bytes and invalid ids while streaming, each case on at least two tokenizer families: a surrogate prefix,
+every kind of bad id, skipped specials after a split character, long invalid byte runs."""
 
 from __future__ import annotations
 

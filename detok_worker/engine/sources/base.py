@@ -1,18 +1,37 @@
-"""What a token source is: it plans a request's output ids (TokenSource, Plan), or generates them step by step
-(GeneratingSource), or fails with SourceError."""
+"""What an engine source is. Every source is the engine loop of docs/protocol.md section 5: an `EngineLink` fed
+with token ids until SIGINT/SIGTERM. To the engine process a source is one function, `EngineRun`: it builds its
+link from the config, serves, and returns the exit code (factory.py picks it by engine.source).
+
+The local sources (corpus, echo, trace, llama-cpp) share one loop (local.py) and differ in how they give a
+request's ids: a `TokenSource` plans them all at Submit (a `Plan`), a `GeneratingSource` generates them step by
+step (a real model). A source that cannot be built raises `SourceError`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from detok_worker.bus.messages import RequestParams
+from detok_worker.config import DetokConfig
 from detok_worker.errors import OperatorError
 
 
 class SourceError(OperatorError, ValueError):
     """A token source cannot be built (empty corpus, unreadable files, empty trace)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """The engine command's options beyond the config. replay: a trace file whose own requests the engine
+    generates at their recorded times (local sources only); exit_after_replay: end once they all ended."""
+
+    replay: str | None = None
+    exit_after_replay: bool = False
+
+
+# An engine source's loop: serves the bus until SIGINT/SIGTERM (or its own end), returns the exit code.
+EngineRun = Callable[[DetokConfig, RunOptions], int]
 
 
 @dataclass(frozen=True, slots=True)

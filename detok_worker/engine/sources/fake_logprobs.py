@@ -1,4 +1,4 @@
-"""Deterministic fake logprobs for the stub's output, so logprobs are testable end to end without a model.
+"""Deterministic fake logprobs for the planning sources' output, so logprobs are testable end to end without a model.
 
 The value of id `t` at output position `p` is a pure function of (p, t) (never of the rid): -(crc32("p:t") mod
 10000) / 1000, in (-10, 0]. The top candidates at a position are the sampled id plus top-1 other valid ids

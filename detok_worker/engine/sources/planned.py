@@ -1,14 +1,12 @@
-"""Token sources: for a submitted request, the output ids the stub engine will "generate".
+"""The planning sources: for a submitted request, every output id the local engine will "generate", at once.
 
 - corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS; the ids of
-  every passage are encoded at start, or read from their disk cache (engine_stub/corpus_ids.py);
+  every passage are encoded at start, or read from their disk cache (corpus_ids.py);
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
-  0 = as fast as the engine steps);
-- llama-cpp: a real model's greedy output (engine.model, a GGUF file; engine_stub/llama_source.py), generated
-  step by step: a GeneratingSource, which the engine runs through detok_worker.engine.generators.GeneratorEngine
-  instead of planning.
-The scheduler truncates a plan to max_tokens; EOS at the end survives only if it fits.
+  0 = as fast as the engine steps).
+(llama-cpp, a real model, generates step by step instead: llama.py.) The scheduler truncates a plan to
+max_tokens; EOS at the end survives only if it fits.
 """
 
 from __future__ import annotations
@@ -20,12 +18,9 @@ from importlib import resources
 from pathlib import Path
 
 from detok_worker.bus.messages import RequestParams
-from detok_worker.config import DetokConfig
+from detok_worker.engine.sources.base import Plan, SourceError
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.trace.format import Trace, read_trace
-from engine_stub.corpus_ids import passage_ids
-from engine_stub.llama_source import LlamaGenerator, LlamaSource, default_model_path
-from engine_stub.source_api import GeneratingSource, Plan, SourceError, TokenSource
+from detok_worker.trace.format import Trace
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
@@ -69,13 +64,13 @@ def split_passages(text: str) -> list[str]:
 
 
 def load_corpus(directory: str | Path | None = None) -> list[str]:
-    """Passages of every *.txt file in `directory` (default: the corpus shipped with engine_stub), in name order."""
+    """Passages of every *.txt file in `directory` (default: the shipped corpus, corpus/), in name order."""
     try:
         if directory:
             files = sorted(Path(directory).glob("*.txt"))
             texts = [file.read_text(encoding="utf-8") for file in files]
         else:
-            root = resources.files("engine_stub") / "corpus"
+            root = resources.files("detok_worker.engine.sources") / "corpus"
             entries = sorted((e for e in root.iterdir() if e.name.endswith(".txt")), key=lambda e: e.name)
             texts = [entry.read_text(encoding="utf-8") for entry in entries]
     except (OSError, UnicodeDecodeError) as exc:
@@ -97,7 +92,7 @@ class CorpusSource:
         seed: int = 0,
         passage_ids: list[list[int]] | None = None,
     ) -> None:
-        """`passage_ids`: every passage's ids, known beforehand (engine_stub/corpus_ids.py); else each passage is
+        """`passage_ids`: every passage's ids, known beforehand (corpus_ids.py); else each passage is
         encoded at its first use."""
         self.tokenizer = tokenizer
         self.passages = passages
@@ -131,17 +126,3 @@ class TraceSource:
             return Plan(list(recorded.output_ids))
         offsets = [int((t - recorded.t_ns) / self.speed) for t in recorded.token_times_ns]
         return Plan(list(recorded.output_ids), offsets)
-
-
-def create_source(config: DetokConfig, tokenizer: Tokenizer) -> TokenSource | GeneratingSource:
-    engine = config.engine
-    eos_id = primary_eos_id(tokenizer)
-    if engine.source == "echo":
-        return EchoSource(eos_id)
-    if engine.source == "trace":
-        return TraceSource(read_trace(engine.trace), engine.replay_speed)
-    if engine.source == "llama-cpp":
-        generator = LlamaGenerator(engine.model or default_model_path(), engine.model_threads)
-        return LlamaSource(generator, tokenizer)
-    passages = load_corpus(engine.corpus or None)
-    return CorpusSource(tokenizer, passages, eos_id, engine.seed, passage_ids(tokenizer, passages))

@@ -1,4 +1,4 @@
-"""Token sources of the engine stub and the shipped corpus."""
+"""The planning sources (corpus, echo, trace), the shipped corpus, and the factory that picks a source."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
-from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
-from engine_stub.sources import (
+from detok_worker.config.schema import ENGINE_SOURCES
+from detok_worker.engine.sources.base import RunOptions, SourceError
+from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, create_local_source, run_source
+from detok_worker.engine.sources.planned import (
     CorpusSource,
     EchoSource,
-    SourceError,
     TraceSource,
-    create_source,
     load_corpus,
     primary_eos_id,
     split_passages,
 )
+from detok_worker.errors import OperatorError
+from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 
 PARAMS = RequestParams(max_tokens=100)
 
@@ -122,7 +124,17 @@ def test_trace_source_round_robin_and_pacing():
 def test_create_source_from_config(qwen3, tmp_path):
     path = tmp_path / "t.trace"
     write_trace(path, _trace())
-    assert isinstance(create_source(load_config(None, {"engine.source": "echo"}), qwen3), EchoSource)
-    assert isinstance(create_source(load_config(None, {"engine.source": "corpus"}), qwen3), CorpusSource)
-    traced = create_source(load_config(None, {"engine.source": "trace", "engine.trace": str(path)}), qwen3)
+    assert isinstance(create_local_source(load_config(None, {"engine.source": "echo"}), qwen3), EchoSource)
+    assert isinstance(create_local_source(load_config(None, {"engine.source": "corpus"}), qwen3), CorpusSource)
+    traced = create_local_source(load_config(None, {"engine.source": "trace", "engine.trace": str(path)}), qwen3)
     assert isinstance(traced, TraceSource) and traced.speed == 1.0
+
+
+def test_the_factory_knows_every_configured_source() -> None:
+    assert sorted(LOCAL_SOURCES + RELAY_SOURCES) == sorted(ENGINE_SOURCES)
+
+
+def test_replay_needs_a_local_source() -> None:
+    config = load_config(None, {"engine.source": "grpc", "engine.engine_url": "grpc://127.0.0.1:1"})
+    with pytest.raises(OperatorError, match="--replay"):
+        run_source(config, RunOptions(replay="any.trace"))

@@ -3,7 +3,7 @@ real `detok serve --source echo` with a slow engine (10 ms per step: a long echo
 
 Covered here: a non-streaming client that disconnects, the request timeout (front.request_timeout_s) for a
 streaming and a non-streaming request, and max_tokens. A streaming client that disconnects and a stop string are
-in test_e2e_abort.py; an engine-side error and bad parameters in test_faults_params.py."""
+in tests/e2e/test_stop_and_disconnect.py; an engine-side error and bad parameters in tests/faults/test_params.py."""
 
 from __future__ import annotations
 

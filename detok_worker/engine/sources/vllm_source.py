@@ -36,6 +36,7 @@ from detok_worker.bus.messages import Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.vllm_requests import FINISHES, RequestBuilder, output_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
@@ -152,7 +153,7 @@ class VllmSource:
         self.stopping = True
 
 
-def run_vllm_source(config: DetokConfig) -> int:
+def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     """Start vLLM's engine core from engine.model and engine.vllm_args, serve the bus until SIGINT/SIGTERM or the
     engine core's death (exit code 1)."""
     engine = config.engine

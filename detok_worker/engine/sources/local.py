@@ -1,8 +1,8 @@
-"""The engine stub process: a token source (engine_stub/sources.py) on top of the engine side of the bus
-(detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a trace's own requests
-at their recorded times. A planning source gives every request's ids at Submit; a generating source (a real
-model) runs through a GeneratorEngine, each step making the next ids of every running request and pushing them
-to the link (the loop of docs/protocol.md, section 5).
+"""The local sources' loop (corpus, echo, trace, llama-cpp): a token source running in this process on top of the
+engine side of the bus (detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a
+trace's own requests at their recorded times. A planning source gives every request's ids at Submit; a generating
+source (a real model) runs through a GeneratorEngine, each step making the next ids of every running request and
+pushing them to the link (the loop of docs/protocol.md, section 5).
 """
 
 from __future__ import annotations
@@ -10,18 +10,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from pathlib import Path
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit, TokenLogprob
 from detok_worker.config import DetokConfig
 from detok_worker.engine.generators import GeneratorEngine
 from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
+from detok_worker.engine.sources.base import GeneratingSource, RunOptions, TokenSource
+from detok_worker.engine.sources.fake_logprobs import fake_logprobs
 from detok_worker.process.signals import stop_on_signals
-from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
-from engine_stub.fake_logprobs import fake_logprobs
-from engine_stub.sources import GeneratingSource, TokenSource, create_source
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +191,7 @@ class EngineProcess:
             )
 
     def _refused(self, message: Submit) -> bool:
-        """A request over the engine's limits is refused (by link.accept, with the reason) before the stub plans its
+        """A request over the engine's limits is refused (by link.accept, with the reason) before the source plans its
         output or fakes its logprobs, whose cost the limits bound."""
         if self.scheduler.limits.check(message.prompt_ids, message.params) is None:
             return False
@@ -201,7 +199,7 @@ class EngineProcess:
         return True
 
     def _logprobs(self, message: Submit, ids: list[int]) -> list[TokenLogprob] | None:
-        """Fake logprobs (engine_stub/fake_logprobs.py) for a request that asked for them."""
+        """Fake logprobs (fake_logprobs.py) for a request that asked for them."""
         top = message.params.sampling.logprobs
         if top is None:
             return None
@@ -226,18 +224,14 @@ class EngineProcess:
         return max(0, min(MAX_POLL_MS, -(-(deadline_ns - now_ns) // 1_000_000)))
 
 
-def run_engine(
-    config: DetokConfig,
-    replay: Trace | str | Path | None = None,
-    *,
-    exit_after_replay: bool = False,
-) -> None:
-    """Run the engine stub until SIGINT/SIGTERM. With `replay` (a Trace or a trace file) the trace's own requests
-    are generated at their recorded times (engine.replay_speed) in addition to any Submits from a front; with
-    exit_after_replay the engine returns once they have all ended."""
-    tokenizer = load_configured_tokenizer(config)
-    source = create_source(config, tokenizer)
-    trace = read_trace(replay) if isinstance(replay, (str, Path)) else replay
-    process = EngineProcess(config, tokenizer, source, replay=trace, exit_after_replay=exit_after_replay)
+def run_local(
+    config: DetokConfig, tokenizer: Tokenizer, source: TokenSource | GeneratingSource, options: RunOptions
+) -> int:
+    """Run `source` until SIGINT/SIGTERM. With options.replay (a trace file) the trace's own requests are generated
+    at their recorded times (engine.replay_speed) in addition to any Submits from a front; with exit_after_replay
+    the engine returns once they have all ended."""
+    trace = read_trace(options.replay) if options.replay is not None else None
+    process = EngineProcess(config, tokenizer, source, replay=trace, exit_after_replay=options.exit_after_replay)
     with stop_on_signals(process.request_stop):
         process.run()
+    return 0
