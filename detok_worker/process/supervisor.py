@@ -25,14 +25,12 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -43,6 +41,7 @@ from detok_worker.bus.errors import BusError
 from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
+from detok_worker.process.children import Child, child_argv, worker_id
 from detok_worker.process.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
 from detok_worker.process.parent_watch import PARENT_PID_ENV
 from detok_worker.process.wakeup import Wakeup
@@ -57,41 +56,6 @@ FRONT_EXIT_MARGIN_S = 3.0  # past its drain timeout, the front's own shutdown (e
 SUPERVISE_POLL_S = 0.5
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
-
-
-@dataclass
-class Child:
-    """One supervised process slot (the process in it changes on restart)."""
-
-    name: str
-    role: str  # engine | front | worker
-    argv: list[str]
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    restarts: int = 0
-    failures_in_row: int = 0
-    restart_at: float | None = None
-    retire_deadline: float | None = None  # set while a scaled-down worker is leaving
-    pids: list[int] = field(default_factory=list)  # every pid this slot has had
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-
-def child_argv(role: str, config_path: Path, worker_id: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "detok_worker.cli", role, "--config", str(config_path)]
-    if worker_id is not None:
-        argv += ["--id", worker_id]
-    return argv
-
-
-def worker_id(slot: int) -> str:
-    return f"{socket.gethostname().split('.')[0] or 'host'}-w{slot}"
 
 
 class Supervisor:
