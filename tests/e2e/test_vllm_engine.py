@@ -219,7 +219,16 @@ def test_a_client_that_leaves_is_aborted_in_the_engine_within_a_second(service: 
 def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: ServeProcess, trace_path: Path) -> None:
     stalled = [stalled_stream(service, {**seeded(1000 + i, 64), "stream": True}) for i in range(300)]
     try:
-        wait_for(lambda: service.stats()["engine"]["live_rids"] >= 300, 30, what="300 stalled streams on the engine")
+        seen: list[dict[str, Any]] = []
+
+        def all_on_the_engine() -> bool:
+            seen[:] = [service.stats()]
+            return seen[0]["engine"]["live_rids"] >= 300
+
+        try:
+            wait_for(all_on_the_engine, 60, what="300 stalled streams on the engine")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last /stats: {seen}; log tail: {service.log(3000)}") from None
         arrivals: list[float] = []
 
         async def normal() -> tuple[Outcome, float]:
