@@ -51,6 +51,7 @@ from detok_worker.trace.format import TraceWriter, make_header
 log = logging.getLogger(__name__)
 
 BAD_SOURCE = "source_error"
+OUTBOX_RETRY_S = 0.05
 
 
 def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:
@@ -135,8 +136,10 @@ class EngineLink:
 
     def idle_wait_s(self) -> float:
         """How long an engine loop with nothing to do may wait for bus traffic before `poll` has timer work: the
-        next stats report, or a liveness check (a few per engine.heartbeat_timeout_s, should every worker fall
-        silent)."""
+        next stats report, a liveness check (a few per engine.heartbeat_timeout_s, should every worker fall
+        silent), or a retry of the Rejects a stalled front has not taken yet."""
+        if self.fronts.outbox:
+            return OUTBOX_RETRY_S
         until_stats = self.next_stats - time.monotonic()
         return max(0.0, min(until_stats, self.config.engine.heartbeat_timeout_s / 4))
 

@@ -46,7 +46,7 @@ from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
 
-TIMER_S = 0.05  # a turn at least this often: the link's timers (worker liveness, stats, the fronts' outbox)
+MIN_TIMER_S = 0.001  # the link's timers are due: their turn comes this soon at the earliest
 BLOCKED_RETRY_S = 0.005  # a worker's queue was full: ZeroMQ cannot tell when it drains, so step again after this
 BACKLOG_LIMIT = 256  # ids of a rid waiting for its worker before its stream is read again
 ABORT_TIMEOUT_S = 5.0
@@ -118,8 +118,9 @@ class GrpcGateway:
             await self.api.channel.close()
 
     async def _timer(self) -> None:
+        """A turn when the link's timers are due (worker liveness, stats, the fronts' outbox), however quiet the bus."""
         while True:
-            await asyncio.sleep(TIMER_S)
+            await asyncio.sleep(max(MIN_TIMER_S, self.link.idle_wait_s()))
             self.due.set()
 
     def _turn(self) -> None:
