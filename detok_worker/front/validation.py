@@ -294,8 +294,6 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens = _max_tokens(request, limits, override, echo)
     min_tokens = request.min_tokens or 0
-    if not 0 <= min_tokens <= max_tokens:
-        raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     stop_token_ids = list(request.stop_token_ids or [])
     detok = DetokParams(
         stop=[request.stop] if isinstance(request.stop, str) else list(request.stop or []),
@@ -311,6 +309,8 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=ignore_eos)
     except StopRuleError as exc:
         raise bad_request(str(exc), exc.param) from exc
+    if min_tokens > max_tokens:  # min_tokens >= 0 is the stop rules' check
+        raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     check_token_ids(stop_token_ids, limits, "stop_token_ids")
     params = RequestParams(
         max_tokens=max_tokens,

@@ -44,6 +44,11 @@ def is_int_id(value: object) -> bool:
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def is_count(value: object) -> bool:
+    """An int >= 0 that is not a bool: a token id before its tokenizer's range is known, a count, a size."""
+    return is_int_id(value) and value >= 0  # type: ignore[operator]
+
+
 def check_token_ids(ids: Sequence[object], vocab_size: int, unknown: AbstractSet[int] = frozenset()) -> None:
     """The one validation of ids at every boundary (decode, streams, stop decoders): raise InvalidTokenIdError
     naming the first entry that is not an int in [0, vocab_size) outside `unknown` (ids naming no token)."""

@@ -29,8 +29,8 @@ from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
-from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
+from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig, check_min_tokens
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, is_int_id
 
 StopReason = str | int
 # StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
@@ -120,9 +120,8 @@ class StopSequenceDecoder:
         `model_vocab_size`: the engine's vocabulary size; an id below it that the tokenizer lacks has no text (see
         the module docstring); 0: every id the tokenizer lacks is an error. `spaces_between_special_tokens`: vLLM's
         option (stream/decode/added_tokens.py)."""
-        if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
-            raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        if not is_int_id(model_vocab_size) or model_vocab_size < 0:
+        check_min_tokens(min_tokens)
+        if not is_count(model_vocab_size):
             raise StopConfigError(f"model_vocab_size must be an int >= 0, got {model_vocab_size!r}")
         stops = config if isinstance(config, PreparedStops) else PreparedStops.check(tokenizer, config)
         if stops.tokenizer is not tokenizer:
