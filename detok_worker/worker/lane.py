@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from detok_worker.bus.messages import LogprobText, TextBatch
-from detok_worker.stream.stop.decoder import Lane, lane_passthrough
+from detok_worker.stream.stop.decoder import Lane, StopSequenceDecoder, lane_passthrough
 from detok_worker.stream.stop.matcher import LaneScan
 from detok_worker.worker.parsing import RidParsing
 
@@ -26,7 +25,7 @@ TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbea
 
 @dataclass(slots=True)
 class RidState:
-    decoder: Any  # StopSequenceDecoder
+    decoder: StopSequenceDecoder
     offset: int = 0  # characters already emitted for this rid
     n_tokens: int = 0  # output tokens consumed (cumulative)
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
