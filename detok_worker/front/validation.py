@@ -18,7 +18,7 @@ from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, validate_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -47,7 +47,7 @@ class Limits:
         return cls(
             model_name=model_name,
             vocab_size=tokenizer.vocab_size,
-            check_ids=lambda ids: validate_token_ids(tokenizer, ids),
+            check_ids=id_check(tokenizer),
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
             max_prompt_chars=config.front.max_prompt_chars,
