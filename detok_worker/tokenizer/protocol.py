@@ -11,9 +11,12 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from detok_worker.errors import OperatorError
+
+if TYPE_CHECKING:
+    from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 
 class TokenizerError(OperatorError):
@@ -145,6 +148,13 @@ class ChecksIds(Protocol):
     def check_ids(self, ids: Sequence[int]) -> None:
         """Raise InvalidTokenIdError naming the first id that names no token."""
         ...
+
+
+@runtime_checkable
+class HasTokenBytes(Protocol):
+    """Offers the bytes of every token (tokenizer/token_bytes.py): the byte-level fast path, verified before use."""
+
+    def token_bytes_table(self) -> TokenBytesTable | None: ...
 
 
 @runtime_checkable
