@@ -12,7 +12,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from prometheus_client import Counter, Histogram
 
 from detok_worker.metrics.families import ABORT_CAUSES, Metrics, metrics, tokenizer_type
-from detok_worker.tokenizer.protocol import SpecialTokens, Tokenizer
+from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.wrapper import TokenizerWrapper
 
 
 class CounterSync:
@@ -255,16 +256,15 @@ class FrontMetrics:
         self._bad.sync(bad_frames)
 
 
-class InstrumentedTokenizer:
-    """The front's tokenizer: a Tokenizer that times the wrapped one's prompt-side calls (encode, encode_batch,
-    apply_chat_template, decode) and passes the rest of the protocol through. Optional capabilities are the wrapped
-    tokenizer's (`inner`): ask them of it. The timings and sizes are held (HeldHistogram)
-    until flush(): the front registers it with FrontMetrics.also_flush. Calls come from the event loop and the
-    front's prompt threads, so the held values are updated and flushed under a lock."""
+class InstrumentedTokenizer(TokenizerWrapper):
+    """The front's tokenizer: times the wrapped one's prompt-side calls (encode, encode_batch, apply_chat_template,
+    decode) and passes the rest of the protocol through (TokenizerWrapper); optional capabilities are asked of
+    `inner`. The timings and sizes are held (HeldHistogram) until flush(): the front registers it with
+    FrontMetrics.also_flush. Calls come from the event loop and the front's prompt threads, so the held values are
+    updated and flushed under a lock."""
 
     def __init__(self, tokenizer: Tokenizer, m: Metrics | None = None) -> None:
-        self.inner = tokenizer
-        self.name = tokenizer.name
+        super().__init__(tokenizer)
         m = m if m is not None else metrics()
         kind = tokenizer_type(tokenizer)
         self._lock = threading.Lock()
@@ -274,28 +274,6 @@ class InstrumentedTokenizer:
         self._decode = HeldHistogram(m.decode_seconds.labels(kind, "decode"))
         self._tokens = HeldHistogram(m.tokens_per_encode.labels(kind))
         self._chars = HeldHistogram(m.chars_per_encode.labels(kind))
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def special_tokens(self) -> SpecialTokens:
-        return self.inner.special_tokens
-
-    @property
-    def special_token_ids(self) -> frozenset[int]:
-        return self.inner.special_token_ids
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.inner.eos_token_ids
-
-    def token_to_id(self, token: str) -> int | None:
-        return self.inner.token_to_id(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return self.inner.id_to_token(token_id)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
         with self._timed(self._encode):
