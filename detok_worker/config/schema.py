@@ -43,7 +43,6 @@ EngineService = Literal["auto", "vllm", "sglang"]  # auto: VllmEngine first, the
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]  # given in any case
 LogFormat = Literal["human", "json"]
 ENGINE_SOURCES: tuple[str, ...] = get_args(EngineSource)
-ENGINE_SERVICES: tuple[str, ...] = get_args(EngineService)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
