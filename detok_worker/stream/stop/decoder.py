@@ -34,7 +34,9 @@ from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_c
 
 StopReason = str | int
 # StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
-# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None)
+# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None).
+# A plain tuple, read by unpacking it into those names: the worker's hot loop builds a new one whenever the pending
+# bytes or the stop state change, and a NamedTuple's construction costs that loop measurably.
 Lane = tuple[Sequence[str | None], frozenset[int], AbstractSet[str] | None, FeedMemo | None, bytes, LaneScan | None]
 # the texts that pass a filter off its root unchanged: only "" (the root's are StopStringAutomaton.root_passthrough)
 ONLY_EMPTY: frozenset[str] = frozenset({""})
@@ -42,7 +44,8 @@ ONLY_EMPTY: frozenset[str] = frozenset({""})
 
 def lane_passthrough(scan: LaneScan) -> AbstractSet[str]:
     """The texts that pass the stop strings unchanged from the scan's state (a Lane's passthrough)."""
-    return scan[1] if scan[2] == ROOT else ONLY_EMPTY
+    _, root_passthrough, state = scan
+    return root_passthrough if state == ROOT else ONLY_EMPTY
 
 
 class Text(msgspec.Struct, frozen=True, gc=False):
@@ -291,9 +294,11 @@ class StopSequenceDecoder:
         if count < self._num_generated:
             raise ValueError(f"sync_lane({count}): {self._num_generated} tokens were already processed")
         self._num_generated = count
-        self._stream.resume_pending(lane[4])
-        if self._filter is not None and lane[5] is not None:
-            self._filter.resume(lane[5][2])
+        *_, pending, scan = lane
+        self._stream.resume_pending(pending)
+        if self._filter is not None and scan is not None:
+            _, _, state = scan
+            self._filter.resume(state)
 
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""
