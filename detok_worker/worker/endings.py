@@ -17,7 +17,7 @@ from detok_worker.bus.messages import (
     TextDelta,
     Tokens,
 )
-from detok_worker.stream.stop.decoder import StopBatchOutput
+from detok_worker.stream.stop.outputs import StopBatchOutput
 from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.lane import RidState
 

@@ -16,7 +16,7 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams
 from detok_worker.config import DetokConfig
-from detok_worker.stream.stop.decoder import StopReason
+from detok_worker.stream.stop.outputs import StopReason
 from detok_worker.stream.stop.settings import (
     StopConfigError,
     StopSequenceConfig,
