@@ -34,8 +34,8 @@ class ConfigError(OperatorError, ValueError):
 # The constraints of the options, declared on their types: msgspec checks them when a config is loaded (validate()
 # below reports a violation as "key = value: what it must be"). Closed sets are Literals.
 AtLeastOne = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
-Positive = Annotated[float, Meta(gt=0)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Port = Annotated[int, Meta(ge=0, le=65535)]  # 0 = any free port
 EngineSource = Literal["corpus", "echo", "trace", "llama-cpp", "grpc", "vllm"]
@@ -43,7 +43,7 @@ EngineService = Literal["auto", "vllm", "sglang"]  # auto: VllmEngine first, the
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]  # given in any case
 LogFormat = Literal["human", "json"]
 ENGINE_SOURCES: tuple[str, ...] = get_args(EngineSource)
-LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 
 
 class TokenizerCacheConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -79,9 +79,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     source: EngineSource = "corpus"
     engine_url: str = ""  # source = grpc: grpc://host:port of an engine serving the token-only gRPC API
     engine_service: EngineService = "auto"  # vllm: VllmEngine, sglang: SglangScheduler
-    connect_timeout_s: Positive = 10.0  # source = grpc: how long to wait for the engine at start-up
+    connect_timeout_s: PositiveFloat = 10.0  # source = grpc: how long to wait for the engine at start-up
     # source = grpc: a Generate that fails before its first chunk is sent again this often
-    start_retries: NonNegative = 3
+    start_retries: NonNegativeInt = 3
     trace: str = ""
     corpus: str = ""  # "" = the corpus shipped with engine_stub
     step_interval_ms: NonNegativeFloat = 20.0
@@ -91,7 +91,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     heartbeat_timeout_s: float = 1.0
     # a worker that handles none of its TokenBatches this long is lost; 0 = off
     batch_answer_timeout_s: NonNegativeFloat = 10.0
-    stats_interval_s: Positive = 0.5  # EngineStats to the front (GET /stats)
+    stats_interval_s: PositiveFloat = 0.5  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
     model: str = ""  # source = llama-cpp: a GGUF file ("" = SmolLM2-135M); source = vllm: vLLM's model (dir or id)
@@ -102,7 +102,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     count: AtLeastOne = 2
     heartbeat_interval_s: float = 0.2
-    stats_interval_s: Positive = 0.5
+    stats_interval_s: PositiveFloat = 0.5
     max_stop_strings: int = 64
     max_stop_string_chars: int = 1024
     max_live_stop_chars: AtLeastOne = 4_194_304  # stop-string characters over all live rids of one worker
@@ -120,12 +120,12 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_pending_chars: AtLeastOne = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
     max_total_pending_chars: AtLeastOne = 64_000_000  # over all streams; past it new requests get 503
     max_prompt_chars: AtLeastOne = 1_000_000  # characters of a prompt (all messages), checked before encoding
-    max_prompt_tokens: NonNegative = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP
+    max_prompt_tokens: NonNegativeInt = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP
     request_timeout_s: float = 600.0
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
-    max_model_len: NonNegative = 0  # 0 = tokenizer_config.json's model_max_length, when it gives one
+    max_model_len: NonNegativeInt = 0  # 0 = tokenizer_config.json's model_max_length, when it gives one
     cors_allowed_origins: list[str] = []  # [] = no CORS headers; ["*"] = any origin
     cors_allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST", "OPTIONS"])
     cors_allowed_headers: list[str] = msgspec.field(
@@ -134,9 +134,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     cors_allow_credentials: bool = False
     api_key_file: str = ""  # a file (mode 0600) holding the API key; or DETOK_API_KEY in the environment
     drain_timeout_s: NonNegativeFloat = 20.0  # SIGTERM: in-flight requests get this long to finish
-    header_timeout_s: Positive = 10.0  # a request head not complete after this long: connection closed
-    body_timeout_s: Positive = 60.0  # a request body not complete this long after its head: connection closed
-    keep_alive_timeout_s: Positive = 5.0  # an idle keep-alive connection is closed after this long
+    header_timeout_s: PositiveFloat = 10.0  # a request head not complete after this long: connection closed
+    body_timeout_s: PositiveFloat = 60.0  # a request body not complete this long after its head: connection closed
+    keep_alive_timeout_s: PositiveFloat = 5.0  # an idle keep-alive connection is closed after this long
     max_connections: AtLeastOne = 10_000  # open HTTP connections; beyond it 503 (also kept below the fd limit)
     access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
     # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
