@@ -12,8 +12,9 @@ from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_c
 
 
 class StopConfigError(ValueError):
-    """Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the request
-    field at fault where there is one (stop, stop_token_ids, min_tokens); the front answers 400 naming it."""
+    """Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
+    fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
+    StopSequenceConfig's own."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
