@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags
-from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
+from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError, is_int_id
 
 
 class ToolInputError(TokenizerError, ValueError):
@@ -49,7 +49,7 @@ def parse_ids(text: str) -> list[int]:
     try:
         if stripped.startswith("["):
             values = json.loads(stripped)
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            if not all(is_int_id(v) for v in values):
                 raise ValueError("the JSON list must hold integers")
             return values
         return [int(part) for part in re.split(r"[\s,]+", stripped) if part]

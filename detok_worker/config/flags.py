@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from detok_worker.config import ConfigError, DetokConfig, load_config
-from detok_worker.config.schema import ENGINE_SOURCES
+from detok_worker.config.schema import ENGINE_SOURCES, LOG_FORMATS
 from detok_worker.errors import OperatorError
 
 if sys.version_info >= (3, 11):
@@ -52,7 +52,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     add_override_flag(
         group, "--runtime-dir", "bus.runtime_dir", "directory of the ipc sockets (must be private, mode 0700)"
     )
-    add_override_flag(group, "--log-format", "logging.format", "log line format", choices=("human", "json"))
+    add_override_flag(group, "--log-format", "logging.format", "log line format", choices=LOG_FORMATS)
     add_override_flag(group, "--log-level", "logging.level", "log level (DEBUG, INFO, WARNING, ERROR)", type=str.upper)
 
 

@@ -1,9 +1,8 @@
 """The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: which service
 an engine serves, the GenerateRequest detok sends, and the start-up check (health, model info, tokenizer).
 
-Two services, the same shape: `VllmEngine` (`vllm serve --grpc`) and `SglangScheduler` (`sglang serve
---grpc-mode`). They differ only in field names (max_tokens/min_tokens vs max_new_tokens/min_new_tokens) and
-in Abort (a list of request ids vs one); `engine.engine_service = "auto"` asks VllmEngine first.
+Two services, the same shape, one Dialect class each (grpc_dialects.py): `VllmEngine` (`vllm serve --grpc`) and
+`SglangScheduler` (`sglang serve --grpc-mode`); `engine.engine_service = "auto"` asks VllmEngine first.
 """
 
 from __future__ import annotations
@@ -18,18 +17,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-from smg_grpc_proto import sglang_scheduler_pb2, sglang_scheduler_pb2_grpc, vllm_engine_pb2, vllm_engine_pb2_grpc
 from smg_grpc_proto.generated import common_pb2
 
-from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, DetokParams, RequestParams, TokenLogprob
-from detok_worker.engine.grpc_sampling import refuse_engine_fields, request_fields, sampling_fields
+from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, TokenLogprob
+from detok_worker.engine.grpc_dialects import AUTO_ORDER, DIALECTS, Dialect
 from detok_worker.errors import OperatorError
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("auto", "vllm", "sglang")
 # a model's embedding table is often padded past the tokenizer's vocabulary (to a multiple of 64..1024)
 VOCAB_PADDING_LIMIT = 1024
 # reconnect fast once an engine is back (gRPC's default backoff grows to 120 s)
@@ -53,49 +50,6 @@ def grpc_target(url: str) -> str:
         raise EngineConnectError(f"engine.engine_url must look like grpc://host:port, got {url!r}")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{host}:{parts.port}"
-
-
-@dataclass(frozen=True)
-class Dialect:
-    name: str
-    service: str
-    pb2: Any
-    stub_class: Any
-
-    def generate_request(self, rid: str, prompt_ids: list[int], params: RequestParams, detok: DetokParams) -> Any:
-        """Prompt ids in, ids out: stop *strings* stay with detok's workers; stop ids (EOS included as detok
-        applies it: unless ignore_eos) go to the engine so it stops generating there; the sampling parameters and
-        the constraint go as the client gave them (grpc_sampling.py; UnsupportedParameter when they cannot)."""
-        pb2 = self.pb2
-        refuse_engine_fields(params)
-        limits = {"max_tokens": params.max_tokens, "min_tokens": detok.min_tokens}
-        if self.name == "sglang":
-            limits = {"max_new_tokens": params.max_tokens, "min_new_tokens": detok.min_tokens}
-        sampling = pb2.SamplingParams(
-            stop_token_ids=detok.stop_token_ids,
-            ignore_eos=params.ignore_eos,
-            skip_special_tokens=False,
-            **limits,
-            **sampling_fields(self.name, params.sampling),
-        )
-        return pb2.GenerateRequest(
-            request_id=rid,
-            tokenized=pb2.TokenizedInput(input_ids=prompt_ids),
-            sampling_params=sampling,
-            stream=True,
-            **request_fields(self.name, params.sampling),
-        )
-
-    def abort_request(self, rid: str) -> Any:
-        if self.name == "sglang":
-            return self.pb2.AbortRequest(request_id=rid, reason="detok: stopped")
-        return self.pb2.AbortRequest(request_ids=[rid])
-
-
-DIALECTS = {
-    "vllm": Dialect("vllm", "VllmEngine", vllm_engine_pb2, vllm_engine_pb2_grpc.VllmEngineStub),
-    "sglang": Dialect("sglang", "SglangScheduler", sglang_scheduler_pb2, sglang_scheduler_pb2_grpc.SglangSchedulerStub),
-}
 
 
 @dataclass
@@ -122,7 +76,7 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
     channel = grpc.aio.insecure_channel(grpc_target(url), options=CHANNEL_OPTIONS)
     try:
         dialect = await _healthy_dialect(url, channel, service, timeout_s)
-        stub = dialect.stub_class(channel)
+        stub = dialect.stub(channel)
         info = await stub.GetModelInfo(dialect.pb2.GetModelInfoRequest(), timeout=timeout_s)
         _check_vocab(url, info.vocab_size, tokenizer)
         await _check_tokenizer_files(url, stub, tokenizer, timeout_s)
@@ -153,10 +107,10 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
 
 
 async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:
-    names = ["vllm", "sglang"] if service == "auto" else [service]
+    names = AUTO_ORDER if service == "auto" else (service,)
     for name in names:
         dialect = DIALECTS[name]
-        stub = dialect.stub_class(channel)
+        stub = dialect.stub(channel)
         try:
             health = await stub.HealthCheck(dialect.pb2.HealthCheckRequest(), timeout=timeout_s, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:

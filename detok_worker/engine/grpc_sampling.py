@@ -35,24 +35,35 @@ class UnsupportedParameter(ValueError):
         self.param = param
 
 
-def sampling_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments for the dialect's SamplingParams message."""
+def _common_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """The fields both dialects' SamplingParams have."""
     fields: dict[str, Any] = {name: getattr(sampling, name) for name in _FLOATS if getattr(sampling, name) is not None}
     if sampling.top_k is not None and sampling.top_k > 0:
         fields["top_k"] = _int32(sampling.top_k, "top_k")
     fields["n"] = sampling.n
-    if dialect == "sglang":
-        if sampling.seed is not None:
-            raise UnsupportedParameter("seed", "SGLang's gRPC SamplingParams has no seed")
-        fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
-        fields.update(_sglang_constraint(sampling.constraint))
-        return fields
+    return fields
+
+
+def vllm_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for VllmEngine's SamplingParams."""
+    fields = _common_fields(sampling)
     if sampling.seed is not None:
         fields["seed"] = _int32(sampling.seed, "seed")
     if sampling.logprobs is not None:
         fields["logprobs"] = sampling.logprobs
     fields["logit_bias"] = dict(sampling.logit_bias)
     fields.update(_vllm_constraint(sampling.constraint))
+    return fields
+
+
+def sglang_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for SglangScheduler's SamplingParams (no seed; logprobs go in the request:
+    sglang_request_fields)."""
+    if sampling.seed is not None:
+        raise UnsupportedParameter("seed", "SGLang's gRPC SamplingParams has no seed")
+    fields = _common_fields(sampling)
+    fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
+    fields.update(_sglang_constraint(sampling.constraint))
     return fields
 
 
@@ -71,9 +82,9 @@ def refuse_engine_fields(params: RequestParams) -> None:
             raise UnsupportedParameter(param, f"{param} cannot be passed to a gRPC engine (use --source vllm)")
 
 
-def request_fields(dialect: str, sampling: SamplingParams) -> dict[str, Any]:
-    """Keyword arguments for the GenerateRequest itself (SGLang asks for logprobs there)."""
-    if dialect == "sglang" and sampling.logprobs is not None:
+def sglang_request_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """Keyword arguments for SglangScheduler's GenerateRequest itself: SGLang asks for logprobs there."""
+    if sampling.logprobs is not None:
         return {"return_logprob": True, "top_logprobs_num": sampling.logprobs}
     return {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
@@ -143,11 +144,14 @@ class Emitted:
     finish: str | None
 
 
+Advance = tuple[Request, int, bool]  # (request, cursor after this batch, ends now); one per request per step
+
+
 @dataclass(slots=True)
 class WorkerPlan:
     worker: str
     batch: TokenBatch
-    advances: list[tuple[Request, int, bool]]  # (request, cursor after this batch, ends now)
+    advances: list[Advance]
     extra: list[Tokens]  # abort items queued for this worker
 
 
@@ -157,7 +161,19 @@ class StepPlan:
     rejects: list[Reject]
 
 
-Groups = dict[str, tuple[list[Open], list[Tokens], list[tuple[Request, int, bool]]]]  # worker -> opens, items, advances
+class WorkerGroup(NamedTuple):
+    """What one step sends one worker, gathered request by request (Scheduler.plan_step)."""
+
+    opens: list[Open]
+    items: list[Tokens]
+    advances: list[Advance]
+
+    @classmethod
+    def empty(cls) -> WorkerGroup:
+        return cls([], [], [])
+
+
+Groups = dict[str, WorkerGroup]  # by worker
 
 
 def worker_plans(
@@ -166,7 +182,7 @@ def worker_plans(
     """One TokenBatch per worker with something to send: its abort items (`pending`), then its requests' `groups`."""
     for worker, extra in pending.items():
         if worker in registry and extra and worker not in groups:
-            groups[worker] = ([], [], [])
+            groups[worker] = WorkerGroup.empty()
     plans = []
     for worker, (opens, items, advances) in groups.items():
         extra = list(pending.get(worker, ()))

@@ -20,7 +20,7 @@ meanwhile, it is re-opened like a live one, its Tokens item carrying the finish 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 
 from detok_worker.bus.messages import (
@@ -35,6 +35,7 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
+from detok_worker.engine.admission import Admission
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import (
@@ -42,6 +43,7 @@ from detok_worker.engine.plans import (
     Groups,
     Request,
     StepPlan,
+    WorkerGroup,
     WorkerPlan,
     new_request,
     prompt_tail,
@@ -73,7 +75,6 @@ class Scheduler:
         vocab_size: int = 0,
         max_live_stop_chars: int | None = None,
     ) -> None:
-        self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
@@ -84,8 +85,7 @@ class Scheduler:
         self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s, max_live_stop_chars)
         self.running: dict[str, Request] = {}
         self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
-        self.waiting: deque[Request] = deque()
-        self._waiting_by_rid: dict[str, Request] = {}
+        self.waiting = Admission(max_batch)  # planned requests not running yet
         self._to_assign: list[Request] = []  # admitted or orphaned requests without a worker
         self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
@@ -104,7 +104,7 @@ class Scheduler:
         return len(self.running) + len(self.waiting)
 
     def has_rid(self, rid: str, *, generating: bool = False) -> bool:  # generating: the engine still makes its ids
-        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        request = self._live(rid)
         return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
@@ -138,8 +138,7 @@ class Scheduler:
         tail = prompt_tail(prompt_ids, self.special_ids)
         request = new_request(rid, tail, params, rules, None if pushed else planned, release_ns, finish, logprobs)
         if not pushed:
-            self.waiting.append(request)
-            self._waiting_by_rid[rid] = request
+            self.waiting.add(request)
             return None
         # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
         self.running[rid] = request
@@ -153,7 +152,7 @@ class Scheduler:
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it. `logprobs`: one per id."""
         self.generated += len(ids)
-        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        request = self._live(rid)
         if request is None or not request.open_ended:
             return False
         request.push(ids, finish, logprobs)
@@ -162,12 +161,12 @@ class Scheduler:
 
     def detok_params(self, rid: str) -> DetokParams | None:
         """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
-        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        request = self._live(rid)
         return None if request is None else request.detok
 
     def backlog(self, rid: str) -> int:
         """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
-        request = self.running.get(rid) or self._waiting_by_rid.get(rid)
+        request = self._live(rid)
         return 0 if request is None else len(request.planned) - request.cursor
 
     def abort(self, rid: str) -> bool:
@@ -260,12 +259,12 @@ class Scheduler:
                 continue
             group = groups.get(worker)
             if group is None:
-                group = groups[worker] = ([], [], [])
+                group = groups[worker] = WorkerGroup.empty()
             if not request.opened:
-                group[0].append(Open(request.rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
+                group.opens.append(Open(request.rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
-            group[1].append(step_tokens(request, cursor, end, ends))
-            group[2].append((request, end, ends))
+            group.items.append(step_tokens(request, cursor, end, ends))
+            group.advances.append((request, end, ends))
         self.step_number += 1
         return StepPlan(worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry), rejects)
 
@@ -308,11 +307,12 @@ class Scheduler:
 
     # ---- internals ------------------------------------------------------------------------------------
 
+    def _live(self, rid: str) -> Request | None:
+        return self.running.get(rid) or self.waiting.get(rid)
+
     def _admit(self) -> None:
         """Planned requests, up to max_batch running (pushed ones run from their submit on)."""
-        while self.waiting and len(self.running) < self.max_batch:
-            request = self.waiting.popleft()
-            del self._waiting_by_rid[request.rid]
+        for request in self.waiting.admit(len(self.running)):
             self.running[request.rid] = request
             self._to_assign.append(request)
 
@@ -379,10 +379,7 @@ class Scheduler:
     def _stop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
-            if self._waiting_by_rid.pop(rid, None) is None:
-                return False
-            self.waiting = deque(r for r in self.waiting if r.rid != rid)
-            return True
+            return self.waiting.remove(rid)
         aborted_on_worker = request.worker is not None and request.opened
         if aborted_on_worker:
             self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))

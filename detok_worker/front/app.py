@@ -39,7 +39,7 @@ from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, 
 from detok_worker.front.validation import Limits, check_model, served_model_name
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from detok_worker.metrics import InstrumentedTokenizer, render_latest
-from detok_worker.tokenizer.encode_cache import wrap_with_encode_cache
+from detok_worker.tokenizer.encode_cache import CachedTokenizer, wrap_with_encode_cache
 from detok_worker.tokenizer.protocol import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,8 @@ class Front:
     def __init__(self, config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> None:
         self.config = config
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
-        self.tokenizer = InstrumentedTokenizer(wrap_with_encode_cache(tokenizer, config.tokenizer.cache))
+        self.encode_cache = wrap_with_encode_cache(tokenizer, config.tokenizer.cache)
+        self.tokenizer = InstrumentedTokenizer(self.encode_cache)
         self.limits = Limits.from_config(config, config.front.model_name or tokenizer.name, tokenizer)
         self._tokenizer_max_len: int | None = getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config, index)
@@ -156,9 +157,8 @@ class Front:
     async def stats(self, request: Request) -> Response:
         self.intake.authorize(request)
         stats = self.dispatcher.stats()
-        cache_stats = getattr(self.tokenizer, "stats", None)
-        if callable(cache_stats):
-            stats["front"]["encode_cache"] = cache_stats().as_dict()
+        if isinstance(self.encode_cache, CachedTokenizer):
+            stats["front"]["encode_cache"] = self.encode_cache.stats().as_dict()
         return json_response(stats)
 
     async def metrics(self, request: Request) -> Response:

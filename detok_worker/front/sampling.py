@@ -30,6 +30,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.front.errors import bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from detok_worker.tokenizer.protocol import is_count
 
 # (field, lowest, highest, lowest allowed) of the float sampling fields: OpenAI's ranges, with vLLM's exclusions
 # (top_p and repetition_penalty must be > 0; to a gRPC engine a 0 would also read as "unset").
@@ -95,7 +96,7 @@ def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | Non
                 raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
             return None
         top = 0 if top is None else top
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+    if not is_count(top) or top > MAX_TOP_LOGPROBS:
         raise bad_request(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})", name)
     return top
 

@@ -18,7 +18,7 @@ from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, validate_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -47,7 +47,7 @@ class Limits:
         return cls(
             model_name=model_name,
             vocab_size=tokenizer.vocab_size,
-            check_ids=lambda ids: validate_token_ids(tokenizer, ids),
+            check_ids=id_check(tokenizer),
             max_tokens_default=config.front.max_tokens_default,
             max_tokens_limit=config.front.max_tokens_limit,
             max_prompt_chars=config.front.max_prompt_chars,
@@ -294,8 +294,6 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens = _max_tokens(request, limits, override, echo)
     min_tokens = request.min_tokens or 0
-    if not 0 <= min_tokens <= max_tokens:
-        raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     stop_token_ids = list(request.stop_token_ids or [])
     detok = DetokParams(
         stop=[request.stop] if isinstance(request.stop, str) else list(request.stop or []),
@@ -311,6 +309,8 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=ignore_eos)
     except StopRuleError as exc:
         raise bad_request(str(exc), exc.param) from exc
+    if min_tokens > max_tokens:  # min_tokens >= 0 is the stop rules' check
+        raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")
     check_token_ids(stop_token_ids, limits, "stop_token_ids")
     params = RequestParams(
         max_tokens=max_tokens,

@@ -8,6 +8,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from detok_worker.tokenizer.protocol import WrapsTokenizer
+
 RESTART_ENV = "DETOK_RESTART_COUNT"  # set by the supervisor on a restarted worker
 ABORT_CAUSES = ("client_disconnected", "client_too_slow", "timeout", "shutdown")
 
@@ -184,9 +186,8 @@ def metrics() -> Metrics:
 def tokenizer_type(tokenizer: object) -> str:
     """The backend type label of a tokenizer: HFTokenizer -> hf, TiktokenTokenizer -> tiktoken; wrappers (the
     encode cache) report what they wrap."""
-    inner = getattr(tokenizer, "inner", None)
-    if inner is not None and inner is not tokenizer:
-        return tokenizer_type(inner)
+    if isinstance(tokenizer, WrapsTokenizer) and tokenizer.inner is not tokenizer:
+        return tokenizer_type(tokenizer.inner)
     name = type(tokenizer).__name__
     for suffix in ("TokenizerAdapter", "Adapter", "Tokenizer"):
         if name.endswith(suffix) and name != suffix:

@@ -6,13 +6,14 @@ import contextlib
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter, Histogram
 
 from detok_worker.metrics.families import ABORT_CAUSES, Metrics, metrics, tokenizer_type
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import Encoding, Tokenizer
+from detok_worker.tokenizer.wrapper import TokenizerWrapper
 
 
 class CounterSync:
@@ -255,15 +256,15 @@ class FrontMetrics:
         self._bad.sync(bad_frames)
 
 
-class InstrumentedTokenizer:
-    """Times a tokenizer's prompt-side calls (encode, encode_batch, apply_chat_template, decode); everything else
-    is the wrapped tokenizer's own (attribute access is forwarded). The timings and sizes are held (HeldHistogram)
-    until flush(): the front registers it with FrontMetrics.also_flush. Calls come from the event loop and the
-    front's prompt threads, so the held values are updated and flushed under a lock."""
+class InstrumentedTokenizer(TokenizerWrapper):
+    """The front's tokenizer: times the wrapped one's prompt-side calls (encode, encode_batch, apply_chat_template,
+    decode) and passes the rest of the protocol through (TokenizerWrapper); optional capabilities are asked of
+    `inner`. The timings and sizes are held (HeldHistogram) until flush(): the front registers it with
+    FrontMetrics.also_flush. Calls come from the event loop and the front's prompt threads, so the held values are
+    updated and flushed under a lock."""
 
     def __init__(self, tokenizer: Tokenizer, m: Metrics | None = None) -> None:
-        self.inner = tokenizer
-        self.name = tokenizer.name
+        super().__init__(tokenizer)
         m = m if m is not None else metrics()
         kind = tokenizer_type(tokenizer)
         self._lock = threading.Lock()
@@ -274,26 +275,23 @@ class InstrumentedTokenizer:
         self._tokens = HeldHistogram(m.tokens_per_encode.labels(kind))
         self._chars = HeldHistogram(m.chars_per_encode.labels(kind))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> Any:
+    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         with self._timed(self._encode):
             encoding = self.inner.encode(text, add_special_tokens)
         self._sizes(((text, encoding),))
         return encoding
 
-    def encode_batch(self, texts: Any, add_special_tokens: bool = False) -> Any:
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         with self._timed(self._encode_batch):
             encodings = self.inner.encode_batch(texts, add_special_tokens)
         self._sizes(zip(texts, encodings, strict=False))
         return encodings
 
-    def apply_chat_template(self, messages: Any, **kwargs: Any) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         with self._timed(self._template):
             return self.inner.apply_chat_template(messages, **kwargs)
 
-    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         with self._timed(self._decode):
             return self.inner.decode(ids, skip_special_tokens)
 
@@ -308,7 +306,7 @@ class InstrumentedTokenizer:
             with self._lock:
                 histogram.observe(seconds)
 
-    def _sizes(self, encoded: Iterable[tuple[str, Any]]) -> None:
+    def _sizes(self, encoded: Iterable[tuple[str, Encoding]]) -> None:
         with self._lock:
             for text, encoding in encoded:
                 self._tokens.observe(len(encoding.ids))

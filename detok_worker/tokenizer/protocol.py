@@ -6,13 +6,17 @@ front needs encode and chat templates. Backends live one per module beside this 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from detok_worker.errors import OperatorError
+
+if TYPE_CHECKING:
+    from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 
 class TokenizerError(OperatorError):
@@ -42,6 +46,11 @@ class InvalidTokenIdError(TokenizerError, ValueError):
 def is_int_id(value: object) -> bool:
     """An int that may be a token id (bool is an int subclass, but True is not id 1)."""
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def is_count(value: object) -> bool:
+    """An int >= 0 that is not a bool: a token id before its tokenizer's range is known, a count, a size."""
+    return is_int_id(value) and value >= 0  # type: ignore[operator]
 
 
 def check_token_ids(ids: Sequence[object], vocab_size: int, unknown: AbstractSet[int] = frozenset()) -> None:
@@ -128,20 +137,78 @@ class Tokenizer(Protocol):
     ) -> str: ...
 
 
+# Optional capabilities a backend may have beside the Tokenizer protocol; code that can use one asks
+# isinstance(tokenizer, Capability) (a few microseconds: where it runs per request, bind the answer once).
+
+
+@runtime_checkable
+class ChecksIds(Protocol):
+    """An id rule of the backend's own: some ids inside [0, vocab_size) name no token (cl100k_base's 100256)."""
+
+    def check_ids(self, ids: Sequence[int]) -> None:
+        """Raise InvalidTokenIdError naming the first id that names no token."""
+        ...
+
+
+@runtime_checkable
+class HasTokenBytes(Protocol):
+    """Offers the bytes of every token (tokenizer/token_bytes.py): the byte-level fast path, verified before use."""
+
+    def token_bytes_table(self) -> TokenBytesTable | None: ...
+
+
+@runtime_checkable
+class DecodesBatch(Protocol):
+    """Decodes several id lists in one call (one call into a native library)."""
+
+    def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]: ...
+
+
+@runtime_checkable
+class KnowsAddedTokens(Protocol):
+    """Says which tokens are added ones (Hugging Face `tokenizers`), for vLLM's spaces_between_special_tokens."""
+
+    def added_token_contents(self) -> Mapping[int, str] | None: ...
+
+
+@runtime_checkable
+class BuildsLazily(Protocol):
+    """Defers its costliest part (building the library tokenizer) to the first use that needs it."""
+
+    def ensure_built(self) -> object:
+        """Build it now (a process whose first request must not wait for it)."""
+        ...
+
+
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """Names its content (e.g. the sha256 of the file it was loaded from): the key of the disk caches."""
+
+    def content_fingerprint(self) -> str | None: ...
+
+
+@runtime_checkable
+class WrapsTokenizer(Protocol):
+    """A wrapper (the encode cache, the metrics recorder) around the tokenizer that does the work."""
+
+    inner: Tokenizer
+
+
+def id_check(tokenizer: Tokenizer) -> Callable[[Sequence[int]], None]:
+    """The tokenizer's id rule as one function (raises InvalidTokenIdError): its own check_ids (ChecksIds), else
+    [0, vocab_size). Every place that accepts ids from outside (prompts, stop token ids) checks them with it."""
+    if isinstance(tokenizer, ChecksIds):
+        return tokenizer.check_ids
+    return functools.partial(check_token_ids, vocab_size=tokenizer.vocab_size)
+
+
 def validate_token_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> None:
-    """Raise InvalidTokenIdError for the first id that names no token of `tokenizer`, by the tokenizer's own rule:
-    its `check_ids` when it has one (backends whose id range has gaps, e.g. cl100k_base's 100256), else
-    [0, vocab_size). Every place that accepts ids from outside (prompts, stop token ids) checks them here."""
-    backend_check = getattr(tokenizer, "check_ids", None)
-    if backend_check is not None:
-        backend_check(ids)
-    else:
-        check_token_ids(ids, tokenizer.vocab_size)
+    """id_check(tokenizer)(ids), for a place that checks ids once."""
+    id_check(tokenizer)(ids)
 
 
 def added_token_contents(tokenizer: Tokenizer) -> Mapping[int, str] | None:
     """id -> content of the tokenizer's added tokens (special or not), for a backend that knows them (its
     `added_token_contents`: Hugging Face `tokenizers`, the tokenizers vLLM's fast detokenizer serves); None for one
     that does not say."""
-    hook = getattr(tokenizer, "added_token_contents", None)
-    return hook() if hook is not None else None
+    return tokenizer.added_token_contents() if isinstance(tokenizer, KnowsAddedTokens) else None

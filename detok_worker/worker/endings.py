@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
@@ -18,6 +17,7 @@ from detok_worker.bus.messages import (
     TextDelta,
     Tokens,
 )
+from detok_worker.stream.stop.outputs import StopBatchOutput
 from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.lane import RidState
 
@@ -44,7 +44,13 @@ class RidEndings:
     unknown_ids: int
 
     def _item_output(
-        self, rid: str, state: RidState, ids: list[int], out: Any, deltas: list[TextDelta], finishes: list[Finish]
+        self,
+        rid: str,
+        state: RidState,
+        ids: list[int],
+        out: StopBatchOutput,
+        deltas: list[TextDelta],
+        finishes: list[Finish],
     ) -> None:
         """The output of an item the fused branch did not take (several ids, a parser, a stop, an error, an id the
         tokenizer lacks)."""
@@ -64,7 +70,9 @@ class RidEndings:
         elif ids:
             self.holds += 1
 
-    def _parsed_step(self, rid: str, state: RidState, out: Any, deltas: list[TextDelta], finishes: list[Finish]) -> int:
+    def _parsed_step(
+        self, rid: str, state: RidState, out: StopBatchOutput, deltas: list[TextDelta], finishes: list[Finish]
+    ) -> int:
         """The item step of a request with parsers: the text's split goes with it; a stop string in the content
         ends the request. Returns the characters emitted."""
         text = out.text
@@ -140,7 +148,7 @@ class RidEndings:
     def _end(
         self,
         rid: str,
-        state: RidState,
+        state: RidState | None,
         text: str,
         finish: str,
         stop_reason: str | int | None,
@@ -148,6 +156,11 @@ class RidEndings:
         error: str | None = None,
         parsed: ParsedDelta | None = None,
     ) -> None:
+        """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live)."""
+        if state is None:
+            deltas.append(TextDelta(rid, 0, text, 0, finish, stop_reason, error, parsed))
+            self._ended.add(rid)
+            return
         if state.parsing is not None and parsed is None:
             parsed, match = state.parsing.take(text, final=True)
             if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
@@ -161,7 +174,7 @@ class RidEndings:
     def _end_with_error(
         self,
         rid: str,
-        state: RidState,
+        state: RidState | None,
         text: str,
         message: str,
         deltas: list[TextDelta],

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from detok_worker.bus.messages import LogprobText, TextBatch
-from detok_worker.stream.stop.decoder import Lane, lane_passthrough
+from detok_worker.stream.stop.decoder import Lane, StopSequenceDecoder, lane_passthrough
 from detok_worker.stream.stop.matcher import LaneScan
 from detok_worker.worker.parsing import RidParsing
 
@@ -26,7 +25,7 @@ TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbea
 
 @dataclass(slots=True)
 class RidState:
-    decoder: Any  # StopSequenceDecoder
+    decoder: StopSequenceDecoder
     offset: int = 0  # characters already emitted for this rid
     n_tokens: int = 0  # output tokens consumed (cumulative)
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
@@ -115,9 +114,12 @@ def step_lanes(
 def _scan_step(scan: LaneScan | None, text: str) -> tuple[LaneScan, str] | None:
     """The lane's stop-string scan after `text` and the text it releases, when the filter's memoised scan of `text`
     from the lane's state has no match; None otherwise (no stop strings, not memoised, or a match)."""
-    if scan is None or (by_text := scan[0].get(scan[2])) is None:
+    if scan is None:
         return None
-    result = by_text.get(text)
-    if result is None or result[2] >= 0:
+    memo, root_passthrough, state = scan
+    if (by_text := memo.get(state)) is None or (result := by_text.get(text)) is None:
         return None
-    return (scan[0], scan[1], result[0]), result[1]
+    end_state, released, match_end, _ = result
+    if match_end >= 0:
+        return None
+    return (memo, root_passthrough, end_state), released

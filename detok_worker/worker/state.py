@@ -252,7 +252,7 @@ class WorkerState(RidEndings):
         try:
             rules = plan.rules if plan is not None else StopRules.from_params(params, self.stop_limits)
         except StopRuleError as exc:
-            self._end_with_error(rid, RidState(decoder=None), "", str(exc), deltas, finishes, BAD_PARAMS)
+            self._end_with_error(rid, None, "", str(exc), deltas, finishes, BAD_PARAMS)
             return
         stop_chars = plan.stop_chars if plan is not None else rules.stop_chars
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
@@ -261,7 +261,7 @@ class WorkerState(RidEndings):
                 f"{stop_chars} more would pass its limit (worker.max_live_stop_chars = {self.max_live_stop_chars}): "
                 "retry later, or use fewer or shorter stop strings"
             )
-            self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_STOP_BUDGET)
+            self._end_with_error(rid, None, "", message, deltas, finishes, BAD_STOP_BUDGET)
             return
         try:
             parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
@@ -279,7 +279,7 @@ class WorkerState(RidEndings):
             )
         except Exception as exc:  # noqa: BLE001 - bad input (e.g. a bad prompt id) must end only this rid
             message = f"cannot open request: {exc}"
-            self._end_with_error(rid, RidState(decoder=None), "", message, deltas, finishes, BAD_PARAMS)
+            self._end_with_error(rid, None, "", message, deltas, finishes, BAD_PARAMS)
             return
         held_ids: list[int] | None = [] if params.return_token_ids else None
         lane = decoder.lane() if parsing is None and held_ids is None else None

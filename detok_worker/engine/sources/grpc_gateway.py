@@ -2,7 +2,7 @@
 (vLLM `--grpc`, SGLang `--grpc-mode`; the tests' `detok engine-server`).
 
 A relay, not a second scheduler: every Submit opens a streaming Generate on the engine at once
-(grpc_api.Dialect.generate_request) and the engine schedules it (no admission cap of ours: engine.max_batch is the
+(grpc_dialects.Dialect.generate_request) and the engine schedules it (no admission cap of ours: engine.max_batch is the
 stub's). One asyncio loop: the ids of each chunk are pushed into the EngineLink as they arrive and mark a turn due;
 the turn runs once per pass of the event loop, after every stream that had a chunk in that pass, and sends one
 TokenBatch per worker with all of it (no tick: an id waits for nothing but the loop's own pass). The bus sockets

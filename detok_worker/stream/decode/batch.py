@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import DecodesBatch, Tokenizer
 
 BatchDecode = Callable[[list[list[int]]], list[str]]
 
@@ -14,8 +14,8 @@ def batch_decoder(tokenizer: Tokenizer, skip_special_tokens: bool, *, large: boo
 
     large=False is for a handful of short lists per call (the generic stream's windows): a parallel decode_batch
     costs more to dispatch (~10 us) than a few plain decode calls."""
-    decode_batch = getattr(tokenizer, "decode_batch", None)
-    if large and callable(decode_batch):
+    if large and isinstance(tokenizer, DecodesBatch):
+        decode_batch = tokenizer.decode_batch
         return lambda sequences: decode_batch(sequences, skip_special_tokens)
     decode = tokenizer.decode
     return lambda sequences: [decode(ids, skip_special_tokens) for ids in sequences]

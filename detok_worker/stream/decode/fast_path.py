@@ -15,7 +15,7 @@ from detok_worker.stream.decode import table_cache
 from detok_worker.stream.decode.registry import cached
 from detok_worker.stream.decode.tables import ByteDecoding, build_byte_decoding
 from detok_worker.stream.decode.verify import verify_byte_decoding
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import HasTokenBytes, Tokenizer
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,7 @@ class FastPathStatus:
 
 
 def _build_and_verify(tokenizer: Tokenizer) -> tuple[FastPathStatus, TokenBytesTable | None]:
-    hook = getattr(tokenizer, "token_bytes_table", None)
-    table = hook() if callable(hook) else None
+    table = tokenizer.token_bytes_table() if isinstance(tokenizer, HasTokenBytes) else None
     if table is None:
         return FastPathStatus(None, _NO_TABLE), None
     decoding = _decoding_of(tokenizer, table)

@@ -31,15 +31,14 @@ what the newest ids added. It fixes their known faults:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.batch import batch_decoder
 from detok_worker.stream.decode.byte_tokens import byte_tokens_for
 from detok_worker.stream.decode.registry import cached
 from detok_worker.stream.decode.utf8 import completion, is_well_formed, unfinished_length
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, check_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check
 
 PROMPT_CONTEXT_TOKENS = 5
 MAX_PROMPT_CONTEXT_TOKENS = 64
@@ -88,8 +87,7 @@ class GenericDecodeStream(DecodeStream):
 
     __slots__ = (
         "_skipped",
-        "_vocab_size",
-        "_backend_check",
+        "_check",
         "_decode",
         "_probe",
         "_bytes",
@@ -115,8 +113,7 @@ class GenericDecodeStream(DecodeStream):
         # before them (Tekken, mistral-common's IGNORE policy): then they go in and decode drops them itself.
         leave_out = skip_special_tokens and not getattr(tokenizer, "skipped_special_ends_text", False)
         self._skipped = frozenset(tokenizer.special_token_ids) if leave_out else frozenset()
-        self._vocab_size = tokenizer.vocab_size
-        self._backend_check: Callable[[Sequence[int]], Any] | None = getattr(tokenizer, "check_ids", None)
+        self._check = cached(tokenizer, "id_check", lambda: id_check(tokenizer))
         self._decode = batch_decoder(tokenizer, skip_special_tokens, large=False)
         self._probe = probe_token_for(tokenizer)
         self._bytes = byte_tokens_for(tokenizer)
@@ -128,12 +125,6 @@ class GenericDecodeStream(DecodeStream):
         self._sent = 0  # characters of the window's text past len(prefix_text) already emitted (may be < 0)
         self._read_is_final = True  # whether decode(ids[:read]) can no longer change: the window may start there
         self._start_from_prompt(prompt_ids)
-
-    def _check(self, ids: Sequence[int]) -> None:
-        if self._backend_check is not None:
-            self._backend_check(ids)
-        else:
-            check_token_ids(ids, self._vocab_size)
 
     def _start_from_prompt(self, prompt_ids: Sequence[int]) -> None:
         tail: list[int] = []  # the prompt's last ids that are not skipped, however many skipped ones follow them

@@ -23,18 +23,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-import msgspec
-
 from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
-from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
+from detok_worker.stream.stop.outputs import (
+    HELD,
+    ONE_UNKNOWN_ID,
+    StopBatchOutput,
+    StopOutput,
+    Stopped,
+    StoppedWithText,
+    StopReason,
+    Text,
+)
+from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig, check_min_tokens
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, is_int_id
 
-StopReason = str | int
 # StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
-# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None)
+# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None).
+# A plain tuple, read by unpacking it into those names: the worker's hot loop builds a new one whenever the pending
+# bytes or the stop state change, and a NamedTuple's construction costs that loop measurably.
 Lane = tuple[Sequence[str | None], frozenset[int], AbstractSet[str] | None, FeedMemo | None, bytes, LaneScan | None]
 # the texts that pass a filter off its root unchanged: only "" (the root's are StopStringAutomaton.root_passthrough)
 ONLY_EMPTY: frozenset[str] = frozenset({""})
@@ -42,64 +51,8 @@ ONLY_EMPTY: frozenset[str] = frozenset({""})
 
 def lane_passthrough(scan: LaneScan) -> AbstractSet[str]:
     """The texts that pass the stop strings unchanged from the scan's state (a Lane's passthrough)."""
-    return scan[1] if scan[2] == ROOT else ONLY_EMPTY
-
-
-class Text(msgspec.Struct, frozen=True, gc=False):
-    """New text, released now."""
-
-    text: str
-
-
-class Held(msgspec.Struct, frozen=True, gc=False):
-    """Nothing to release yet: text is held back as a possible stop-string start, or a character is incomplete."""
-
-    @property
-    def text(self) -> str:
-        return ""
-
-
-class Stopped(msgspec.Struct, frozen=True, gc=False):
-    """The request has stopped (now or earlier) and there is no more text."""
-
-    stop_reason: StopReason
-
-    @property
-    def text(self) -> str:
-        return ""
-
-
-class StoppedWithText(msgspec.Struct, frozen=True, gc=False):
-    """The request stops now; `text` is its last text."""
-
-    text: str
-    stop_reason: StopReason
-
-
-StopOutput = Text | Held | Stopped | StoppedWithText
-HELD = Held()
-
-
-class StopBatchOutput(msgspec.Struct, frozen=True, gc=False):
-    """Result of process_tokens for one request's new ids in one engine step.
-
-    text: everything released by these ids. stopped: the request has stopped (by these ids or earlier).
-    stop_reason: the matched stop string or stop token id (None if not stopped). consumed: how many of the ids
-    were processed, up to and including the one that completed the stop, or up to the bad one (0 once stopped).
-    error: the message of an InvalidTokenIdError; the ids before the bad one are processed, none after it.
-    unknown_ids: how many of the consumed ids the tokenizer lacks but the model can emit (model_vocab_size); their
-    text is nothing.
-    """
-
-    text: str
-    stopped: bool = False
-    stop_reason: StopReason | None = None
-    consumed: int = 0
-    error: str | None = None
-    unknown_ids: int = 0
-
-
-ONE_UNKNOWN_ID = StopBatchOutput("", False, None, 1, None, 1)  # process_one of an id the model can emit, no text
+    _, root_passthrough, state = scan
+    return root_passthrough if state == ROOT else ONLY_EMPTY
 
 
 class StopSequenceDecoder:
@@ -120,9 +73,8 @@ class StopSequenceDecoder:
         `model_vocab_size`: the engine's vocabulary size; an id below it that the tokenizer lacks has no text (see
         the module docstring); 0: every id the tokenizer lacks is an error. `spaces_between_special_tokens`: vLLM's
         option (stream/decode/added_tokens.py)."""
-        if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
-            raise StopConfigError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        if not is_int_id(model_vocab_size) or model_vocab_size < 0:
+        check_min_tokens(min_tokens)
+        if not is_count(model_vocab_size):
             raise StopConfigError(f"model_vocab_size must be an int >= 0, got {model_vocab_size!r}")
         stops = config if isinstance(config, PreparedStops) else PreparedStops.check(tokenizer, config)
         if stops.tokenizer is not tokenizer:
@@ -292,9 +244,11 @@ class StopSequenceDecoder:
         if count < self._num_generated:
             raise ValueError(f"sync_lane({count}): {self._num_generated} tokens were already processed")
         self._num_generated = count
-        self._stream.resume_pending(lane[4])
-        if self._filter is not None and lane[5] is not None:
-            self._filter.resume(lane[5][2])
+        *_, pending, scan = lane
+        self._stream.resume_pending(pending)
+        if self._filter is not None and scan is not None:
+            _, _, state = scan
+            self._filter.resume(state)
 
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""

@@ -16,16 +16,17 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams
 from detok_worker.config import DetokConfig
-from detok_worker.stream.stop.decoder import StopReason
-from detok_worker.stream.stop.settings import StopSequenceConfig
+from detok_worker.stream.stop.outputs import StopReason
+from detok_worker.stream.stop.settings import (
+    StopConfigError,
+    StopSequenceConfig,
+    check_min_tokens,
+    check_stop_string,
+    check_stop_token_id,
+)
 
-
-class StopRuleError(ValueError):
-    """A stop field that cannot be used; `param` is the request field at fault (stop, stop_token_ids, ...)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+# A stop field that cannot be used; `param` is the request field at fault (stop, stop_token_ids, min_tokens).
+StopRuleError = StopConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +51,19 @@ class StopRules:
     def from_params(
         cls, params: DetokParams, limits: StopLimits, eos_ids: Iterable[int] = (), *, ignore_eos: bool = False
     ) -> StopRules:
-        """Validate `params` against `limits`; raises StopRuleError naming the field."""
+        """Validate `params` against `limits`; raises StopRuleError (StopConfigError) naming the field."""
         if len(params.stop) > limits.max_strings:
             raise StopRuleError(
                 f"at most {limits.max_strings} stop strings are allowed (got {len(params.stop)})", "stop"
             )
         for text in params.stop:
-            if not text:
-                raise StopRuleError("stop strings must not be empty", "stop")
-            if len(text) > limits.max_string_chars:
+            if len(check_stop_string(text, "stop")) > limits.max_string_chars:
                 raise StopRuleError(f"a stop string is longer than {limits.max_string_chars} characters", "stop")
         if len(params.stop_token_ids) > limits.max_strings:
             raise StopRuleError(f"at most {limits.max_strings} stop token ids are allowed", "stop_token_ids")
         for token_id in params.stop_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise StopRuleError(f"stop token id {token_id!r} is not a token id (an int >= 0)", "stop_token_ids")
-        if params.min_tokens < 0:
-            raise StopRuleError(f"min_tokens must be >= 0 (got {params.min_tokens})", "min_tokens")
+            check_stop_token_id(token_id, "stop_token_ids")
+        check_min_tokens(params.min_tokens)
         return cls(params, frozenset() if ignore_eos else frozenset(eos_ids))
 
     @property

@@ -8,33 +8,53 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, validate_token_ids
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, validate_token_ids
 
 
 class StopConfigError(ValueError):
-    """Stop-sequence settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...)."""
+    """Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
+    fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
+    StopSequenceConfig's own."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# The checks of one request's stop fields, each written once: StopRules.from_params runs them on a request's params
+# (front, engine, worker), StopSequenceConfig and StopSequenceDecoder on their own arguments.
+
+
+def check_stop_string(value: object, param: str) -> str:
+    """A stop string: a non-empty str."""
+    if not isinstance(value, str):
+        raise StopConfigError(f"{param} holds {value!r}, which is not a string", param)
+    if not value:
+        raise StopConfigError("stop strings must not be empty", param)
+    return value
+
+
+def check_stop_token_id(value: object, param: str) -> int:
+    """A stop token id: an int >= 0 (not a bool); whether it names a token is the tokenizer's rule (PreparedStops)."""
+    if not is_count(value):
+        raise StopConfigError(f"stop token id {value!r} is not a token id (an int >= 0)", param)
+    return value  # type: ignore[return-value]
+
+
+def check_min_tokens(value: object) -> int:
+    if not is_count(value):
+        raise StopConfigError(f"min_tokens must be an int >= 0 (got {value!r})", "min_tokens")
+    return value  # type: ignore[return-value]
 
 
 def _unique_strings(values: Iterable[str], field: str) -> tuple[str, ...]:
     if isinstance(values, str):
         raise StopConfigError(f"{field} must be a sequence of strings, not a single string")
-    result: dict[str, None] = {}
-    for value in values:
-        if not isinstance(value, str):
-            raise StopConfigError(f"{field} holds {value!r}, which is not a string")
-        if not value:
-            raise StopConfigError(f"{field} holds an empty string; stop strings must not be empty")
-        result[value] = None
-    return tuple(result)
+    return tuple(dict.fromkeys(check_stop_string(value, field) for value in values))
 
 
 def _unique_ids(values: Iterable[int], field: str) -> tuple[int, ...]:
-    result: dict[int, None] = {}
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise StopConfigError(f"{field} holds {value!r}, which is not a token id (an int >= 0)")
-        result[value] = None
-    return tuple(result)
+    return tuple(dict.fromkeys(check_stop_token_id(value, field) for value in values))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,13 @@ from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
 from detok_worker.tokenizer.loading import load_cache
 from detok_worker.tokenizer.loading.load_cache import VocabFacts
-from detok_worker.tokenizer.loading.side_files import token_text
+from detok_worker.tokenizer.loading.side_files import json_ids, token_text
 from detok_worker.tokenizer.protocol import (
     Encoding,
     SpecialTokens,
     TokenizerLoadError,
     check_token_ids,
+    is_count,
 )
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
@@ -44,14 +45,6 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 _NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 log = logging.getLogger(__name__)
-
-
-def _as_id_list(value: Any) -> list[int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
 
 
 class HFTokenizer(TokenizerBase):
@@ -91,7 +84,7 @@ class HFTokenizer(TokenizerBase):
         self._added_ids = {content: i for i, (content, _) in added.items() if named[content] == 1}
         self._added_contents = {i: content for i, (content, _) in added.items()}
         special_tokens = self._read_special_tokens(config, contents, added)
-        eos_ids = _as_id_list((generation_config or {}).get("eos_token_id"))
+        eos_ids = list(json_ids((generation_config or {}).get("eos_token_id")))
         if special_tokens.eos is not None and (eos_id := self.token_to_id(special_tokens.eos)) is not None:
             eos_ids.append(eos_id)
         super().__init__(
@@ -104,7 +97,7 @@ class HFTokenizer(TokenizerBase):
         )
         max_length = config.get("model_max_length")
         # transformers writes a huge sentinel (int(1e30)) when the length is unknown
-        known = isinstance(max_length, int) and not isinstance(max_length, bool) and 0 < max_length < 10**12
+        known = is_count(max_length) and 0 < max_length < 10**12
         self.model_max_length: int | None = max_length if known else None
 
     def __getattr__(self, name: str) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import BuildsLazily, Tokenizer
 
 if TYPE_CHECKING:
     from detok_worker.config import DetokConfig
@@ -62,7 +62,6 @@ def load_configured_tokenizer(config: DetokConfig, *, eager: bool = False) -> To
         revision=settings.revision or None,
         model_encodings=settings.model_encodings or None,
     )
-    ensure_built = getattr(tokenizer, "ensure_built", None)
-    if eager and callable(ensure_built):
-        ensure_built()
+    if eager and isinstance(tokenizer, BuildsLazily):
+        tokenizer.ensure_built()
     return tokenizer

@@ -27,7 +27,7 @@ from typing import Any
 
 from tokenizers import __version__ as tokenizers_version
 
-from detok_worker.tokenizer.protocol import Tokenizer
+from detok_worker.tokenizer.protocol import Fingerprinted, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ def content_key(tokenizer: Tokenizer, **parts: object) -> str | None:
     """The key of something the other disk caches compute from a tokenizer: a sha256 over its content fingerprint
     (the optional backend hook `content_fingerprint()`; None without one, which is then never cached), its class,
     vocabulary size and special ids, and `parts` (format, code version, ...; JSON-serialisable)."""
-    hook = getattr(tokenizer, "content_fingerprint", None)
-    fingerprint = hook() if callable(hook) else None
+    fingerprint = tokenizer.content_fingerprint() if isinstance(tokenizer, Fingerprinted) else None
     if not fingerprint:
         return None
     kind = type(tokenizer)

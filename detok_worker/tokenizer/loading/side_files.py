@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.protocol import SpecialTokens, TokenizerLoadError
+from detok_worker.tokenizer.protocol import SpecialTokens, TokenizerLoadError, is_int_id
 
 SPECIAL_TOKEN_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
@@ -56,13 +56,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _int_list(value: Any) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        return ()
-    if isinstance(value, int):
+def json_ids(value: Any) -> tuple[int, ...]:
+    """A config's token id field (generation_config.json's eos_token_id: one id or a list of them) as ids; what is
+    not an id is left out."""
+    if is_int_id(value):
         return (value,)
     if isinstance(value, list):
-        return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+        return tuple(v for v in value if is_int_id(v))
     return ()
 
 
@@ -92,7 +92,7 @@ def read_side_config(directory: Path | None) -> SideConfig:
     generation_eos: tuple[int, ...] = ()
     generation_config = directory / "generation_config.json"
     if generation_config.is_file():
-        generation_eos = _int_list(_read_json(generation_config).get("eos_token_id"))
+        generation_eos = json_ids(_read_json(generation_config).get("eos_token_id"))
     add_bos = raw.get("add_bos_token")
     add_eos = raw.get("add_eos_token")
     return SideConfig(

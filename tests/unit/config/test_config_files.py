@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from helpers.fixtures import REPO
 
-from detok_worker.config import ConfigError, DetokConfig, config_to_toml, load_config
+from detok_worker.config import ConfigError, DetokConfig, WorkerConfig, config_to_toml, load_config, validate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -100,3 +100,30 @@ def test_effective_config_toml_round_trips(tmp_path: Path) -> None:
 def test_invalid_value_names_the_key() -> None:
     with pytest.raises(ConfigError, match="worker.count"):
         load_config(None, {"worker.count": 0})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"front.port": 70000}, "front.port = 70000: expected `int` <= 65535"),
+        ({"engine.connect_timeout_s": 0}, "engine.connect_timeout_s = 0: expected `float` > 0.0"),
+        ({"engine.source": "x"}, "engine.source = 'x': must be one of corpus, echo, trace, llama-cpp, grpc, vllm"),
+        ({"engine.engine_service": "x"}, "engine.engine_service = 'x': must be one of auto, vllm, sglang"),
+        ({"logging.format": "xml"}, "logging.format = 'xml': must be one of human, json"),
+        ({"front.nope": 1}, "front: object contains unknown field `nope`"),
+        ({"front.max_tokens_limit": 1}, "front.max_tokens_limit = 1 is below front.max_tokens_default = 256"),
+    ],
+)
+def test_a_bad_value_is_named_with_what_it_must_be(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert message in str(caught.value)
+
+
+def test_logging_level_in_any_case() -> None:
+    assert load_config(None, {"logging.level": "debug"}).logging.level == "DEBUG"
+
+
+def test_validate_checks_a_config_built_in_code() -> None:
+    with pytest.raises(ConfigError, match="worker.count = 0"):
+        validate(msgspec.structs.replace(DetokConfig(), worker=WorkerConfig(count=0)))

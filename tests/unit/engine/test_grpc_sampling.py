@@ -10,7 +10,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, SamplingParams, TokenLogprob
-from detok_worker.engine.grpc_api import DIALECTS, output_logprobs
+from detok_worker.engine.grpc_api import output_logprobs
+from detok_worker.engine.grpc_dialects import DIALECTS
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 
 SAMPLING = SamplingParams(

@@ -73,14 +73,18 @@ def test_lane_is_offered_only_where_a_lookup_is_exact() -> None:
     assert len(emoji) > 1 and texts[emoji[0]] is None  # a piece of a character is never in the table
     decoder.process_tokens(emoji[:1])
     lane = decoder.lane()  # bytes of an unfinished character are pending: the memo stands for step()
-    assert lane is not None and lane[4] == "🪼".encode()[: len(lane[4])] and 0 < len(lane[4]) < 4
-    assert lane[3] is not None and lane[3][(b"", emoji[0])] == ("", lane[4])  # the step that got there is memoised
+    assert lane is not None
+    _, _, _, memo, pending, _ = lane
+    assert pending == "🪼".encode()[: len(pending)] and 0 < len(pending) < 4
+    assert memo is not None and memo[(b"", emoji[0])] == ("", pending)  # the step that got there is memoised
     decoder.process_tokens(emoji[1:])
     assert decoder.lane() is not None
     decoder.process_tokens(tokenizer.encode(" the").ids)
     assert decoder.held_text == "the"  # a possible stop string is held back: only memoised scans step on
     lane = decoder.lane()
-    assert lane is not None and lane[2] == {""} and lane[5] is not None and lane[5][2] != 0
+    assert lane is not None
+    _, _, passthrough, _, _, scan = lane
+    assert passthrough == {""} and scan is not None and scan[2] != 0  # (memo, root passthrough, state)
     decoder.process_tokens(tokenizer.encode(" end").ids)
     assert decoder.stopped and decoder.lane() is None
 
