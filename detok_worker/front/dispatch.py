@@ -7,7 +7,8 @@ not read is bounded (output_budget.py); so is a request's life (front.request_ti
 away (its connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
 `engine_lost` error: the new engine that may come up does not know them.
 
-Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
+Outgoing frames go through the EngineOutbox (engine_outbox.py): in order, so a rid's Abort never overtakes its
+Submit. When a
 rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
 worker die with the final text still inside.
 """
@@ -42,6 +43,7 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
+from detok_worker.front.engine_outbox import EngineOutbox
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
 from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
 from detok_worker.front.output_budget import OutputBudget
@@ -69,12 +71,12 @@ class Dispatcher:
         self._shared_dir = multiprocess_dir() if config.front.processes > 1 else None
         self._streams: dict[str, RequestStream] = {}
         self._decoder = front_decoder()
-        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
+        self._outbox = EngineOutbox(self.counters)
         self.metrics = FrontMetrics()
         self.budget = OutputBudget(config.front, self._streams, self.counters, self.metrics)
         self._context: zmq.asyncio.Context | None = None
@@ -90,11 +92,11 @@ class Dispatcher:
         pull = self._bus.front_pull(self.index)
         push = self._bus.engine_push()
         if self.config.front.processes > 1:  # the engine aborts what a dead predecessor at this index left
-            self._outbox.put_nowait(encode(FrontHello(self.index, os.getpid())))
+            self._outbox.post(encode(FrontHello(self.index, os.getpid())))
         self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
-            asyncio.create_task(self._send_loop(push), name="front-send"),
+            asyncio.create_task(self._outbox.run(push), name="front-send"),
             asyncio.create_task(self._sweep_loop(), name="front-sweep"),
             asyncio.create_task(self._engine_watch_loop(self._engine_monitor), name="front-engine-watch"),
         ]
@@ -102,15 +104,14 @@ class Dispatcher:
     async def close(self) -> None:
         """Fail every live request, tell the engine to stop them, close the sockets."""
         self.fail_all(SHUTTING_DOWN, cause="shutdown")
-        if self._outbox.qsize():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._outbox.join(), timeout=0.5)
+        await self._outbox.flush(timeout_s=0.5)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self._outbox.stop()
         self.flush_counters()  # what the last sweep did not write (the files outlive the process)
         if self._engine_monitor is not None:
             self._engine_monitor.close(linger=0)
@@ -146,7 +147,7 @@ class Dispatcher:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
             stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
             self._streams[rid] = stream
-            self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
+            self._outbox.post(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
             self.counters["requests"] += 1
             streams.append(stream)
         return streams
@@ -164,7 +165,7 @@ class Dispatcher:
         `cause` labels the aborted-requests metric."""
         if self._streams.pop(stream.rid, None) is None:
             return
-        self._outbox.put_nowait(encode(Abort(stream.rid)))
+        self._outbox.post(encode(Abort(stream.rid)))
         self.counters["aborted"] += 1
         self.metrics.aborted(cause)
         if error is not None:
@@ -206,7 +207,7 @@ class Dispatcher:
             "pid": os.getpid(),
             "live_rids": self.live_rids,
             "pending_chars": self.budget.recount(),  # untaken text over live and finished-but-unread requests
-            "outbox": self._outbox.qsize(),
+            "outbox": self._outbox.queued(),
             "bad_frames": dict(self._decoder.bad_frames),
             **self.counters,
         }
@@ -227,28 +228,6 @@ class Dispatcher:
         return {"front": front, "fronts": fronts, "front_totals": totals, "engine": engine, "workers": workers}
 
     # ---- bus loops --------------------------------------------------------------------------------------
-
-    async def _send_loop(self, push: zmq.asyncio.Socket) -> None:
-        """Per wakeup every queued frame, each sent without blocking when the socket has room (pyzmq's asyncio
-        send makes a Future per frame); only a full socket waits (an engine slow to read)."""
-        sender = zmq.Socket.shadow(push.underlying)
-        while True:
-            frame = await self._outbox.get()
-            while True:
-                try:
-                    try:
-                        sender.send(frame, zmq.NOBLOCK)
-                    except zmq.Again:
-                        await push.send(frame)
-                except zmq.ZMQError as exc:  # not fatal: the engine's reconnect brings the bus back
-                    self.counters["send_errors"] += 1
-                    warn_rate_limited(log, _repeated_faults, "send", "cannot send to the engine: %s", exc)
-                finally:
-                    self._outbox.task_done()
-                try:
-                    frame = self._outbox.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
 
     async def _receive_loop(self, pull: zmq.asyncio.Socket) -> None:
         """One awaited poll per wakeup, then every queued frame read without blocking: pyzmq's asyncio recv makes
@@ -324,7 +303,7 @@ class Dispatcher:
         returns the tokens of a stream that ended (for the tokens metric)."""
         if fresh is None:
             self.counters["offset_gaps"] += 1
-            self._outbox.put_nowait(encode(Abort(stream.rid)))
+            self._outbox.post(encode(Abort(stream.rid)))
         else:
             self.metrics.front_chars.inc(len(fresh))
             self.budget.total += stream.pending_chars - before
@@ -334,7 +313,7 @@ class Dispatcher:
             del self._streams[stream.rid]
             if stream.pending_chars:
                 self.budget.unread[stream.rid] = stream
-            self._outbox.put_nowait(encode(Delivered(stream.rid)))  # the engine may now forget the rid
+            self._outbox.post(encode(Delivered(stream.rid)))  # the engine may now forget the rid
             self.counters["failed" if stream.failure else "completed"] += 1
             return stream.n_tokens
         self._check_slow(stream)

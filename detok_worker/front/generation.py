@@ -112,8 +112,10 @@ class Generation:
             if failure is not None:
                 return error_response(failure)
             writer = sse_direct.connection_writer(request.scope)
+            if writer is not None and not _attach_sinks(choices, formatter, writer):
+                writer = None
             events = self._events(choices, formatter, checked.include_usage, writer)
-            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
+            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices), writer=writer)
         return await self._collect(request, choices, formatter)
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
@@ -151,23 +153,26 @@ class Generation:
     async def _events(
         self, choices: Choices, formatter: Formatter, include_usage: bool, writer: ConnectionWriter | None
     ) -> AsyncIterator[bytes]:
-        """The response's events. With a writer (sse_direct.py) the text that arrives while this generator waits
-        for news is written by the intake; what it finds buffered (the connection was busy) it writes itself."""
+        """The response's events. With a writer (sse_direct.py; its streams have sinks) the text that arrives while
+        this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
+        writes itself."""
         metrics = self.dispatcher.metrics
         metrics.sse_opened()
         self.open_event_streams += 1
         with_ids = formatter.token_ids is not None
-        if writer is not None and not _attach_sinks(choices, formatter, writer):
-            writer = None
         try:
+            # each choice's first chunk (the role; echo), in one write with the first round when that has news
+            ready: list[bytes] = []
             for index, stream in enumerate(choices.streams):
                 first = formatter.first_chunk(index, stream)
                 if first is not None:
-                    yield sse.event(first)
+                    ready.append(sse.event(first))
+            if ready and not any(stream.has_news or stream.done for stream in choices.streams):
+                yield b"".join(ready)
+                ready = []
             while True:  # after the end (or a failure) one more round: the text that came with it
-                ready: list[bytes] = []  # the events of one round go out in one write
-                if writer is not None:
-                    writer.armed = True  # nothing in hand: the intake may write what comes while we wait
+                if writer is not None and not ready:
+                    writer.arm()  # nothing in hand: the intake may write what comes while we wait
                 changes = await choices.changes()
                 if writer is not None:
                     writer.armed = False
@@ -183,6 +188,7 @@ class Generation:
                     break
                 if ready:
                     yield ready[0] if len(ready) == 1 else b"".join(ready)
+                    ready = []  # the events of one round go out in one write
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)

@@ -34,9 +34,38 @@ except ImportError:  # httptools not installed: no direct writes
 _encode = msgspec.json.encode
 
 
+class _HeldTransport:
+    """Stands in for the connection's transport in the cycle while the response's head is held: what the cycle
+    writes is kept, and goes out in one write with what follows (ConnectionWriter.release, or a close)."""
+
+    __slots__ = ("_transport", "data")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.data: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def flush(self) -> None:
+        if self.data:
+            self._transport.write(b"".join(self.data))
+            self.data.clear()
+
+    def is_closing(self) -> bool:
+        return bool(self._transport.is_closing())
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+
 class ConnectionWriter:
     """One response's connection, for writes from the intake. `armed` is set by the response's handler only while
-    it waits for news with nothing taken and not written: a direct write then cannot overtake text in its hands."""
+    it waits for news with nothing taken and not written: a direct write then cannot overtake text in its hands.
+
+    `hold` keeps what the cycle writes (the head, then the first events) until `release` (or `arm`), so a stream's
+    head and its first events leave in one socket write: a short answer is one write, not three."""
 
     __slots__ = ("_cycle", "_transport", "_flow", "armed")
 
@@ -45,6 +74,21 @@ class ConnectionWriter:
         self._transport = cycle.transport
         self._flow = cycle.flow
         self.armed = False
+
+    def hold(self) -> None:
+        if self._cycle.transport is self._transport:
+            self._cycle.transport = _HeldTransport(self._transport)
+
+    def release(self) -> None:
+        held = self._cycle.transport
+        if held is not self._transport:
+            self._cycle.transport = self._transport
+            held.flush()
+
+    def arm(self) -> None:
+        """The handler waits for news with nothing in hand: what is held goes out, and the intake may write."""
+        self.release()
+        self.armed = True
 
     def ready(self) -> bool:
         """Whether a chunk written now goes out in order: armed, a started chunked body, not paused by flow control,

@@ -130,3 +130,35 @@ def test_only_plain_text_chunks_and_only_uvicorn_httptools_connections_go_direct
 
     assert connection_writer({sse.SERVER_SEND: other_send, "method": "POST"}) is None
     assert connection_writer({"method": "POST"}) is None
+
+
+def test_a_held_head_leaves_with_the_first_events_in_one_write() -> None:
+    cycle, transport = started_cycle()
+    cycle.response_started = False  # a fresh response: its head is still to be sent
+    writer = connection_writer({sse.SERVER_SEND: cycle.send, "method": "POST"})
+    assert writer is not None
+    writer.hold()
+
+    async def respond() -> None:
+        await cycle.send({"type": "http.response.start", "status": 200, "headers": sse.RAW_HEADERS})
+        await cycle.send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+
+    asyncio.run(respond())
+    assert transport.written == []
+    writer.arm()  # the handler is about to wait: what is held goes out, once
+    assert len(transport.written) == 1 and transport.written[0].startswith(b"HTTP/1.1 200")
+    assert transport.written[0].endswith(b"data: 1\n\n\r\n") and writer.armed
+    writer.release()
+    assert len(transport.written) == 1
+
+
+def test_a_close_while_held_writes_what_was_held_first() -> None:
+    cycle, transport = started_cycle()
+    closed: list[bool] = []
+    transport.close = lambda: closed.append(bool(transport.written))  # type: ignore[attr-defined]
+    writer = connection_writer({sse.SERVER_SEND: cycle.send, "method": "POST"})
+    assert writer is not None
+    writer.hold()
+    cycle.keep_alive = False  # uvicorn closes the connection after the last body message
+    asyncio.run(cycle.send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}))
+    assert closed == [True] and transport.written[0].endswith(b"0\r\n\r\n")
