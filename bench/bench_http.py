@@ -11,6 +11,8 @@ shares the machine's cores with the server).
                                [--step-interval-ms 0 20] [--quick] [--json FILE]
     python bench/bench_http.py --per-chunk [--clients 500 1500] [--runs 3] [--fronts 2] [--quick]
                                (http_per_chunk.py)
+    python bench/bench_http.py --request-cost [--clients 16] [--requests 25] [--runs 3] [--prompt-chars 1024]
+                               [--no-stream] [--profile] (request_cost.py)
 """
 
 from __future__ import annotations
@@ -124,8 +126,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="--per-chunk: runs per client count (medians)")
     parser.add_argument("--http", default="httptools", help="--per-chunk: the bare server's uvicorn HTTP protocol")
     parser.add_argument("--fronts", type=int, default=1, help="--per-chunk: front processes (detok serve --fronts)")
+    parser.add_argument("--request-cost", action="store_true", help="front CPU per 1-token chat completion")
+    parser.add_argument("--prompt-chars", type=int, default=1024, help="--request-cost: the user message's size")
+    parser.add_argument("--no-stream", action="store_true", help="--request-cost: whole answers, not SSE")
+    parser.add_argument("--profile", action="store_true", help="--request-cost: py-spy the front in one more run")
+    parser.add_argument("--profile-seconds", type=float, default=15.0)
     args = parser.parse_args()
-    if args.per_chunk:
+    if args.request_cost:
+        args.clients = [16] if args.clients == [100, 1000] else args.clients
+        args.requests = 25 if args.requests == 2 else args.requests
+        args.runs = 1 if args.quick else args.runs
+        args.workers = 1 if args.workers == 2 else args.workers
+    elif args.per_chunk:
         args.clients = [100] if args.quick else [500, 1500] if args.clients == [100, 1000] else args.clients
         args.step_interval_ms = [20.0] if args.step_interval_ms == [0.0, 20.0] else args.step_interval_ms
         args.runs = 1 if args.quick else args.runs
@@ -135,6 +147,12 @@ def main() -> None:
     install_uvloop()
 
     print(machine_line())
+    if args.request_cost:
+        from request_cost import run_request_cost
+
+        rows = run_request_cost(args)
+        print(f"\nwrote {write_json('request_cost', {'prompt_chars': args.prompt_chars, 'rows': rows}, args.json)}")
+        return
     if args.per_chunk:
         from http_per_chunk import run_per_chunk
 

@@ -30,12 +30,18 @@ class DeltaReassembly:
 
     def take(self, delta: TextDelta) -> str | None:
         """The part of `delta.text` not delivered yet (possibly ""); None on a gap."""
-        skip = self.delivered - delta.offset
-        if skip < 0:
-            self.gap = True
-            return None
-        text = delta.text[skip:] if skip else delta.text
-        self.duplicate_chars += len(delta.text) - len(text)
+        return self.take_text(delta.offset, delta.text)
+
+    def take_text(self, offset: int, text: str) -> str | None:
+        """`take` for a delta read from a TextBatch's columns (its offset and text, no TextDelta made)."""
+        skip = self.delivered - offset
+        if skip:
+            if skip < 0:
+                self.gap = True
+                return None
+            fresh = text[skip:]
+            self.duplicate_chars += len(text) - len(fresh)
+            text = fresh
         self.delivered += len(text)
         return text
 

@@ -1,19 +1,14 @@
 """The front's side of the bus: Submit/Abort out to the engine, TextBatch/WorkerStats/Reject/EngineStats in.
 
-Each live request has a RequestStream: a bounded buffer of text not yet taken by its HTTP handler, plus the
-request's end state. Deltas go through bus/reassembly.py (each character exactly once; a gap fails the
-request). A stream whose untaken text passes
-front.max_pending_chars (a client that stopped reading) is failed and aborted in the engine, so memory stays
-bounded; so is one that outlives front.request_timeout_s. Over all streams, untaken text is bounded by
-front.max_total_pending_chars, counting finished requests whose handler has not taken their text yet (a client
-that stopped reading a short answer) until the handler releases them. Past it, a live stream holding more than
-the budget over the live streams is failed like a slow client as its text arrives; a new request gets a 503
-(front_overloaded) and the finished ones holding more than the budget over all streams holding text are failed
-the same way, so the requests after it are served. When the engine goes
+Each live request has a RequestStream: its text not yet taken by its HTTP handler (or, for a plain text stream whose
+response writes from here, not yet taken by its connection), plus the request's end state. Deltas go through
+bus/reassembly.py (each character exactly once; a gap fails the request). The text buffered for clients that do
+not read is bounded (output_budget.py); so is a request's life (front.request_timeout_s). When the engine goes
 away (its connection closes, or its EngineStats stop for ENGINE_STALE_S) every live request ends at once with an
 `engine_lost` error: the new engine that may come up does not know them.
 
-Outgoing frames go through one queue and one sender task, so a rid's Abort never overtakes its Submit. When a
+Outgoing frames go through the EngineOutbox (engine_outbox.py): in order, so a rid's Abort never overtakes its
+Submit. When a
 rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
 worker die with the final text still inside.
 """
@@ -34,7 +29,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.columns import has_text, text_deltas
+from detok_worker.bus.columns import has_text
 from detok_worker.bus.messages import (
     Abort,
     Delivered,
@@ -44,13 +39,14 @@ from detok_worker.bus.messages import (
     RequestParams,
     Submit,
     TextBatch,
-    TextDelta,
     WorkerStats,
 )
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
+from detok_worker.front.engine_outbox import EngineOutbox
 from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
 from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
+from detok_worker.front.output_budget import OutputBudget
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.metrics import FrontMetrics, multiprocess_dir
 from detok_worker.process.logs import RateLimiter, warn_rate_limited
@@ -74,18 +70,16 @@ class Dispatcher:
         # where the fronts share their /stats sections (front_stats.py): only when there are several
         self._shared_dir = multiprocess_dir() if config.front.processes > 1 else None
         self._streams: dict[str, RequestStream] = {}
-        self._unread: dict[str, RequestStream] = {}  # finished, with text its handler has not taken yet
         self._decoder = front_decoder()
-        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
-        # untaken text over all live streams: added as it arrives, recounted exactly at each sweep
-        self.pending_total = 0
+        self._outbox = EngineOutbox(self.counters)
         self.metrics = FrontMetrics()
+        self.budget = OutputBudget(config.front, self._streams, self.counters, self.metrics)
         self._context: zmq.asyncio.Context | None = None
         self._bus: BusSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,11 +93,11 @@ class Dispatcher:
         pull = self._bus.front_pull(self.index)
         push = self._bus.engine_push()
         if self.config.front.processes > 1:  # the engine aborts what a dead predecessor at this index left
-            self._outbox.put_nowait(encode(FrontHello(self.index, os.getpid())))
+            self._outbox.post(encode(FrontHello(self.index, os.getpid())))
         self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
-            asyncio.create_task(self._send_loop(push), name="front-send"),
+            asyncio.create_task(self._outbox.run(push), name="front-send"),
             asyncio.create_task(self._sweep_loop(), name="front-sweep"),
             asyncio.create_task(self._engine_watch_loop(self._engine_monitor), name="front-engine-watch"),
         ]
@@ -111,15 +105,14 @@ class Dispatcher:
     async def close(self) -> None:
         """Fail every live request, tell the engine to stop them, close the sockets."""
         self.fail_all(SHUTTING_DOWN, cause="shutdown")
-        if self._outbox.qsize():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._outbox.join(), timeout=0.5)
+        await self._outbox.flush(timeout_s=0.5)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self._outbox.stop()
         self.flush_counters()  # what the last sweep did not write (the files outlive the process)
         if self._engine_monitor is not None:
             self._engine_monitor.close(linger=0)
@@ -145,9 +138,8 @@ class Dispatcher:
         if not self.engine_alive():
             raise APIError(503, "the engine is not reachable; try again later", type=SERVICE_UNAVAILABLE)
         budget = self.config.front.max_total_pending_chars
-        if self.pending_total > budget and self._recount_pending() > budget:
+        if self.budget.over():
             self.counters["overloaded"] += 1
-            self._cut_unread_over_share(budget)
             message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
             raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
         deadline = time.monotonic() + self.config.front.request_timeout_s
@@ -156,7 +148,7 @@ class Dispatcher:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
             stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
             self._streams[rid] = stream
-            self._outbox.put_nowait(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
+            self._outbox.post(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
             self.counters["requests"] += 1
             streams.append(stream)
         return streams
@@ -174,7 +166,7 @@ class Dispatcher:
         `cause` labels the aborted-requests metric."""
         if self._streams.pop(stream.rid, None) is None:
             return
-        self._outbox.put_nowait(encode(Abort(stream.rid)))
+        self._outbox.post(encode(Abort(stream.rid)))
         self.counters["aborted"] += 1
         self.metrics.aborted(cause)
         if error is not None:
@@ -182,7 +174,7 @@ class Dispatcher:
 
     def release(self, stream: RequestStream) -> None:
         """The handler of `stream` is done with it (response sent, or its client gone): its text leaves the budget."""
-        self._unread.pop(stream.rid, None)
+        self.budget.unread.pop(stream.rid, None)
 
     def fail_all(self, error: APIError, cause: str) -> int:
         """End every live request with `error` (shutdown, engine lost); returns how many there were."""
@@ -215,8 +207,8 @@ class Dispatcher:
             "index": self.index,
             "pid": os.getpid(),
             "live_rids": self.live_rids,
-            "pending_chars": self._recount_pending(),  # untaken text over live and finished-but-unread requests
-            "outbox": self._outbox.qsize(),
+            "pending_chars": self.budget.recount(),  # untaken text over live and finished-but-unread requests
+            "outbox": self._outbox.queued(),
             "bad_frames": dict(self._decoder.bad_frames),
             **self.counters,
         }
@@ -237,28 +229,6 @@ class Dispatcher:
         return {"front": front, "fronts": fronts, "front_totals": totals, "engine": engine, "workers": workers}
 
     # ---- bus loops --------------------------------------------------------------------------------------
-
-    async def _send_loop(self, push: zmq.asyncio.Socket) -> None:
-        """Per wakeup every queued frame, each sent without blocking when the socket has room (pyzmq's asyncio
-        send makes a Future per frame); only a full socket waits (an engine slow to read)."""
-        sender = zmq.Socket.shadow(push.underlying)
-        while True:
-            frame = await self._outbox.get()
-            while True:
-                try:
-                    try:
-                        sender.send(frame, zmq.NOBLOCK)
-                    except zmq.Again:
-                        await push.send(frame)
-                except zmq.ZMQError as exc:  # not fatal: the engine's reconnect brings the bus back
-                    self.counters["send_errors"] += 1
-                    warn_rate_limited(log, _repeated_faults, "send", "cannot send to the engine: %s", exc)
-                finally:
-                    self._outbox.task_done()
-                try:
-                    frame = self._outbox.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
 
     async def _receive_loop(self, pull: zmq.asyncio.Socket) -> None:
         """One awaited poll per wakeup, then every queued frame read without blocking: pyzmq's asyncio recv makes
@@ -284,7 +254,7 @@ class Dispatcher:
         if isinstance(message, TextBatch):
             if has_text(message):
                 self.metrics.bus_latency((time.time_ns() - message.sent_ns) / 1e9)
-            self._on_text(text_deltas(message))
+            self._on_text(message)
         elif isinstance(message, WorkerStats):
             self._workers[message.worker] = (message, time.monotonic())
         elif isinstance(message, EngineStats):
@@ -300,65 +270,66 @@ class Dispatcher:
                 error, stream.refused = reject_error(message)
                 stream.fail(error, drop_text=False)
 
-    def _on_text(self, items: list[TextDelta]) -> None:
-        limit = self.config.front.max_pending_chars
-        budget = self.config.front.max_total_pending_chars
+    def _on_text(self, batch: TextBatch) -> None:
+        """Every delta of a TextBatch to its stream: the columns (plain text, most of them) read in place, then the
+        items (bus/columns.py's order rule). A stream with a sink writes its client's chunk from here (sse_direct)."""
+        streams, budget = self._streams, self.budget
         chars = tokens = 0
-        for delta in items:
-            stream = self._streams.get(delta.rid)
+        for rid, offset, text, n_tokens in zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True):
+            stream = streams.get(rid)
             if stream is None:  # ended here already (aborted, failed) or not ours
                 self.counters["late_deltas"] += 1
                 continue
-            duplicates = stream.reassembly.duplicate_chars
-            text = stream.accept(delta)
-            if text is None:
-                self.counters["offset_gaps"] += 1
-                self._outbox.put_nowait(encode(Abort(delta.rid)))
-            else:
-                chars += len(text)
-                self.pending_total += len(text)
-            if stream.reassembly.duplicate_chars > duplicates:
-                self.counters["duplicate_chars_dropped"] += stream.reassembly.duplicate_chars - duplicates
-            if stream.done:
-                del self._streams[delta.rid]
-                if stream.pending_chars:
-                    self._unread[delta.rid] = stream
-                self._outbox.put_nowait(encode(Delivered(delta.rid)))  # the engine may now forget the rid
-                self.counters["failed" if stream.failure else "completed"] += 1
-                tokens += stream.n_tokens
-            elif stream.pending_chars > limit or (
-                self.pending_total > budget and stream.pending_chars > budget // len(self._streams)
-            ):
-                self.abort(stream, self._too_slow(stream), drop_text=True, cause="client_too_slow")
+            before = stream.pending_chars
+            fresh = stream.accept_text(offset, text, n_tokens)
+            if fresh is None or stream.done or len(fresh) != len(text):  # a gap, a failure, re-sent text
+                tokens += self._settle(stream, text, fresh, before)
+                continue
+            chars += len(fresh)
+            pending = stream.pending_chars
+            if pending != before:  # buffered for its handler
+                budget.total += pending - before
+                if pending > budget.limit or budget.total > budget.budget:
+                    self._check_slow(stream)
+        for delta in batch.items:
+            stream = streams.get(delta.rid)
+            if stream is None:
+                self.counters["late_deltas"] += 1
+                continue
+            before = stream.pending_chars
+            tokens += self._settle(stream, delta.text, stream.accept(delta), before)
         self.metrics.front_chars.inc(chars)  # held: written by flush_counters
         self.metrics.front_tokens.inc(tokens)
+
+    def _settle(self, stream: RequestStream, text: str, fresh: str | None, before: int) -> int:
+        """The bookkeeping after a delta other than the usual one (a gap, re-sent text, an item, its stream's end);
+        returns the tokens of a stream that ended (for the tokens metric)."""
+        if fresh is None:
+            self.counters["offset_gaps"] += 1
+            self._outbox.post(encode(Abort(stream.rid)))
+        else:
+            self.metrics.front_chars.inc(len(fresh))
+            self.budget.total += stream.pending_chars - before
+            if len(fresh) != len(text):
+                self.counters["duplicate_chars_dropped"] += len(text) - len(fresh)
+        if stream.done:
+            del self._streams[stream.rid]
+            if stream.pending_chars:
+                self.budget.unread[stream.rid] = stream
+            self._outbox.post(encode(Delivered(stream.rid)))  # the engine may now forget the rid
+            self.counters["failed" if stream.failure else "completed"] += 1
+            return stream.n_tokens
+        self._check_slow(stream)
+        return 0
+
+    def _check_slow(self, stream: RequestStream) -> None:
+        error = self.budget.too_slow(stream)
+        if error is not None:
+            self.abort(stream, error, drop_text=True, cause="client_too_slow")
 
     def flush_counters(self) -> None:
         """Write what FrontMetrics holds to Prometheus (the sweep, each /metrics scrape, close)."""
         self.metrics.flush()
-
-    def _too_slow(self, stream: RequestStream) -> APIError:
-        self.counters["client_too_slow"] += 1
-        message = f"the client did not read the stream fast enough ({stream.pending_chars} characters buffered)"
-        return APIError(503, message, type=SERVICE_UNAVAILABLE, code="client_too_slow")
-
-    def _cut_unread_over_share(self, budget: int) -> None:
-        """Over the budget: drop the text of finished requests holding more than their fair share, so clients
-        that stopped reading cannot keep the front refusing requests (their stream ends with client_too_slow)."""
-        share = budget // (len(self._streams) + len(self._unread))
-        for rid, stream in list(self._unread.items()):
-            if stream.pending_chars > share:
-                del self._unread[rid]
-                self.metrics.aborted("client_too_slow")
-                stream.fail(self._too_slow(stream), drop_text=True)
-        self._recount_pending()
-
-    def _recount_pending(self) -> int:
-        for rid in [rid for rid, stream in self._unread.items() if not stream.pending_chars]:
-            del self._unread[rid]
-        streams = (*self._streams.values(), *self._unread.values())
-        self.pending_total = sum(stream.pending_chars for stream in streams)
-        return self.pending_total
 
     async def _engine_watch_loop(self, monitor: zmq.asyncio.Socket) -> None:
         """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once."""

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from detok_worker.bus.messages import LogprobText, RequestParams
-from detok_worker.front import sse
+from detok_worker.front import sse, sse_direct
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import JSON, APIError, error_response
@@ -26,6 +26,7 @@ from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
+from detok_worker.front.sse_direct import ConnectionWriter, EventSink
 from detok_worker.front.validation import (
     CheckedParams,
     Limits,
@@ -110,8 +111,11 @@ class Generation:
             failure = await self._first_output(request, choices)
             if failure is not None:
                 return error_response(failure)
-            events = self._events(choices, formatter, checked.include_usage)
-            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices))
+            writer = sse_direct.connection_writer(request.scope)
+            if writer is not None and not _attach_sinks(choices, formatter, writer):
+                writer = None
+            events = self._events(choices, formatter, checked.include_usage, writer)
+            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices), writer=writer)
         return await self._collect(request, choices, formatter)
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
@@ -146,19 +150,33 @@ class Generation:
                 self.dispatcher.abort(stream)
             self.dispatcher.release(stream)
 
-    async def _events(self, choices: Choices, formatter: Formatter, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(
+        self, choices: Choices, formatter: Formatter, include_usage: bool, writer: ConnectionWriter | None
+    ) -> AsyncIterator[bytes]:
+        """The response's events. With a writer (sse_direct.py; its streams have sinks) the text that arrives while
+        this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
+        writes itself."""
         metrics = self.dispatcher.metrics
         metrics.sse_opened()
         self.open_event_streams += 1
         with_ids = formatter.token_ids is not None
         try:
+            # each choice's first chunk (the role; echo), in one write with the first round when that has news
+            ready: list[bytes] = []
             for index, stream in enumerate(choices.streams):
                 first = formatter.first_chunk(index, stream)
                 if first is not None:
-                    yield sse.event(first)
+                    ready.append(sse.event(first))
+            if ready and not any(stream.has_news or stream.done for stream in choices.streams):
+                yield b"".join(ready)
+                ready = []
             while True:  # after the end (or a failure) one more round: the text that came with it
-                ready: list[bytes] = []  # the events of one round go out in one write
-                for index, news, ended in await choices.changes():
+                if writer is not None and not ready:
+                    writer.arm()  # nothing in hand: the intake may write what comes while we wait
+                changes = await choices.changes()
+                if writer is not None:
+                    writer.armed = False
+                for index, news, ended in changes:
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()
                     ids = stream.take_token_ids() if with_ids else None
@@ -170,6 +188,7 @@ class Generation:
                     break
                 if ready:
                     yield ready[0] if len(ready) == 1 else b"".join(ready)
+                    ready = []  # the events of one round go out in one write
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
@@ -178,6 +197,10 @@ class Generation:
                 ready.append(sse.event(formatter.usage_chunk(choices)))
             yield b"".join([*ready, sse.DONE])
         finally:
+            if writer is not None:
+                writer.armed = False
+                for stream in choices.streams:
+                    stream.sink = None
             metrics.sse_closed()
             self.open_event_streams -= 1
 
@@ -209,3 +232,14 @@ class Generation:
                 for stream in choices.streams:
                     self.dispatcher.abort(stream, error)
                 return
+
+
+def _attach_sinks(choices: Choices, formatter: Formatter, writer: ConnectionWriter) -> bool:
+    """Give every choice's stream an EventSink on `writer` when all their chunks are plain text; False if not."""
+    parts = [formatter.text_event_parts(index, stream) for index, stream in enumerate(choices.streams)]
+    if any(part is None for part in parts):
+        return False
+    for stream, part in zip(choices.streams, parts, strict=True):
+        assert part is not None
+        stream.sink = EventSink(writer, *part)
+    return True

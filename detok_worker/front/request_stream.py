@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
@@ -18,8 +18,20 @@ from detok_worker.parse.base import ParsedOutput
 from detok_worker.stream.stop.rules import StopRules
 
 
+class TextSink(Protocol):
+    """Where a stream's plain text goes as it arrives when its response can take it at once (sse_direct.py)."""
+
+    def write(self, text: str) -> bool:
+        """Send `text` on now if the connection can take it (True); False leaves it to the stream's buffer."""
+        ...
+
+
 class RequestStream:
-    """One request's text as it arrives, and how it ended. Only the event loop thread touches it."""
+    """One request's text as it arrives, and how it ended. Only the event loop thread touches it.
+
+    With a `sink` (a plain text stream whose response writes from the intake), text goes to the sink while its
+    buffer is empty and the sink takes it; the rest is buffered as before and the handler is woken. Without one,
+    every delta wakes the handler."""
 
     __slots__ = (
         "rid",
@@ -47,6 +59,7 @@ class RequestStream:
         "ended_at",
         "answered",
         "refused",
+        "sink",
     )
 
     def __init__(
@@ -86,18 +99,45 @@ class RequestStream:
         self.ended_at = 0.0
         self.answered = False  # a delta came (from its worker: the request was admitted)
         self.refused = False  # the engine refused it at admission (its failure is the response's status)
+        self.sink: TextSink | None = None
+
+    def accept_text(self, offset: int, text: str, n_tokens: int) -> str | None:
+        """`accept` for a plain delta read from a TextBatch's columns (text only), without making a TextDelta."""
+        if self._parsed is not None:  # a parsed request's plain text is content: the general path
+            return self.accept(TextDelta(self.rid, offset, text, n_tokens))
+        self.answered = True
+        fresh = self.reassembly.take_text(offset, text)
+        if fresh is None:
+            self._gap()
+            return None
+        if not self.first_output_at and n_tokens:
+            self.first_output_at = time.monotonic()
+            self.first_output_tokens = n_tokens
+        if n_tokens > self.n_tokens:
+            self.n_tokens = n_tokens
+        sink = self.sink
+        if sink is None:
+            if fresh:
+                self._pieces.append(fresh)
+                self.pending_chars += len(fresh)
+            self._wakeup.set()
+        elif fresh and (self._pieces or not sink.write(fresh)):
+            self._pieces.append(fresh)  # the connection is busy: the handler writes it when it can
+            self.pending_chars += len(fresh)
+            self._wakeup.set()
+        return fresh
 
     def accept(self, delta: TextDelta) -> str | None:
         """Take a delta; returns the text it adds (None on a gap, which fails the stream)."""
         self.answered = True
         text = self.reassembly.take(delta)
         if text is None:
-            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            self._gap()
             return None
         if self._parsed is not None:
             if not self._accept_parsed(delta):
                 return None
-        elif text:
+        elif text and (self._pieces or self.sink is None or not self.sink.write(text)):
             self._pieces.append(text)
             self.pending_chars += len(text)
         n_tokens = delta.n_tokens
@@ -123,12 +163,15 @@ class RequestStream:
         self._wakeup.set()
         return text
 
+    def _gap(self) -> None:
+        self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+
     def _accept_entries(self, entries: list[Any], n_tokens: int, reassembly: TokenEntries, into: list[Any]) -> bool:
         """A delta's per-token entries (logprobs or ids) not delivered yet go `into` the untaken ones; a gap fails
         the stream."""
         fresh = reassembly.take(entries, n_tokens)
         if fresh is None:
-            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            self._gap()
             return False
         into += fresh
         return True
@@ -149,7 +192,7 @@ class RequestStream:
         parsed = delta.parsed if delta.parsed is not None else ParsedDelta(delta.text, delta.offset)
         fresh = self.parsed_reassembly.take(parsed)
         if fresh is None:
-            self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
+            self._gap()
             return False
         news = self._parsed
         news.content += fresh.content

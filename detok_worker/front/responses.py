@@ -45,10 +45,10 @@ class ChunkTemplate:
     the whole chunk)."""
 
     def __init__(self, encoded_with_mark: bytes) -> None:
-        self._prefix, self._suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
+        self.prefix, self.suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
 
     def fill(self, text: str) -> bytes:
-        return self._prefix + _encode(text) + self._suffix
+        return self.prefix + _encode(text) + self.suffix
 
 
 class ChunkTemplates:
@@ -60,10 +60,13 @@ class ChunkTemplates:
         self._by_index: dict[int, ChunkTemplate] = {}
 
     def fill(self, index: int, text: str, stream: RequestStream) -> bytes:
+        return self.template(index, stream).fill(text)
+
+    def template(self, index: int, stream: RequestStream) -> ChunkTemplate:
         template = self._by_index.get(index)
         if template is None:
             template = self._by_index[index] = ChunkTemplate(self._encode_with_mark(index, stream))
-        return template.fill(text)
+        return template
 
 
 def usage_of(stream: RequestStream) -> Usage:
@@ -171,6 +174,14 @@ class FormatterBase:
         if self._templated and isinstance(text, str):
             return self._text_templates.fill(index, text, stream)
         return self._text_chunk(index, text, stream, logprobs, token_ids)
+
+    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
+        """The SSE event of a text chunk of choice `index` before and after its JSON-encoded text, when its chunks
+        carry nothing but plain text (no parsers, logprobs, token ids or running usage); else None."""
+        if not self._templated or stream.parsed_reassembly is not None:
+            return None
+        template = self._text_templates.template(index, stream)
+        return b"data: " + template.prefix, template.suffix + b"\n\n"
 
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         raise NotImplementedError

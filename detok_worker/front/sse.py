@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -27,6 +27,14 @@ RAW_HEADERS = [
 DONE = b"data: [DONE]\n\n"
 # scope key of the server's own `send` (set by the app, outside every middleware): see EventStreamResponse
 SERVER_SEND = "detok.server_send"
+
+
+class HeadHolder(Protocol):
+    """Holds what the server writes to the connection until release (sse_direct.ConnectionWriter)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 def event(payload: bytes) -> bytes:
@@ -46,16 +54,20 @@ class EventStreamResponse:
 
     The headers go through the middleware stack (status for the access log, X-Request-Id, CORS); the body
     chunks go straight to the server's `send` (scope[SERVER_SEND], when the app put it there): every wrapper
-    in between only looks at http.response.start, and four of them per chunk cost more than the write."""
+    in between only looks at http.response.start, and four of them per chunk cost more than the write. With a
+    `writer` (sse_direct.py) the head is held until the first events are sent (or the events' generator releases
+    it before it waits), so they leave in one socket write."""
 
     def __init__(
         self,
         events: AsyncIterator[bytes],
         on_close: Callable[[], None],
         headers: Mapping[str, str] | None = None,
+        writer: HeadHolder | None = None,
     ) -> None:
         self._events = events
         self._on_close = on_close
+        self._writer = writer
         extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
         self._headers = [*RAW_HEADERS, *extra]
 
@@ -72,12 +84,17 @@ class EventStreamResponse:
             streaming.cancel()
 
         watcher = asyncio.create_task(watch_disconnect())
+        writer = self._writer
         try:
+            if writer is not None:
+                writer.hold()
             await send({"type": "http.response.start", "status": 200, "headers": self._headers})
             send_body = scope.get(SERVER_SEND, send)
             async for chunk in self._events:
                 last = chunk.endswith(DONE)  # the stream's last write carries the end of the body too
                 await send_body({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if writer is not None:
+                    writer.release()
                 if last:
                     break
             else:
@@ -90,6 +107,8 @@ class EventStreamResponse:
         except OSError:  # the client went away mid-write
             pass
         finally:
+            if writer is not None:
+                writer.release()
             watcher.cancel()
             self._on_close()
             aclose: Any = getattr(self._events, "aclose", None)
