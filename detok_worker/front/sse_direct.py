@@ -107,11 +107,18 @@ class ConnectionWriter:
         self._transport.write(chunk)
 
 
+# the cycle's state a ConnectionWriter reads and swaps: another uvicorn release without one of these gets no writer
+_CYCLE_FIELDS = ("transport", "flow", "chunked_encoding", "disconnected", "response_complete")
+
+
 def connection_writer(scope: Scope) -> ConnectionWriter | None:
-    """The writer of this request's connection: only on uvicorn's httptools protocol, else None."""
+    """The writer of this request's connection: only on uvicorn's httptools protocol, and only when its cycle has
+    the fields the writer uses, else None (every event then goes through the ASGI send)."""
     send = scope.get(SERVER_SEND)
     cycle = getattr(send, "__self__", None)
     if RequestResponseCycle is None or not isinstance(cycle, RequestResponseCycle) or scope.get("method") == "HEAD":
+        return None
+    if not all(hasattr(cycle, name) for name in _CYCLE_FIELDS) or not hasattr(cycle.flow, "write_paused"):
         return None
     return ConnectionWriter(cycle)
 

@@ -132,6 +132,14 @@ def test_only_plain_text_chunks_and_only_uvicorn_httptools_connections_go_direct
     assert connection_writer({"method": "POST"}) is None
 
 
+def test_a_cycle_without_the_fields_the_writer_uses_gets_no_writer() -> None:
+    """A uvicorn release that renames the cycle's state the writer reads falls back to the ASGI send."""
+    cycle, _ = started_cycle()
+    assert connection_writer({sse.SERVER_SEND: cycle.send, "method": "POST"}) is not None
+    del cycle.chunked_encoding
+    assert connection_writer({sse.SERVER_SEND: cycle.send, "method": "POST"}) is None
+
+
 def test_a_held_head_leaves_with_the_first_events_in_one_write() -> None:
     cycle, transport = started_cycle()
     cycle.response_started = False  # a fresh response: its head is still to be sent
