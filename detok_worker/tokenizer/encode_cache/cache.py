@@ -22,7 +22,8 @@ from typing import Any
 from detok_worker.tokenizer.encode_cache.plan_cache import plan_key, read_plan, write_plan
 from detok_worker.tokenizer.encode_cache.prefix import PrefixEncoder, PrefixHit, PrefixStore
 from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_prefix_split
-from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, Tokenizer
+from detok_worker.tokenizer.protocol import Encoding, Tokenizer
+from detok_worker.tokenizer.wrapper import TokenizerWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -169,16 +170,15 @@ class ExactMatchCache:
             self._entries.clear()
 
 
-class CachedTokenizer:
+class CachedTokenizer(TokenizerWrapper):
     """A tokenizer with an L0 and/or L1 encode cache in front of `tokenizer.encode`; see the module docstring.
 
     l0_max_entries / l1_max_memory (bytes): None turns that level off. Everything but encode/encode_batch is
-    the wrapped tokenizer's own; `inner` is the wrapped tokenizer.
+    the wrapped tokenizer's own (TokenizerWrapper); `inner` is the wrapped tokenizer.
     """
 
     def __init__(self, tokenizer: Tokenizer, *, l0_max_entries: int | None = None, l1_max_memory: int | None = None):
-        self.inner = tokenizer
-        self.name = tokenizer.name
+        super().__init__(tokenizer)
         self._l0 = ExactMatchCache(l0_max_entries) if l0_max_entries is not None else None
         self._l1: PrefixEncoder | None = None
         self._l1_store: PrefixStore | None = None
@@ -257,52 +257,6 @@ class CachedTokenizer:
             self._l0.clear()
         if self._l1_store is not None:
             self._l1_store.clear()
-
-    # -- the rest of the protocol: the wrapped tokenizer's --
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def special_tokens(self) -> SpecialTokens:
-        return self.inner.special_tokens
-
-    @property
-    def special_token_ids(self) -> frozenset[int]:
-        return self.inner.special_token_ids
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.inner.eos_token_ids
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.inner.decode(ids, skip_special_tokens)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self.inner.token_to_id(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return self.inner.id_to_token(token_id)
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        documents: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool = False,
-        **template_kwargs: Any,
-    ) -> str:
-        return self.inner.apply_chat_template(
-            messages,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **template_kwargs,
-        )
 
     def __getattr__(self, name: str) -> Any:
         # backend extras (set_chat_template, chat_template, byte-level tables, ...) stay reachable
