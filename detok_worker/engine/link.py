@@ -125,14 +125,20 @@ class EngineLink:
                 self.next_stats = drained_at  # a worker joined or left: the fronts learn of it now
         if self.fronts.pull in events:
             self.fronts.drain(self._news)
+        self.run_timers()
+        news, self._news = self._news, BusNews()
+        return news
+
+    def run_timers(self) -> None:
+        """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading. A loop
+        that spends long on one poll's news (a burst of Submits into a real engine) calls it between them, so the
+        fronts never miss the engine's stats report."""
         now = time.monotonic()
         self.workers.expire(now)
         if now >= self.next_stats:
             self._send_stats()
             self.next_stats = now + self.config.engine.stats_interval_s
         self.fronts.flush()
-        news, self._news = self._news, BusNews()
-        return news
 
     def idle_wait_s(self) -> float:
         """How long an engine loop with nothing to do may wait for bus traffic before `poll` has timer work: the

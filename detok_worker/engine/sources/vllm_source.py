@@ -76,6 +76,7 @@ class VllmSource:
                 news = link.poll(0)
                 for submit in news.submitted:
                     await self._start(submit)
+                    link.run_timers()
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
                 if stopped:
                     self.on_engine.difference_update(stopped)
