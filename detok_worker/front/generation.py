@@ -39,8 +39,8 @@ from detok_worker.front.validation import (
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.tokenizer.protocol import Tokenizer
 
-# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU (~100+ us)
-# than the work (~40 us for a 40-character completion prompt; BENCHMARKS.md, "Front per chunk").
+# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU than the work
+# (BENCHMARKS.md, "Front per chunk").
 INLINE_PROMPT_CHARS = 512
 RETRY_AFTER_S = 5  # what a request refused while draining is told
 R = TypeVar("R", CompletionRequest, ChatCompletionRequest)

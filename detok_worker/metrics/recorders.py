@@ -34,7 +34,7 @@ class CounterSync:
 
 class HeldHistogram:
     """One labelled histogram observed in a hot loop, written to Prometheus only at flush(). In multiprocess mode
-    prometheus_client writes its mmap file on every observe (~3.5 us: the sum and a bucket); here an observation
+    prometheus_client writes its mmap file on every observe (the sum and a bucket); here an observation
     is a bisect and two adds, and flush() adds each bucket's count and the sum at once, which is exactly what the
     same observe() calls would have written (the child's buckets and sum are prometheus_client's value objects;
     tests/unit/metrics/test_metrics.py compares the two)."""
@@ -179,7 +179,7 @@ class EngineMetrics:
 
 class FrontMetrics:
     """What the front records: per request, per SSE stream, per TextBatch, per prompt. Every per-request value is
-    held in plain numbers (in multiprocess mode each Prometheus write is an mmap write, ~3.5 us) and written by
+    held in plain numbers (in multiprocess mode each Prometheus write is an mmap write) and written by
     flush(), which the front's sweep and every /metrics scrape call (Dispatcher.flush_counters), so a scrape shows
     exact values."""
 
