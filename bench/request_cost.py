@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_http import detok_serve
 from common import corpus_text, cpu_seconds, load_average, print_table
 from gateway_procs import profile_summary, start_profile
 from http_per_chunk import front_pids
+from serve_proc import detok_serve
 from sse_client import StreamStats, stream_completion
 
 

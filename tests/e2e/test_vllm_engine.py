@@ -216,7 +216,19 @@ def test_a_client_that_leaves_is_aborted_in_the_engine_within_a_second(service: 
     assert after - before < 300
 
 
+def engine_step_s(service: ServeProcess, running: int) -> float:
+    """How long one engine step takes now, with `running` sequences in each (the model on 2 CPU cores with
+    hundreds of sequences takes about half a second): from the engine's generated count over 2 s."""
+    first, started = generated(service), time.monotonic()
+    time.sleep(2.0)
+    made = generated(service) - first
+    return running * (time.monotonic() - started) / max(made, 1)
+
+
 def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: ServeProcess, trace_path: Path) -> None:
+    """The normal client's first token comes within 1 s, or within three engine steps where one step of the 300
+    stalled sequences is longer than a third of that on this machine: it waits for no stalled client, only for
+    the engine to schedule it (the step running when it arrives, then its own prefill step)."""
     stalled = [stalled_stream(service, {**seeded(1000 + i, 64), "stream": True}) for i in range(300)]
     try:
         seen: list[dict[str, Any]] = []
@@ -229,6 +241,7 @@ def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: Serve
             wait_for(all_on_the_engine, 60, what="300 stalled streams on the engine")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last /stats: {seen}; log tail: {service.log(3000)}") from None
+        step_s = engine_step_s(service, 300)
         arrivals: list[float] = []
 
         async def normal() -> tuple[Outcome, float]:
@@ -239,7 +252,7 @@ def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: Serve
 
         outcome, sent = asyncio.run(normal())
         assert outcome.status == 200 and outcome.error is None and outcome.done, outcome
-        assert arrivals[0] - sent < 1.0
+        assert arrivals[0] - sent < max(1.0, 3 * step_s), (arrivals[0] - sent, step_s)
         time.sleep(0.3)
         ids = recorded_ids(trace_path, "normal")
         assert outcome.text == expected_text(reference_hf_tokenizer("qwen3"), ids, [], False)
