@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 BAD_SOURCE = "source_error"
 OUTBOX_RETRY_S = 0.05
+# the last step found a worker's queue full (`blocked`): ZeroMQ cannot tell when it drains, so step again this soon
+BLOCKED_RETRY_S = 0.005
 
 
 def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:

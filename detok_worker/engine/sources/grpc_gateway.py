@@ -37,7 +37,7 @@ from detok_worker.engine.grpc_api import (
     output_logprobs,
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
-from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
@@ -47,7 +47,6 @@ from detok_worker.tokenizer.protocol import Tokenizer
 log = logging.getLogger(__name__)
 
 MIN_TIMER_S = 0.001  # the link's timers are due: their turn comes this soon at the earliest
-BLOCKED_RETRY_S = 0.005  # a worker's queue was full: ZeroMQ cannot tell when it drains, so step again after this
 BACKLOG_LIMIT = 256  # ids of a rid waiting for its worker before its stream is read again
 ABORT_TIMEOUT_S = 5.0
 RETRY_BACKOFF_S = 0.05  # before the first retry of a Generate; doubled for each next one

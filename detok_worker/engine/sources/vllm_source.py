@@ -35,7 +35,7 @@ from vllm.v1.executor import Executor
 from detok_worker.bus.messages import Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
-from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.vllm_requests import FINISHES, RequestBuilder, output_logprobs
 from detok_worker.process.event_loop import run_event_loop
@@ -44,7 +44,6 @@ from detok_worker.tokenizer import load_configured_tokenizer
 
 log = logging.getLogger(__name__)
 
-BLOCKED_RETRY_S = 0.005  # a worker's queue was full: send its ids again this soon
 ENGINE_DIED = "the vLLM engine core died"
 
 
