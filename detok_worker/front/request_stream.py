@@ -110,20 +110,8 @@ class RequestStream:
         if fresh is None:
             self._gap()
             return None
-        if not self.first_output_at and n_tokens:
-            self.first_output_at = time.monotonic()
-            self.first_output_tokens = n_tokens
-        if n_tokens > self.n_tokens:
-            self.n_tokens = n_tokens
-        sink = self.sink
-        if sink is None:
-            if fresh:
-                self._pieces.append(fresh)
-                self.pending_chars += len(fresh)
-            self._wakeup.set()
-        elif fresh and (self._pieces or not sink.write(fresh)):
-            self._pieces.append(fresh)  # the connection is busy: the handler writes it when it can
-            self.pending_chars += len(fresh)
+        self._count_tokens(n_tokens)
+        if self._take_plain(fresh) or self.sink is None:
             self._wakeup.set()
         return fresh
 
@@ -137,9 +125,8 @@ class RequestStream:
         if self._parsed is not None:
             if not self._accept_parsed(delta):
                 return None
-        elif text and (self._pieces or self.sink is None or not self.sink.write(text)):
-            self._pieces.append(text)
-            self.pending_chars += len(text)
+        else:
+            self._take_plain(text)
         n_tokens = delta.n_tokens
         if delta.logprobs and not self._accept_entries(delta.logprobs, n_tokens, self.logprob_entries, self._logprobs):
             return None
@@ -147,10 +134,7 @@ class RequestStream:
             delta.token_ids, n_tokens, self.token_id_entries, self._token_ids
         ):
             return None
-        if not self.first_output_at and delta.n_tokens:
-            self.first_output_at = time.monotonic()
-            self.first_output_tokens = delta.n_tokens
-        self.n_tokens = max(self.n_tokens, delta.n_tokens)
+        self._count_tokens(n_tokens)
         if delta.finish is not None:
             self.ended_at = time.monotonic()
             if delta.finish == FINISH_ERROR:
@@ -162,6 +146,23 @@ class RequestStream:
             self.done = True
         self._wakeup.set()
         return text
+
+    def _count_tokens(self, n_tokens: int) -> None:
+        """The tokens a delta says the request has so far; the first that has any marks the first output."""
+        if not self.first_output_at and n_tokens:
+            self.first_output_at = time.monotonic()
+            self.first_output_tokens = n_tokens
+        if n_tokens > self.n_tokens:
+            self.n_tokens = n_tokens
+
+    def _take_plain(self, text: str) -> bool:
+        """Plain text to the sink while nothing is buffered and it takes it now (order kept), else to the buffer for
+        the handler; True when buffered."""
+        if text and (self._pieces or self.sink is None or not self.sink.write(text)):
+            self._pieces.append(text)
+            self.pending_chars += len(text)
+            return True
+        return False
 
     def _gap(self) -> None:
         self.fail(APIError(502, GAP_ERROR, type=ENGINE_ERROR, code="detokenizer_error"), drop_text=False)
