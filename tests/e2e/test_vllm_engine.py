@@ -27,7 +27,7 @@ from helpers.fault_helpers import (
     stalled_stream,
     stream_completion,
 )
-from helpers.serve_helpers import ServeProcess, children_of, process_cmdline, wait_for
+from helpers.serve_helpers import ServeProcess, children_of, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import MAX_MODEL_LEN, SERVED_NAME, detok_vllm, vllm_server
 
@@ -324,33 +324,42 @@ def test_vllm_request_fields(service: ServeProcess, qwen3: Any) -> None:
 
 
 def engine_core_pids(service: ServeProcess) -> list[int]:
-    """vLLM's engine core processes under detok's engine process."""
+    """vLLM's engine core processes under detok's engine process, each followed by its own children (the model
+    worker): killed together, nothing of the old engine can produce a token."""
     pids = []
     for engine in service.child_pids("engine"):
-        pids += [pid for pid in children_of(engine) if "EngineCore" in (process_cmdline(pid) or "")]
+        for core, cmdline in children_of(engine).items():
+            if "EngineCore" in cmdline:
+                pids += [core, *children_of(core)]
     return pids
 
 
 def test_killing_the_engine_core_ends_every_stream_with_an_error_within_a_second() -> None:
     service = detok_vllm()
     try:
-        cores = engine_core_pids(service)
-        assert cores, service.children()
 
         async def run() -> tuple[list[Outcome], float]:
             async with http_client(service) as client:
+                arrivals: list[list[float]] = [[] for _ in range(8)]
                 streams = [
-                    asyncio.create_task(bounded(stream_completion(client, seeded(i, 1500)), 60)) for i in range(8)
+                    asyncio.create_task(bounded(stream_completion(client, seeded(i, 1500), arrivals[i]), 60))
+                    for i in range(8)
                 ]
-                await asyncio.sleep(2.0)  # every stream is generating
+                deadline = time.monotonic() + 30
+                while not all(arrivals) and time.monotonic() < deadline:  # every stream is generating
+                    await asyncio.sleep(0.05)
+                assert all(arrivals), [len(times) for times in arrivals]
+                cores = engine_core_pids(service)
+                assert cores, service.children()
                 killed_at = time.monotonic()
                 for pid in cores:
                     os.kill(pid, signal.SIGKILL)
+                assert wait_for(lambda: not any(map(pid_alive, cores)), 5, what="the engine core gone")
                 return await asyncio.gather(*streams), killed_at
 
         outcomes, killed_at = asyncio.run(run())
         for outcome in outcomes:
-            assert outcome.status == 200 and outcome.error is not None, outcome
+            assert outcome.status == 200 and outcome.error is not None, (outcome, service.log())
             assert "vLLM engine core" in outcome.error["message"]
             assert outcome.error_at is not None and outcome.error_at - killed_at < 1.0
         assert wait_for(lambda: service.proc.poll() is not None, 60, what="detok serve exiting")
