@@ -18,6 +18,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.outputs import LogprobsTensors
 
 from detok_worker.bus.messages import (
     CONSTRAINT_CHOICE,
@@ -30,6 +31,7 @@ from detok_worker.bus.messages import (
     FINISH_STOP,
     Constraint,
     DetokParams,
+    PromptLogprobs,
     Submit,
     TokenLogprob,
 )
@@ -62,6 +64,7 @@ class RequestBuilder:
                 "repetition_penalty",
                 "seed",
                 "logprobs",
+                "prompt_logprobs",
             )
             if (value := getattr(sampling, name)) is not None
         }
@@ -121,3 +124,25 @@ def output_logprobs(output: EngineCoreOutput) -> list[TokenLogprob] | None:
     ids = lists.logprob_token_ids.tolist()
     values = lists.logprobs.tolist()
     return [TokenLogprob(row[0], top_ids[1:], row[1:]) for top_ids, row in zip(ids, values, strict=True)]
+
+
+class PromptRows:
+    """The prompt logprobs of one request as the engine core computes them: one tensor triple per prefill chunk
+    (a long prompt's prefill can take several steps), joined into one PromptLogprobs when its prefill is done."""
+
+    __slots__ = ("rid", "token_ids", "logprobs", "ranks")
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.token_ids: list[list[int]] = []
+        self.logprobs: list[list[float]] = []
+        self.ranks: list[int] = []
+
+    def add(self, tensors: LogprobsTensors) -> None:
+        """A chunk's rows: each holds the prompt token's id, then its position's top ids (vLLM puts it first)."""
+        self.token_ids += tensors.logprob_token_ids.tolist()
+        self.logprobs += tensors.logprobs.tolist()
+        self.ranks += tensors.selected_token_ranks.tolist()
+
+    def message(self) -> PromptLogprobs:
+        return PromptLogprobs(self.rid, self.token_ids, self.logprobs, self.ranks)
