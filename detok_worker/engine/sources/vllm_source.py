@@ -110,7 +110,7 @@ class VllmSource:
             return
         self.on_engine.add(submit.rid)
         if submit.params.sampling.prompt_logprobs is not None:
-            self.prompt_rows[submit.rid] = PromptRows(submit.rid)
+            self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
         await self.client.add_request_async(request)
 
     async def _read_outputs(self) -> None:
@@ -148,17 +148,23 @@ class VllmSource:
             # looks again rather than wait for a signal that may not come
             self.bus.set()
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
+                for rid in gone:
+                    prompt_rows.pop(rid, None)
                 await client.abort_requests_async(gone)
 
     def _prompt_logprobs(self, output: EngineCoreOutput) -> None:
         """Collect a request's prompt logprobs over its prefill chunks; send them to its front once the prefill is
         done (its first id, or its end), also when there are none (a one-token prompt): the front waits for them."""
-        rows = self.prompt_rows[output.request_id]
+        rid = output.request_id
+        rows = self.prompt_rows[rid]
         if output.new_prompt_logprobs_tensors is not None:
             rows.add(output.new_prompt_logprobs_tensors)
         if output.new_token_ids or output.finish_reason is not None:
-            del self.prompt_rows[output.request_id]
-            if output.finish_reason != FinishReason.ABORT:
+            del self.prompt_rows[rid]
+            if rows.too_large:  # the client's k for this prompt: its push then finds the rid ended
+                message = "the prompt logprobs asked for are larger than the bus carries (bus.max_message_bytes)"
+                self.link.fail(rid, message, param="prompt_logprobs")
+            elif output.finish_reason != FinishReason.ABORT:
                 self.link.send_prompt_logprobs(rows.message())
 
     def _engine_died(self) -> None:
