@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
-from helpers.fault_helpers import serving
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 openai = pytest.importorskip("openai")
 
