@@ -27,7 +27,7 @@ import httpx
 import pytest
 import zmq
 from helpers.front_harness import free_port
-from helpers.serve_helpers import REPO, ServeProcess, wait_for
+from helpers.serve_helpers import REPO, ServeProcess, serving, wait_for
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.messages import Heartbeat, Hello, RequestParams, Submit
@@ -87,11 +87,8 @@ def curve_service() -> Any:
         "--set", f"front.api_key={API_KEY}", "--set", "front.max_request_bytes=20000",
         "--set", "engine.stats_interval_s=0.1", "--set", "worker.stats_interval_s=0.1",
     )  # fmt: skip
-    try:
+    with serving(serve):
         yield serve, ports, public.encode()
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def _authorized(serve: ServeProcess) -> httpx.Client:
