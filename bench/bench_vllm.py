@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import cpu_seconds, load_average, machine_line, percentile, print_table, write_json
+from common import RESULTS_DIR, cpu_seconds, load_average, machine_line, percentile, print_table, write_json
 from gateway_procs import MODEL, profile_summary, start_profile
 from sse_client import StreamOutput, StreamStats, install_uvloop, parse_stream, stream_completion
 from tokenizers import Tokenizer
@@ -236,6 +236,8 @@ class Bench:
                     outputs.setdefault(clients, []).append(run_outputs)
                     print(f"  {clients} clients #{repeat + 1}: {row['tokens_per_s']:,.0f} tok/s, front side "
                           f"{row['cpu_front_side']:.3f} s/1k, failed {row['failed']}", flush=True)  # fmt: skip
+                    if row["failed"]:
+                        self.keep_logs(f"{name}-{clients}-{repeat + 1}")
                     self.save(complete=False)
                 if name == "vllm":
                     self.reference[clients] = reference_pass(system, clients, args, self.decoder)
@@ -250,6 +252,14 @@ class Bench:
                     counts[key] = counts.get(key, 0) + n
             self.exact.append({"system": name, "clients": clients, **counts})
         self.save(complete=False)
+
+    def keep_logs(self, run: str) -> None:
+        """A run with failed streams: its services' logs so far are copied out of the temp dir, to find why."""
+        target = RESULTS_DIR / f"vllm-failed-{run}-{time.strftime('%H%M%S')}"
+        target.mkdir(parents=True, exist_ok=True)
+        for log_file in self.workdir.glob("*.log"):
+            shutil.copy(log_file, target / log_file.name)
+        print(f"  logs of the failed run kept in {target}", flush=True)
 
     def check_reference(self) -> None:
         """vLLM's reference texts against the decode of their own ids, kept on disk at once for runs without

@@ -191,9 +191,11 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
                 complete.matched_token_id = matched
             if logprobs is not None and finish != "abort":
                 complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
-            yield pb2.GenerateResponse(complete=complete)
+            # counted before the last message goes out: a client may cancel its call once it has that message,
+            # and the generator is not resumed after the yield then
             done = True
             self.counts["completed" if finish != "abort" else "aborted_streams"] += 1
+            yield pb2.GenerateResponse(complete=complete)
         finally:
             self._ended(rid, prompt_ids, ids[:sent], finish if done else None)
 
@@ -231,9 +233,9 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             )
             if finish == "stop" and output and output[-1] in stop_ids:
                 complete.matched_token_id = output[-1]
-            yield pb2.GenerateResponse(complete=complete)
-            done = True
+            done = True  # counted before the last message goes out, as above
             self.counts["completed" if finish != FINISH_ABORT else "aborted_streams"] += 1
+            yield pb2.GenerateResponse(complete=complete)
         finally:
             runs.cancel(rid)
             self._ended(rid, prompt_ids, output, finish if done else None)

@@ -140,15 +140,20 @@ class EngineLink:
         return news
 
     def run_timers(self) -> None:
-        """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading. A loop
-        that spends long on one poll's news (a burst of Submits into a real engine) calls it between them, so the
-        fronts never miss the engine's stats report."""
+        """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading."""
         now = time.monotonic()
         self.workers.expire(now)
         if now >= self.next_stats:
             self._send_stats()
             self.next_stats = now + self.config.engine.stats_interval_s
         self.fronts.flush()
+
+    def defer(self, submits: list[Submit]) -> None:
+        """Hand back Submits of the last poll that the engine loop has not started yet (a burst it takes a slice
+        at a time): the next poll returns them first, and an Abort read meanwhile withdraws one as for a Submit
+        of that poll. Between slices the loop polls again, so worker heartbeats are read before liveness is
+        judged and the fronts get the stats report."""
+        self._news.submitted[:0] = submits
 
     def idle_wait_s(self) -> float:
         """How long an engine loop with nothing to do may wait for bus traffic before `poll` has timer work: the

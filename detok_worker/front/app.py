@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
+from detok_worker.front.direct_route import DirectRoutes
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import JSON, NOT_FOUND, SERVER_ERROR, APIError, error_response
 from detok_worker.front.generation import INLINE_PROMPT_CHARS as INLINE_PROMPT_CHARS  # tests import it from here
@@ -35,6 +36,7 @@ from detok_worker.front.openai_api import ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.request_intake import RequestIntake
+from detok_worker.front.request_log import RequestObserver
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
 from detok_worker.front.validation import Limits, check_model, served_model_name
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -192,20 +194,30 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
 
 class FrontApp(Starlette):
     """Starlette that also puts the server's own `send` in the scope, for the body of an SSE response
-    (sse.EventStreamResponse)."""
+    (sse.EventStreamResponse), and serves the generation routes past its stack when `direct` has them."""
+
+    direct: DirectRoutes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[sse.SERVER_SEND] = send
-        await super().__call__(scope, receive, send)
+        route = self.direct.match(scope) if self.direct is not None else None
+        if route is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        await self.direct.serve(route, scope, receive, send)  # type: ignore[union-attr]
 
 
 def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Starlette:
     """The front as an ASGI app; the bus sockets open in its lifespan (so run it with lifespan on). `index`: which
     of the front.processes front processes this is (its bus PULL, the Submit.front of its requests)."""
     front = Front(config, tokenizer, index)
-    routes = [
+    generation_routes = [
         Route("/v1/completions", front.generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", front.generation.chat_completions, methods=["POST"]),
+    ]
+    routes = [
+        *generation_routes,
         Route("/v1/models", front.models, methods=["GET"]),
         Route("/v1/models/{model:path}", front.model, methods=["GET"]),
         Route("/tokenize", front.tokenize, methods=["POST"]),
@@ -216,9 +228,10 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/metrics", front.metrics, methods=["GET"]),
         Route("/openapi.json", front.openapi, methods=["GET"]),
     ]
+    observer = RequestObserver(front.dispatcher.metrics, config.front.access_log)
     app = FrontApp(
         routes=routes,
-        middleware=middleware_for(config, front.dispatcher.metrics),
+        middleware=middleware_for(config, observer),
         lifespan=front.lifespan,
         exception_handlers={
             APIError: _api_error_handler,
@@ -227,4 +240,6 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         },
     )
     app.state.front = front
+    if not config.front.cors_allowed_origins:  # CORS needs the stack (middleware.py) on every response
+        app.direct = DirectRoutes(generation_routes, observer, _unexpected_error_handler)
     return app

@@ -203,7 +203,13 @@ class Dispatcher:
     # ---- health and stats -------------------------------------------------------------------------------
 
     def engine_alive(self) -> bool:
-        return self._engine is not None and time.monotonic() - self._engine[1] < ENGINE_STALE_S
+        """An engine reported and has not been judged lost. Only the sweep judges the stats' age, on a sweep that
+        came on time: a front that was paused (SIGSTOP, starved of CPU) answers the requests that waited for it
+        before its intake has read the stats the engine sent meanwhile, and must not refuse them for that."""
+        return self._engine is not None
+
+    def _engine_stale(self) -> bool:
+        return self._engine is not None and time.monotonic() - self._engine[1] >= ENGINE_STALE_S
 
     def healthy(self) -> bool:
         return self.engine_alive() and self._engine is not None and len(self._engine[0].workers) >= 1
@@ -359,7 +365,7 @@ class Dispatcher:
             now = time.monotonic()
             late = now - woke > SWEEP_INTERVAL_S + 1.0
             woke = now
-            if not late and self._engine is not None and not self.engine_alive():
+            if not late and self._engine_stale():
                 self._engine_lost(f"no stats for {ENGINE_STALE_S:.0f} s")
             self.metrics.sync(live_rids=self.live_rids, bad_frames=self._decoder.bad_frames)
             self.flush_counters()

@@ -109,14 +109,14 @@ class Generation:
         token_ids = TokenIds(ids) if body.return_token_ids else None
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids)
         if body.stream:
-            failure = await self._first_output(request, choices)
-            if failure is not None:
-                return error_response(failure)
+            watch = await self._first_output(request, choices)
+            if isinstance(watch, APIError):
+                return error_response(watch)
             writer = sse_direct.connection_writer(request.scope)
             if writer is not None and not _attach_sinks(choices, formatter, writer):
                 writer = None
             events = self._events(choices, formatter, checked.include_usage, writer)
-            return sse.EventStreamResponse(events, on_close=lambda: self._release(choices), writer=writer)
+            return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
         return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs)
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
@@ -127,23 +127,25 @@ class Generation:
         requests = list(zip(rids, choice_params(params, checked.n), strict=True))
         return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
 
-    async def _first_output(self, request: Request, choices: Choices) -> APIError | None:
+    async def _first_output(self, request: Request, choices: Choices) -> APIError | sse.DisconnectWatch:
         """Hold a stream's response head until every choice has its first delta (or has ended): a request the engine
         refuses at admission (its Reject's kind: no worker has room for its stop strings, its limits, no live worker)
         gets that status, never a 200 and then an error event. Other failures end the stream as before (an error
-        event, after any text). Returns the refusal, if any (its streams released)."""
-        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        event, after any text). Returns the refusal, if any (its streams released), else the watch on the client's
+        disconnect, for the response to take over."""
+        watch = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         try:
             await choices.started()
         except BaseException:
+            watch.cancel()
             self._release(choices)
             raise
-        finally:
-            watcher.cancel()
         refused = choices.refused
         if refused is not None:
+            watch.cancel()
             self._release(choices)
-        return refused
+            return refused
+        return watch
 
     def _release(self, choices: Choices) -> None:
         for stream in choices.streams:
@@ -209,7 +211,7 @@ class Generation:
         self, request: Request, choices: Choices, formatter: Formatter, prompt_ids: list[int], prompt_k: int | None
     ) -> Response:
         """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here."""
-        watcher = asyncio.create_task(self._abort_on_disconnect(request, choices))
+        watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
         logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
         token_ids: list[list[int]] = [[] for _ in choices.streams]
@@ -243,14 +245,10 @@ class Generation:
                 )
         return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown), media_type=JSON)
 
-    async def _abort_on_disconnect(self, request: Request, choices: Choices) -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                error = APIError(499, "the client closed the connection", code="disconnected")
-                for stream in choices.streams:
-                    self.dispatcher.abort(stream, error)
-                return
+    def _abort_disconnected(self, choices: Choices) -> None:
+        error = APIError(499, "the client closed the connection", code="disconnected")
+        for stream in choices.streams:
+            self.dispatcher.abort(stream, error)
 
 
 def _attach_sinks(choices: Choices, formatter: Formatter, writer: ConnectionWriter) -> bool:

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from detok_worker.config import DetokConfig
-from detok_worker.front.request_log import RequestLogMiddleware
-from detok_worker.metrics import FrontMetrics
+from detok_worker.front.request_log import RequestLogMiddleware, RequestObserver
 
 REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID_KEY = REQUEST_ID_HEADER.encode()
 MAX_REQUEST_ID_CHARS = 64
 _UNSAFE_RID_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 
@@ -37,19 +37,30 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((value for key, value in scope["headers"] if key == REQUEST_ID_HEADER.encode()), b"")
-        request_id = given.decode("latin-1").strip() or uuid.uuid4().hex
-        state: dict[str, Any] = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        state["client_request_id"] = bool(given.strip())
-        header = (REQUEST_ID_HEADER.encode(), request_id.encode("latin-1"))
+        header = tag_request_id(scope)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), header]}
+                message = with_header(message, header)
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def tag_request_id(scope: Scope) -> tuple[bytes, bytes]:
+    """Put the request id (the client's X-Request-Id, else a new uuid hex) in scope["state"]; returns the
+    X-Request-Id header that every response of the request carries."""
+    given = next((value for key, value in scope["headers"] if key == _REQUEST_ID_KEY), b"")
+    request_id = given.decode("latin-1").strip() or uuid.uuid4().hex
+    state: dict[str, Any] = scope.setdefault("state", {})
+    state["request_id"] = request_id
+    state["client_request_id"] = bool(given.strip())
+    return (_REQUEST_ID_KEY, request_id.encode("latin-1"))
+
+
+def with_header(start: Message, header: tuple[bytes, bytes]) -> Message:
+    """An http.response.start message with `header` added after its own."""
+    return {**start, "headers": [*start.get("headers", []), header]}
 
 
 def request_rid(request: Request, kind: str, body_request_id: str | None = None) -> str:
@@ -64,11 +75,11 @@ def request_rid(request: Request, kind: str, body_request_id: str | None = None)
     return f"{kind}-{safe}-{uuid.uuid4().hex[:12]}"
 
 
-def middleware_for(config: DetokConfig, metrics: FrontMetrics) -> list[Middleware]:
+def middleware_for(config: DetokConfig, observer: RequestObserver) -> list[Middleware]:
     """The stack, outermost first: the access log and per-request metrics see every response (CORS preflights
-    too), then CORS, then X-Request-Id."""
+    too), then CORS, then X-Request-Id. (The generation routes skip it while CORS is off: direct_route.py.)"""
     front = config.front
-    stack = [Middleware(RequestLogMiddleware, metrics=metrics, log_requests=front.access_log)]
+    stack = [Middleware(RequestLogMiddleware, observer=observer)]
     if front.cors_allowed_origins:
         stack.append(
             Middleware(

@@ -39,13 +39,36 @@ def stream_of(scope: Scope) -> Choices | None:
     return state.get("stream")
 
 
-class RequestLogMiddleware:
-    def __init__(self, app: ASGIApp, metrics: FrontMetrics, log_requests: bool) -> None:
-        self.app = app
+class RequestObserver:
+    """What is recorded once per HTTP request when its response ends: the metrics and the access log line.
+    RequestLogMiddleware calls it for the routes behind Starlette's stack, direct_route.py for the generation
+    routes."""
+
+    def __init__(self, metrics: FrontMetrics, log_requests: bool) -> None:
         self.metrics = metrics
         self.log_requests = log_requests
         if log_requests:  # the access log is its own switch: --log-level WARNING does not silence it
             access_log.setLevel(logging.INFO)
+
+    def observe(self, scope: Scope, status: int, started: float) -> None:
+        """`status`: the response's, 500 for an unhandled error before any response, NO_RESPONSE when none was
+        sent; `started`: time.monotonic() when the request reached the app."""
+        duration = time.monotonic() - started
+        endpoint = getattr(scope.get("route"), "path", UNMATCHED)
+        self.metrics.response(endpoint, status, duration)
+        stream = stream_of(scope)
+        ttft = None
+        if stream is not None:
+            ttft = stream.ttft_s(started)
+            self.metrics.generation(endpoint, ttft, stream.mean_itl_s())
+        if self.log_requests:
+            access_log.info(access_line(scope, status, duration, stream, ttft))
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, observer: RequestObserver) -> None:
+        self.app = app
+        self.observer = observer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -66,19 +89,7 @@ class RequestLogMiddleware:
             status = status or 500  # Starlette's outermost error handler answers an unhandled error with a 500
             raise
         finally:
-            self._observe(scope, status or NO_RESPONSE, started)
-
-    def _observe(self, scope: Scope, status: int, started: float) -> None:
-        duration = time.monotonic() - started
-        endpoint = getattr(scope.get("route"), "path", UNMATCHED)
-        self.metrics.response(endpoint, status, duration)
-        stream = stream_of(scope)
-        ttft = None
-        if stream is not None:
-            ttft = stream.ttft_s(started)
-            self.metrics.generation(endpoint, ttft, stream.mean_itl_s())
-        if self.log_requests:
-            access_log.info(access_line(scope, status, duration, stream, ttft))
+            self.observer.observe(scope, status or NO_RESPONSE, started)
 
 
 def access_line(scope: Scope, status: int, duration: float, stream: Choices | None, ttft: float | None) -> str:

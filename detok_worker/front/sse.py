@@ -45,12 +45,40 @@ def error_event(error: APIError) -> bytes:
     return event(encode_error(error))
 
 
+class DisconnectWatch:
+    """One task per streamed request that waits for the client's http.disconnect and then calls `on_disconnect`.
+    The handler waiting for the stream's first output and then the response share it, each with its own callback
+    (`retarget`): a second task per request cost as much again."""
+
+    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
+        self._receive = receive
+        self._on_disconnect = on_disconnect
+        self._fired = False
+        self._task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._fired = True
+        self._on_disconnect()
+
+    def retarget(self, on_disconnect: Callable[[], None]) -> None:
+        """Call `on_disconnect` from now on (at once when the client has already gone)."""
+        self._on_disconnect = on_disconnect
+        if self._fired:
+            on_disconnect()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
 class EventStreamResponse:
     """A raw ASGI SSE response (no framework wrapper per chunk): sends each event of `events` as it comes (the
     chunk that ends with [DONE] as the body's last message: one socket write, not two, per stream end) and
     calls `on_close` when the response ends for any reason (finished, client disconnected, server shutdown), so
     the request can be aborted in the engine at once. A client that goes away while no event is due is noticed
-    by a task waiting for its http.disconnect, which cancels the stream.
+    by a task waiting for its http.disconnect (`watch`, the request's own, else one of the response's), which
+    cancels the stream.
 
     The headers go through the middleware stack (status for the access log, X-Request-Id, CORS); the body
     chunks go straight to the server's `send` (scope[SERVER_SEND], when the app put it there): every wrapper
@@ -64,10 +92,12 @@ class EventStreamResponse:
         on_close: Callable[[], None],
         headers: Mapping[str, str] | None = None,
         writer: HeadHolder | None = None,
+        watch: DisconnectWatch | None = None,
     ) -> None:
         self._events = events
         self._on_close = on_close
         self._writer = writer
+        self._watch = watch
         extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
         self._headers = [*RAW_HEADERS, *extra]
 
@@ -76,14 +106,16 @@ class EventStreamResponse:
         assert streaming is not None
         disconnected = False
 
-        async def watch_disconnect() -> None:
+        def on_disconnect() -> None:
             nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
             disconnected = True
             streaming.cancel()
 
-        watcher = asyncio.create_task(watch_disconnect())
+        watcher = self._watch
+        if watcher is None:
+            watcher = DisconnectWatch(receive, on_disconnect)
+        else:
+            watcher.retarget(on_disconnect)
         writer = self._writer
         try:
             if writer is not None:

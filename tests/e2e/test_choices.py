@@ -11,9 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
-from helpers.fault_helpers import serving
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, healthy_serve, http_json, wait_for
 
 openai = pytest.importorskip("openai")
 
@@ -24,8 +23,7 @@ USAGE = {"include_usage": True}
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(ServeProcess("--workers", "2", "--source", "echo", "--step-interval-ms", "2")) as serve:
-        wait_for(lambda: serve.health() == 200, 30, what="a healthy service")
+    with healthy_serve("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as serve:
         yield serve
 
 

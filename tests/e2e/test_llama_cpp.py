@@ -16,10 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.fault_helpers import serving
 from helpers.grpc_engine_server import EngineServer
 from helpers.llama_oracle import greedy_ids, llama_detokenize, smollm2
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 from detok_worker.engine.sources.llama import default_model_path
 from detok_worker.tokenizer import create_tokenizer

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import zmq
 from helpers.metrics_scrape import present, scrape, total, wait_for_value
-from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import ServeProcess, serving, wait_for
 
 COMPLETION_PROMPTS = [f"The quick brown fox number {i} jumps over the lazy dog. Done." for i in range(3)]
 STOP_PROMPTS = [f"Count {i}: one two three STOP four five" for i in range(2)]
@@ -40,11 +40,8 @@ def service() -> Iterator[ServeProcess]:
         "--set",
         "front.max_tokens_limit=4096",
     )
-    try:
+    with serving(serve):
         yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def complete(url: str, model: str, prompt: str, **extra: Any) -> dict[str, Any]:

@@ -17,9 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.fault_helpers import serving
 from helpers.metrics_scrape import scrape, total, wait_for_value
-from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import ServeProcess, serving, wait_for
 
 ENDPOINT = "/v1/completions"
 ACCESS_LINE = re.compile(r" detok\.access: (.*)$")

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import ServeProcess, healthy_serve, http_json
+from helpers.serve_helpers import ServeProcess, healthy_serve, http_json, serving
 
 from detok_worker.bus.messages import Constraint
 from detok_worker.trace.format import read_trace
@@ -23,10 +23,6 @@ MESSAGES = [{"role": "user", "content": "Name a colour. 😀"}]
 
 
 SERVE_ARGS = ("--workers", "1", "--source", "echo", "--step-interval-ms", "2")
-
-
-def serve(*extra: str) -> ServeProcess:
-    return ServeProcess(*SERVE_ARGS, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -47,32 +43,30 @@ def model_of(service: ServeProcess) -> str:
 
 def test_parameters_reach_the_engine(tmp_path: Path) -> None:
     trace = tmp_path / "engine.trace"
-    process = serve("--set", f"engine.record={trace}")
-    try:
-        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
-            model = model_of(process)
-            chat = client.chat.completions.create(
-                model=model,
-                messages=MESSAGES,
-                max_tokens=4,
-                temperature=0.3,
-                top_p=0.9,
-                seed=42,
-                presence_penalty=0.5,
-                frequency_penalty=-0.5,
-                logit_bias={"13": 3},
-                response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": {"type": "object"}}},
-                extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2},
-            )
-            completion = client.completions.create(
-                model=model, prompt="Hi", max_tokens=3, extra_body={"guided_choice": ["red", "blue"]}
-            )
-            with pytest.raises(openai.BadRequestError) as refused:
-                client.chat.completions.create(model=model, messages=MESSAGES, store=True)
-            assert refused.value.body["param"] == "store"
-    finally:
-        process.stop()
-        process.cleanup()
+    with (
+        serving(ServeProcess(*SERVE_ARGS, "--set", f"engine.record={trace}")) as process,
+        openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=30) as client,
+    ):
+        model = model_of(process)
+        chat = client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=4,
+            temperature=0.3,
+            top_p=0.9,
+            seed=42,
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            logit_bias={"13": 3},
+            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": {"type": "object"}}},
+            extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2},
+        )
+        completion = client.completions.create(
+            model=model, prompt="Hi", max_tokens=3, extra_body={"guided_choice": ["red", "blue"]}
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model, messages=MESSAGES, store=True)
+        assert refused.value.body["param"] == "store"
     recorded = {request.rid: request.params for request in read_trace(trace).requests}
     assert set(recorded) == {chat.id, completion.id} and chat.id.startswith("chatcmpl-")
     sampling = recorded[chat.id].sampling

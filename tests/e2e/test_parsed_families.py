@@ -28,7 +28,7 @@ import openai
 import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 from helpers.parse_cases import CASES, OutputCase, calls_of, case_ids, random_splits, whole_parse
-from helpers.serve_helpers import ServeProcess
+from helpers.serve_helpers import ServeProcess, serving
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.trace.format import TraceWriter, make_header
@@ -121,12 +121,9 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         "--source", "trace", "--trace", str(path), "--replay-speed", "1", "--step-interval-ms", "1",
         *parser_flags(cases), *template_flags,
     )  # fmt: skip
-    try:
+    with serving(serve):
         client = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
         yield FamilyService(client, client.models.list().data[0].id, recordings, splits)
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def expected_of(case: OutputCase) -> tuple[str, str, Calls]:

@@ -11,7 +11,7 @@ import openai
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.parse_cases import CASES, case_ids
-from helpers.serve_helpers import ServeProcess
+from helpers.serve_helpers import ServeProcess, serving
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.trace.format import TraceWriter, make_header
@@ -38,11 +38,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
         writer.request("rec-1", tail, RequestParams(max_tokens=200), t_ns=0)
         writer.tokens("rec-1", ids, "stop", t_ns=1)
     serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(path), "--replay-speed", "0")
-    try:
+    with serving(serve):
         yield openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def test_whole_response_is_split(client: openai.OpenAI) -> None:

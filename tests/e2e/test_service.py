@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 openai = pytest.importorskip("openai")
 
@@ -42,11 +42,8 @@ def service() -> Iterator[ServeProcess]:
     serve = ServeProcess(
         "--workers", "2", "--source", "echo", "--step-interval-ms", "2", "--set", "worker.stats_interval_s=0.1"
     )
-    try:
+    with serving(serve):
         yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 @pytest.fixture(scope="module")

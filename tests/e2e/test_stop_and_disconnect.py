@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers.serve_helpers import ServeProcess, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 openai = pytest.importorskip("openai")
 
@@ -27,11 +27,8 @@ def service() -> Iterator[ServeProcess]:
         "--workers", "2", "--source", "echo", "--step-interval-ms", str(STEP_MS),
         "--set", f"worker.stats_interval_s={STATS_INTERVAL_S}", "--set", f"engine.stats_interval_s={STATS_INTERVAL_S}",
     )  # fmt: skip
-    try:
+    with serving(serve):
         yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -201,6 +201,28 @@ def test_50_concurrent_streams_with_hidden_and_visible_stops_equal_the_full_deco
     assert stopped >= 30  # most stop strings were met, mid-stream
 
 
+def test_a_burst_of_600_requests_is_served_whole_and_loses_no_worker(
+    service: ServeProcess, trace_path: Path, qwen3: Any
+) -> None:
+    """600 requests at once: their Submits go through vLLM's input processing one by one (about a millisecond
+    each), longer than the workers' heartbeat timeout; the engine loop takes them in slices and reads the bus in
+    between, so no worker is declared lost, the fronts keep the engine's stats, and every request is served."""
+    before = service.stats()["engine"]
+    bodies = [seeded(5000 + i, 3, request_id=f"burst{i}") for i in range(600)]
+
+    async def run() -> list[Outcome]:
+        async with http_client(service, connections=600) as client:
+            return await asyncio.gather(*(bounded(stream_completion(client, body), 120) for body in bodies))
+
+    outcomes = asyncio.run(run())
+    time.sleep(0.3)
+    for body, outcome in zip(bodies, outcomes, strict=True):
+        assert outcome.status == 200 and outcome.error is None and outcome.done, (body, outcome)
+        assert outcome.text == expected_text(qwen3, recorded_ids(trace_path, body["request_id"]), [], False)
+    after = service.stats()["engine"]
+    assert after["reopened"] == before["reopened"] and after["workers"].keys() == before["workers"].keys(), after
+
+
 def generated(service: ServeProcess) -> int:
     """Ids the engine core has produced since the start (the engine's stats, every 0.1 s here)."""
     return service.stats()["engine"]["generated"]

@@ -11,16 +11,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from helpers.bus_peers import short_runtime_dir
 from helpers.fault_helpers import (
     EchoCase,
     Outcome,
@@ -33,7 +31,7 @@ from helpers.fault_helpers import (
 )
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
-from helpers.role_process import RoleProcess
+from helpers.role_process import RoleProcess, stopping
 from helpers.serve_helpers import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -115,23 +113,20 @@ def test_sigterm_drains_100_live_streams(tokenizer: Any) -> None:
 
 @pytest.fixture
 def procfile() -> Iterator[dict[str, Any]]:
-    runtime_dir = tempfile.mkdtemp(prefix="dtd-", dir="/tmp")
-    os.chmod(runtime_dir, 0o700)
-    port = free_port()
-    started = {
-        "front": RoleProcess(runtime_dir, "front", "--set", f"front.port={port}", "--set", "front.drain_timeout_s=20"),
-        "worker-a": RoleProcess(runtime_dir, "worker", "--id", "wa", *STATS, log_name="worker-a"),
-        "worker-b": RoleProcess(runtime_dir, "worker", "--id", "wb", *STATS, log_name="worker-b"),
-        "engine": RoleProcess(runtime_dir, "engine", *ENGINE_ARGS),
-    }
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: health(url)[1].get("workers") == 2, 60, what="the front to see the engine and two workers")
-        yield {"url": url, "runtime_dir": runtime_dir, "processes": started}
-    finally:
-        for process in started.values():
-            process.stop()
-        shutil.rmtree(runtime_dir, ignore_errors=True)
+    with short_runtime_dir("dtd-") as runtime_dir:
+        port = free_port()
+        started = {
+            "front": RoleProcess(
+                runtime_dir, "front", "--set", f"front.port={port}", "--set", "front.drain_timeout_s=20"
+            ),
+            "worker-a": RoleProcess(runtime_dir, "worker", "--id", "wa", *STATS, log_name="worker-a"),
+            "worker-b": RoleProcess(runtime_dir, "worker", "--id", "wb", *STATS, log_name="worker-b"),
+            "engine": RoleProcess(runtime_dir, "engine", *ENGINE_ARGS),
+        }
+        url = f"http://127.0.0.1:{port}"
+        with stopping(started):
+            wait_for(lambda: health(url)[1].get("workers") == 2, 60, what="the front to see the engine and two workers")
+            yield {"url": url, "runtime_dir": runtime_dir, "processes": started}
 
 
 def health(url: str) -> tuple[int, dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.fault_helpers import all_idle, complete, http_client, stream_completion
-from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import ServeProcess, serving, wait_for
 
 STEP_MS = 10
 STATS_INTERVAL_S = 0.05
@@ -31,11 +31,8 @@ def service() -> Iterator[ServeProcess]:
         "--set", f"front.request_timeout_s={REQUEST_TIMEOUT_S}", "--set", "front.max_tokens_limit=4000",
         "--set", f"worker.stats_interval_s={STATS_INTERVAL_S}", "--set", f"engine.stats_interval_s={STATS_INTERVAL_S}",
     )  # fmt: skip
-    try:
+    with serving(serve):
         yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def assert_freed_within(service: ServeProcess, since: float, what: str) -> None:

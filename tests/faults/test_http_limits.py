@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from helpers.bus_peers import short_runtime_dir
 from helpers.front_harness import free_port
 from helpers.role_process import RoleProcess
 from helpers.serve_helpers import REPO, wait_for
@@ -33,12 +32,8 @@ STARTED_SOFT_NOFILE = 256
 
 @pytest.fixture
 def runtime_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="dth-", dir="/tmp")
-    os.chmod(path, 0o700)
-    try:
+    with short_runtime_dir("dth-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def status(url: str, path: str = "/health", **kwargs: Any) -> int:

@@ -13,10 +13,7 @@ limits than the front (as on another host with its own config):
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 import zmq
-from helpers.bus_peers import bus_config
+from helpers.bus_peers import bus_config, short_runtime_dir
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
-from helpers.role_process import RoleProcess
+from helpers.role_process import RoleProcess, stopping
 from helpers.serve_helpers import wait_for
 
 from detok_worker.bus.codec import encode, engine_decoder
@@ -86,42 +83,37 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def processes() -> Iterator[dict[str, Any]]:
-    runtime_dir = tempfile.mkdtemp(prefix="dtp-", dir="/tmp")
-    os.chmod(runtime_dir, 0o700)
-    port = free_port()
-    fast_stats = ["--set", f"worker.stats_interval_s={STATS_INTERVAL_S}"]
-    started = {
-        "front": RoleProcess(runtime_dir, "front", "--set", f"front.port={port}"),
-        "worker": RoleProcess(
-            runtime_dir,
-            "worker",
-            "--id",
-            WORKER,
-            *fast_stats,
-            "--set",
-            "worker.max_stop_strings=2",
-            "--set",
-            "worker.max_stop_string_chars=8",
-        ),  # fmt: skip
-        "engine": RoleProcess(
-            runtime_dir,
-            "engine",
-            "--source",
-            "echo",
-            "--step-interval-ms",
-            "2",
-            "--set",
-            f"engine.stats_interval_s={STATS_INTERVAL_S}",
-        ),  # fmt: skip
-    }
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _health(url) == 200, 60, what="the front to see the engine and the worker")
-        yield {"url": url, "runtime_dir": runtime_dir, **started}
-    finally:
-        for process in started.values():
-            process.stop()
-        subprocess.run(["rm", "-rf", runtime_dir], check=False)
+    with short_runtime_dir("dtp-") as runtime_dir:
+        port = free_port()
+        fast_stats = ["--set", f"worker.stats_interval_s={STATS_INTERVAL_S}"]
+        started = {
+            "front": RoleProcess(runtime_dir, "front", "--set", f"front.port={port}"),
+            "worker": RoleProcess(
+                runtime_dir,
+                "worker",
+                "--id",
+                WORKER,
+                *fast_stats,
+                "--set",
+                "worker.max_stop_strings=2",
+                "--set",
+                "worker.max_stop_string_chars=8",
+            ),  # fmt: skip
+            "engine": RoleProcess(
+                runtime_dir,
+                "engine",
+                "--source",
+                "echo",
+                "--step-interval-ms",
+                "2",
+                "--set",
+                f"engine.stats_interval_s={STATS_INTERVAL_S}",
+            ),  # fmt: skip
+        }
+        url = f"http://127.0.0.1:{port}"
+        with stopping(started):
+            wait_for(lambda: _health(url) == 200, 60, what="the front to see the engine and the worker")
+            yield {"url": url, "runtime_dir": runtime_dir, **started}
 
 
 def _health(url: str) -> int:

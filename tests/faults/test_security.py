@@ -27,7 +27,7 @@ import httpx
 import pytest
 import zmq
 from helpers.front_harness import free_port
-from helpers.serve_helpers import REPO, ServeProcess, wait_for
+from helpers.serve_helpers import REPO, ServeProcess, serving, wait_for
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.messages import Heartbeat, Hello, RequestParams, Submit
@@ -60,13 +60,17 @@ def test_engine_and_serve_refuse_an_insecure_tcp_bus(tmp_path: Path) -> None:
     # the operator's explicit opt-in for a trusted network: the engine binds and serves until SIGTERM
     insecure = [sys.executable, "-m", "detok_worker.cli", "engine", "--runtime-dir", str(runtime)]
     insecure += ["--set", f"bus.worker_endpoint={endpoint}", "--set", "bus.allow_insecure_tcp=true"]
-    process = subprocess.Popen(insecure, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    log_path = tmp_path / "engine.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(insecure, cwd=REPO, stderr=log_file)
     try:
         port = int(endpoint.rsplit(":", 1)[1])
         wait_for(lambda: _listening(port), 60, what="the engine to bind its tcp endpoint")
+        # its loop runs (SIGTERM now stops it cleanly; before, the default action would end it)
+        wait_for(lambda: "engine: submits at" in log_path.read_text(), 60, what="the engine loop")
     finally:
         process.terminate()
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=10) == 0, log_path.read_text()
 
 
 def _listening(port: int) -> bool:
@@ -87,11 +91,8 @@ def curve_service() -> Any:
         "--set", f"front.api_key={API_KEY}", "--set", "front.max_request_bytes=20000",
         "--set", "engine.stats_interval_s=0.1", "--set", "worker.stats_interval_s=0.1",
     )  # fmt: skip
-    try:
+    with serving(serve):
         yield serve, ports, public.encode()
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def _authorized(serve: ServeProcess) -> httpx.Client:

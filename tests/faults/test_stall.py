@@ -29,7 +29,9 @@ from helpers.fault_helpers import (
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
-FREEZE_S = 4.0  # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive
+# > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive; and > the front's
+# ENGINE_STALE_S (3 s): a request waiting for the front must not be refused for stats it has not read yet
+FREEZE_S = 4.0
 LONG_TOKEN = 89180  # qwen3: 114 characters
 LONG_REQUESTS = 10
 # 1250 steps of 4 ids, ~2.5 s at 2 ms a step: unhindered, generation ends within the freeze; paused, ~2 s of it
@@ -57,16 +59,22 @@ def test_frozen_front_pauses_generation_and_loses_nothing(service: ServeProcess,
     # ~340 KB of text each: far more than the socket buffers between a worker and the front hold
     long_cases = [EchoCase([LONG_TOKEN] * LONG_TOKENS, [], LONG_TOKENS + 1) for _ in range(LONG_REQUESTS)]
     cases = long_cases + echo_cases(tokenizer, 30, seed=51, min_tokens=150)
+    # sent while the front is frozen, for longer than the front's engine-stale time: it waits in the listen
+    # backlog and is answered when the front resumes, before the front has read the engine's recent stats
+    late_case = echo_cases(tokenizer, 1, seed=52)[0]
     during: dict[str, Any] = {}
 
     async def run() -> list[Any]:
         async with http_client(service) as client:
+            late: list[asyncio.Task[Any]] = []
 
             async def freeze_front() -> None:
                 await asyncio.sleep(0.3)  # every request is streaming by now
                 os.kill(pids["front"], signal.SIGSTOP)
                 try:
-                    await asyncio.sleep(FREEZE_S)
+                    await asyncio.sleep(0.5)
+                    late.append(asyncio.create_task(bounded(stream_completion(client, late_case.body(True)))))
+                    await asyncio.sleep(FREEZE_S - 0.5)
                 finally:
                     os.kill(pids["front"], signal.SIGCONT)
                 during.update(await asyncio.to_thread(fresh_engine_stats, service))
@@ -74,9 +82,10 @@ def test_frozen_front_pauses_generation_and_loses_nothing(service: ServeProcess,
             freezer = asyncio.create_task(freeze_front())
             outcomes = await asyncio.gather(*(bounded(stream_completion(client, c.body(True))) for c in cases))
             await freezer
-            return outcomes
+            return [*outcomes, await late[0]]
 
     outcomes = asyncio.run(run())
+    cases.append(late_case)
     # generation paused while the front was frozen: unhindered it would have ended long before the front resumed
     assert during["live_rids"] > 0, during
     for case, outcome in zip(cases, outcomes, strict=True):

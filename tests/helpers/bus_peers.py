@@ -24,9 +24,10 @@ _spawn = multiprocessing.get_context("spawn")
 
 
 @contextmanager
-def short_runtime_dir() -> Iterator[str]:
-    """A private runtime dir with a short path (ipc socket paths are limited to ~100 bytes)."""
-    path = tempfile.mkdtemp(prefix="dt-", dir="/tmp")
+def short_runtime_dir(prefix: str = "dt-") -> Iterator[str]:
+    """A private runtime dir (mkdtemp: 0700, as detok requires) with a short path (ipc socket paths are limited to
+    ~100 bytes), removed with what is in it on exit."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     try:
         yield path
     finally:

@@ -9,8 +9,6 @@ import json
 import random
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import httpx
 
 from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import serving as serving  # re-exported: the fault tests import it from here
 
 REQUEST_TIMEOUT_S = 60.0  # no request may hang: every one has this deadline (generous for a loaded 2-core box)
 
@@ -192,16 +191,6 @@ def echo_service(workers: int, step_ms: float | str, *extra: str) -> ServeProces
         "--workers", str(workers), "--source", "echo", "--step-interval-ms", str(step_ms), *extra,
         "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
     )  # fmt: skip
-
-
-@contextmanager
-def serving(serve: ServeProcess) -> Iterator[ServeProcess]:
-    """Stop the service and remove its files however the block ends."""
-    try:
-        yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
 
 
 def stalled_stream(service: ServeProcess, body: dict[str, Any]) -> socket.socket:

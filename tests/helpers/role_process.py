@@ -8,7 +8,8 @@ import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers.serve_helpers import REPO
@@ -59,3 +60,13 @@ class RoleProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def stopping(processes: dict[str, RoleProcess]) -> Iterator[dict[str, RoleProcess]]:
+    """Stop every process in `processes` however the block ends: the ones in it then (a test may replace one)."""
+    try:
+        yield processes
+    finally:
+        for process in processes.values():
+            process.stop()

@@ -173,12 +173,18 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
+def serving(serve: ServeProcess) -> Iterator[ServeProcess]:
+    """Stop the service and remove its files however the block ends."""
+    try:
+        yield serve
+    finally:
+        serve.stop()
+        serve.cleanup()
+
+
+@contextlib.contextmanager
 def healthy_serve(*args: str, timeout: float = 30.0) -> Iterator[ServeProcess]:
     """A `detok serve` with `args`, once /health says 200; stopped and cleaned up on exit."""
-    process = ServeProcess(*args)
-    try:
+    with serving(ServeProcess(*args)) as process:
         wait_for(lambda: process.health() == 200, timeout, what="a healthy service")
         yield process
-    finally:
-        process.stop()
-        process.cleanup()

@@ -45,6 +45,9 @@ from detok_worker.tokenizer import load_configured_tokenizer
 log = logging.getLogger(__name__)
 
 ENGINE_DIED = "the vLLM engine core died"
+# Submits started per pass of the bus loop, at most this long (each goes through vLLM's input processing): a burst
+# of thousands is taken in slices, the bus polled between them (worker heartbeats read, stats sent, steps taken)
+SUBMIT_SLICE_S = 0.02
 
 
 class VllmSource:
@@ -75,9 +78,12 @@ class VllmSource:
         try:
             while not self.stopping and not outputs.done():
                 news = link.poll(0)
-                for submit in news.submitted:
+                slice_end = time.monotonic() + SUBMIT_SLICE_S
+                for index, submit in enumerate(news.submitted):
+                    if index and time.monotonic() >= slice_end:
+                        link.defer(news.submitted[index:])
+                        break
                     await self._start(submit)
-                    link.run_timers()
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
                 if stopped:
                     self.on_engine.difference_update(stopped)

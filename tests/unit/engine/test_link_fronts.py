@@ -13,7 +13,7 @@ import zmq
 from helpers.bus_peers import bus_config, short_runtime_dir
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.messages import Delivered, FrontHello, PromptLogprobs, Reject, RequestParams, Submit
+from detok_worker.bus.messages import Abort, Delivered, FrontHello, PromptLogprobs, Reject, RequestParams, Submit
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.engine.link import EngineLink
 
@@ -123,3 +123,26 @@ def test_prompt_logprobs_go_to_the_rids_front_at_the_next_step() -> None:
         link.step()
         assert messages_at(pulls[1], PromptLogprobs) == [sent]
         assert messages_at(pulls[0], PromptLogprobs) == []
+
+
+def test_deferred_submits_come_back_first_and_an_abort_meanwhile_withdraws_one() -> None:
+    """An engine loop that starts a burst of Submits a slice at a time hands the rest back (`defer`): the next
+    poll returns them before newer ones, and an Abort that arrived in between withdraws its Submit."""
+    with short_runtime_dir() as runtime_dir:
+        config = bus_config(runtime_dir, **{"engine.stats_interval_s": 60.0})
+        with BusSockets(config) as fronts:
+            to_engine = fronts.engine_push()
+            link = EngineLink(config)
+            try:
+                for rid in ("a", "b", "c"):
+                    to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4))))
+                submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
+                assert link.accept(submitted[0], [5]) is not None
+                link.defer(submitted[1:])
+                to_engine.send(encode(Abort("b")))
+                to_engine.send(encode(Submit("d", [1, 2], RequestParams(max_tokens=4))))
+                submitted, _ = poll_until(link, lambda s, _: "d" in [submit.rid for submit in s])
+                assert [submit.rid for submit in submitted] == ["c", "d"]
+                assert link.scheduler.aborted == 1 and link.scheduler.live_rids == 1
+            finally:
+                link.close()
