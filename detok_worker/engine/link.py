@@ -135,12 +135,13 @@ class EngineLink:
                 self.next_stats = drained_at  # a worker joined or left: the fronts learn of it now
         if self.fronts.pull in events:
             self.fronts.drain(self._news)
-        self.run_timers()
+        self._run_timers()
         news, self._news = self._news, BusNews()
         return news
 
-    def run_timers(self) -> None:
-        """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading."""
+    def _run_timers(self) -> None:
+        """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading. Only `poll`
+        runs them: liveness judged without reading the workers' heartbeats first would lose live workers."""
         now = time.monotonic()
         self.workers.expire(now)
         if now >= self.next_stats:
