@@ -205,7 +205,7 @@ class Dispatcher:
         return self._engine is not None and time.monotonic() - self._engine[1] >= ENGINE_STALE_S
 
     def healthy(self) -> bool:
-        return self.engine_alive() and self._engine is not None and len(self._engine[0].workers) >= 1
+        return self._engine is not None and len(self._engine[0].workers) >= 1
 
     def front_section(self) -> dict[str, Any]:
         """This front's part of /stats (front_stats.py shares it with the other fronts)."""
