@@ -4,6 +4,7 @@ workers' rids go on; when it reads again, its rids resume."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from helpers.bus_peers import PlayedWorker, bus_config, short_runtime_dir, start_process, stop_process
@@ -66,6 +67,14 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 )
                 for rid, prompt in slow_prompts.items():
                     front.submit(rid, prompt, RequestParams(max_tokens=10_000))
+                # the slow worker reads until every one of its rids is open, then stops reading: had it stopped at
+                # once, the first rids' ids could fill its queue before the later rids' opens got in
+                slow_ids: dict[str, list[int]] = {}
+                slow_done: set[str] = set()
+                deadline = time.monotonic() + 10
+                while len(slow_ids) < 40 and time.monotonic() < deadline:
+                    _read(slow, slow_ids, slow_done, 0.1)
+                assert sorted(slow_ids) == sorted(slow_prompts) and not slow_done
                 assert front.wait_for(lambda: front.engine_stats.workers.get("slow") == 40, 10)
                 fast.send(Hello("fast", 2))
                 assert front.wait_for(lambda: "fast" in front.engine_stats.workers, 10)
@@ -82,8 +91,6 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 # they would have ended with "f": same length, submitted earlier)
                 assert front.wait_for(lambda: front.engine_stats.live_rids == 40, 5)
 
-                slow_ids: dict[str, list[int]] = {}
-                slow_done: set[str] = set()
                 while len(slow_done) < 40:
                     slow.heartbeat(40)
                     _read(slow, slow_ids, slow_done, 1.0)
