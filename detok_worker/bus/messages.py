@@ -7,7 +7,7 @@ Directions (see docs/protocol.md):
   engine -> worker : TokenBatch (opens + items), Shutdown
   worker -> engine : Hello, Heartbeat, Finish, Goodbye
   worker -> front  : TextBatch, WorkerStats
-  engine -> front  : Reject, EngineStats
+  engine -> front  : Reject, PromptLogprobs, EngineStats
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     log-probabilities to return per output token (None: none; 0: the sampled token's only).
     constraint: structured output (response_format, guided_*, structured_outputs, a required tool call).
     allowed_token_ids: the only ids the engine may sample (None: any). bad_words: words the engine must never
-    generate (vLLM tokenizes each with and without a leading space and bans those sequences)."""
+    generate (vLLM tokenizes each with and without a leading space and bans those sequences).
+    prompt_logprobs: top candidates per prompt position whose log-probabilities the engine sends back once
+    (PromptLogprobs; None: none; 0: the prompt token's own only; -1: the whole vocabulary)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -102,6 +104,7 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     constraint: Constraint | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = []
+    prompt_logprobs: int | None = None
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
@@ -354,6 +357,19 @@ class Reject(msgspec.Struct, tag="reject", array_like=True, gc=False):
     kind: str = REJECT_FAILED
 
 
+class PromptLogprobs(msgspec.Struct, tag="prompt_logprobs", array_like=True, gc=False):
+    """The engine's log-probabilities of a request's prompt tokens (SamplingParams.prompt_logprobs), sent once to
+    the rid's front, before or around its first output. Row i is about prompt token i + 1 (the first has none):
+    `token_ids[i]` holds that prompt token's id then the engine's top candidates at that position, `logprobs[i]`
+    their log-probabilities, `ranks[i]` the prompt token's rank in the vocabulary (1 = the most likely). Rows of
+    one message have one width. The front decodes the ids (it has the tokenizer)."""
+
+    rid: str
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
 class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False):
     live_rids: int
     workers: dict[str, int]  # live worker id -> live rids assigned
@@ -369,4 +385,4 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye
 ToWorker = TokenBatch | Shutdown
-ToFront = TextBatch | WorkerStats | Reject | EngineStats
+ToFront = TextBatch | WorkerStats | Reject | PromptLogprobs | EngineStats

@@ -1,11 +1,11 @@
 """The engine's side of its connections to the front processes, a part of EngineLink (link.py).
 
 `FrontChannel` takes Submit/Abort/Delivered/FrontHello from the engine's PULL (Submits become BusNews for the
-engine loop, Aborts and Delivered go to the Scheduler), and sends Rejects and EngineStats to the fronts' PUSH
-sockets; Rejects wait in a bounded outbox while a front is stalled. With several front processes
-(front.processes) it remembers each rid's Submit.front: the rid's Opens name it (the worker sends the rid's text
-there) and the rid's Reject goes there; a FrontHello aborts the rids of that front index (its earlier process died
-with their clients).
+engine loop, Aborts and Delivered go to the Scheduler), and sends Rejects, PromptLogprobs and EngineStats to the
+fronts' PUSH sockets; Rejects and PromptLogprobs wait in a bounded outbox while a front is stalled. With several
+front processes (front.processes) it remembers each rid's Submit.front: the rid's Opens name it (the worker sends the
+rid's text there) and the rid's Reject and PromptLogprobs go there; a FrontHello aborts the rids of that front index
+(its earlier process died with their clients).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from detok_worker.bus.codec import FrameDecoder, encode
-from detok_worker.bus.messages import Abort, Delivered, FrontHello, Open, Reject, Submit, ToEngine
+from detok_worker.bus.messages import Abort, Delivered, FrontHello, Open, PromptLogprobs, Reject, Submit, ToEngine
 from detok_worker.bus.sockets import recv_single_frame
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.trace.format import TraceWriter
@@ -129,8 +129,9 @@ class FrontChannel:
 
     # ---- to the fronts ------------------------------------------------------------------------------------
 
-    def send(self, message: Reject, front: int | None = None) -> None:
-        """Queue a Reject for the rid's front (`front` when given); `flush` sends what the fronts can take."""
+    def send(self, message: Reject | PromptLogprobs, front: int | None = None) -> None:
+        """Queue a Reject or PromptLogprobs for the rid's front (`front` when given); `flush` sends what the fronts
+        can take."""
         if len(self.outbox) < FRONT_OUTBOX_LIMIT:
             if front is None:
                 front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0

@@ -36,7 +36,15 @@ from collections.abc import Iterable
 import zmq
 
 from detok_worker.bus.codec import encode, engine_decoder
-from detok_worker.bus.messages import FINISH_ERROR, DetokParams, EngineStats, Reject, Submit, TokenLogprob
+from detok_worker.bus.messages import (
+    FINISH_ERROR,
+    DetokParams,
+    EngineStats,
+    PromptLogprobs,
+    Reject,
+    Submit,
+    TokenLogprob,
+)
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
@@ -204,6 +212,11 @@ class EngineLink:
         generates (stopped, aborted, unknown): stop generating it. `logprobs`: one per id, for a request that asked
         for them (SamplingParams.logprobs set); ignored otherwise."""
         return self.scheduler.push(rid, ids, finish, logprobs)
+
+    def send_prompt_logprobs(self, message: PromptLogprobs) -> None:
+        """The prompt logprobs of a request that asked for them (SamplingParams.prompt_logprobs), once: to the rid's
+        front directly (it renders them), in order with the rid's Rejects; they leave at the next step."""
+        self.fronts.send(message)
 
     def backlog(self, rid: str) -> int:
         """Ids pushed for `rid` that its worker has not taken yet (backpressure: pause a rid with a big one)."""

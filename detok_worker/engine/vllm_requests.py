@@ -18,6 +18,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.outputs import LogprobsTensors
 
 from detok_worker.bus.messages import (
     CONSTRAINT_CHOICE,
@@ -30,6 +31,7 @@ from detok_worker.bus.messages import (
     FINISH_STOP,
     Constraint,
     DetokParams,
+    PromptLogprobs,
     Submit,
     TokenLogprob,
 )
@@ -38,6 +40,8 @@ from detok_worker.engine.grpc_sampling import UnsupportedParameter
 # how the engine core ends a request -> the bus's finish; ABORT and ERROR are handled by the source itself
 FINISHES = {FinishReason.STOP: FINISH_STOP, FinishReason.LENGTH: FINISH_LENGTH, FinishReason.REPETITION: FINISH_STOP}
 SUPPORTED_TASKS = ("generate",)
+# a PromptLogprobs frame's bytes per (id, logprob) pair at most: a msgpack uint32 and a float64, with room to spare
+FRAME_BYTES_PER_VALUE = 16
 
 
 class RequestBuilder:
@@ -62,6 +66,7 @@ class RequestBuilder:
                 "repetition_penalty",
                 "seed",
                 "logprobs",
+                "prompt_logprobs",
             )
             if (value := getattr(sampling, name)) is not None
         }
@@ -121,3 +126,35 @@ def output_logprobs(output: EngineCoreOutput) -> list[TokenLogprob] | None:
     ids = lists.logprob_token_ids.tolist()
     values = lists.logprobs.tolist()
     return [TokenLogprob(row[0], top_ids[1:], row[1:]) for top_ids, row in zip(ids, values, strict=True)]
+
+
+class PromptRows:
+    """The prompt logprobs of one request as the engine core computes them: one tensor triple per prefill chunk
+    (a long prompt's prefill can take several steps), joined into one PromptLogprobs when its prefill is done.
+    Rows whose frame would pass `max_bytes` (the bus's bus.max_message_bytes: a bigger frame would cost the front
+    its connection to the engine) are dropped as they come, and the request is `too_large`."""
+
+    __slots__ = ("rid", "token_ids", "logprobs", "ranks", "max_values", "values", "too_large")
+
+    def __init__(self, rid: str, max_bytes: int) -> None:
+        self.rid = rid
+        self.token_ids: list[list[int]] = []
+        self.logprobs: list[list[float]] = []
+        self.ranks: list[int] = []
+        self.max_values = max_bytes // FRAME_BYTES_PER_VALUE
+        self.values = 0
+        self.too_large = False
+
+    def add(self, tensors: LogprobsTensors) -> None:
+        """A chunk's rows: each holds the prompt token's id, then its position's top ids (vLLM puts it first)."""
+        self.values += tensors.logprobs.numel()
+        if self.too_large or self.values > self.max_values:
+            self.too_large = True
+            self.token_ids, self.logprobs, self.ranks = [], [], []
+            return
+        self.token_ids += tensors.logprob_token_ids.tolist()
+        self.logprobs += tensors.logprobs.tolist()
+        self.ranks += tensors.selected_token_ranks.tolist()
+
+    def message(self) -> PromptLogprobs:
+        return PromptLogprobs(self.rid, self.token_ids, self.logprobs, self.ranks)

@@ -28,11 +28,19 @@ def choice_rids(rid: str, n: int) -> list[str]:
 
 
 def choice_params(params: RequestParams, n: int) -> list[RequestParams]:
-    seed = params.sampling.seed
-    if n == 1 or seed is None:
+    """Choice i samples with seed + i; only choice 0 asks for the prompt's logprobs (one prompt: every choice shows
+    the same ones)."""
+    sampling = params.sampling
+    if n == 1 or (sampling.seed is None and sampling.prompt_logprobs is None):
         return [params] * n
+    later = msgspec.structs.replace(sampling, prompt_logprobs=None)
     return [
-        msgspec.structs.replace(params, sampling=msgspec.structs.replace(params.sampling, seed=seed + index))
+        msgspec.structs.replace(
+            params,
+            sampling=msgspec.structs.replace(
+                sampling if index == 0 else later, seed=None if sampling.seed is None else sampling.seed + index
+            ),
+        )
         for index in range(n)
     ]
 

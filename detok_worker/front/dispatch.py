@@ -1,4 +1,5 @@
-"""The front's side of the bus: Submit/Abort out to the engine, TextBatch/WorkerStats/Reject/EngineStats in.
+"""The front's side of the bus: Submit/Abort out to the engine, TextBatch/WorkerStats/Reject/PromptLogprobs/EngineStats
+in.
 
 Each live request has a RequestStream: its text not yet taken by its HTTP handler (or, for a plain text stream whose
 response writes from here, not yet taken by its connection), plus the request's end state. Deltas go through
@@ -35,6 +36,7 @@ from detok_worker.bus.messages import (
     Delivered,
     EngineStats,
     FrontHello,
+    PromptLogprobs,
     Reject,
     RequestParams,
     Submit,
@@ -70,6 +72,8 @@ class Dispatcher:
         # where the fronts share their /stats sections (front_stats.py): only when there are several
         self._shared_dir = multiprocess_dir() if config.front.processes > 1 else None
         self._streams: dict[str, RequestStream] = {}
+        # streams that asked for prompt logprobs, until they come (the engine sends them apart from the text)
+        self._prompt_waiting: dict[str, RequestStream] = {}
         self._decoder = front_decoder()
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
@@ -148,6 +152,8 @@ class Dispatcher:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
             stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
             self._streams[rid] = stream
+            if params.sampling.prompt_logprobs is not None:
+                self._prompt_waiting[rid] = stream
             self._outbox.post(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
             self.counters["requests"] += 1
             streams.append(stream)
@@ -175,6 +181,7 @@ class Dispatcher:
     def release(self, stream: RequestStream) -> None:
         """The handler of `stream` is done with it (response sent, or its client gone): its text leaves the budget."""
         self.budget.unread.pop(stream.rid, None)
+        self._prompt_waiting.pop(stream.rid, None)
 
     def fail_all(self, error: APIError, cause: str) -> int:
         """End every live request with `error` (shutdown, engine lost); returns how many there were."""
@@ -269,6 +276,11 @@ class Dispatcher:
                 self.engine_model_name = message.served_model_name
             if message.max_model_len:
                 self.engine_max_model_len = message.max_model_len
+        elif isinstance(message, PromptLogprobs):
+            stream = self._prompt_waiting.pop(message.rid, None)
+            if stream is not None:
+                stream.prompt_logprobs = message
+                stream.wakeup.set()
         elif isinstance(message, Reject):
             stream = self._streams.pop(message.rid, None)
             if stream is not None:

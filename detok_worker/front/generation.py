@@ -15,14 +15,15 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from detok_worker.bus.messages import LogprobText, RequestParams
+from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
 from detok_worker.front import sse, sse_direct
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
-from detok_worker.front.errors import JSON, APIError, error_response
+from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_response
 from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.parsing import ParserChoice
+from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, render_prompt_logprobs
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
@@ -116,7 +117,7 @@ class Generation:
                 writer = None
             events = self._events(choices, formatter, checked.include_usage, writer)
             return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
-        return await self._collect(request, choices, formatter)
+        return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs)
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
         """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""
@@ -206,11 +207,15 @@ class Generation:
             metrics.sse_closed()
             self.open_event_streams -= 1
 
-    async def _collect(self, request: Request, choices: Choices, formatter: Formatter) -> Response:
+    async def _collect(
+        self, request: Request, choices: Choices, formatter: Formatter, prompt_ids: list[int], prompt_k: int | None
+    ) -> Response:
+        """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here."""
         watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
         logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
         token_ids: list[list[int]] = [[] for _ in choices.streams]
+        prompt_logprobs: PromptLogprobs | None = None
         try:
             while True:
                 for index, news, _ in await choices.changes():
@@ -219,12 +224,26 @@ class Generation:
                     token_ids[index] += choices.streams[index].take_token_ids()
                 if choices.finished:
                     break
+            if prompt_k is not None and choices.failure is None:
+                prompt_logprobs = await arrived(choices.streams[0])
+        except APIError as exc:
+            return error_response(exc)
         finally:
             watcher.cancel()
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        return Response(formatter.whole(pieces, choices, logprobs, token_ids), media_type=JSON)
+        shown = None
+        if prompt_logprobs is not None and prompt_k is not None:
+            try:
+                shown = await self.intake.off_loop(
+                    render_prompt_logprobs, prompt_logprobs, prompt_ids, prompt_k, self.tokenizer
+                )
+            except PromptLogprobsError as exc:
+                return error_response(
+                    APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
+                )
+        return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown), media_type=JSON)
 
     def _abort_disconnected(self, choices: Choices) -> None:
         error = APIError(499, "the client closed the connection", code="disconnected")

@@ -69,11 +69,11 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     bad_words: list[str] | None = None
     priority: int | None = None
     cache_salt: str | None = None
+    prompt_logprobs: int | None = None  # top candidates per prompt token (-1: all); not with stream (as vLLM)
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None
     length_penalty: Any = None
-    prompt_logprobs: Any = None
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None
@@ -143,9 +143,22 @@ class CompletionLogprobs(msgspec.Struct):
     text_offset: list[int]
 
 
+class PromptLogprobOut(msgspec.Struct):
+    """One id's entry at a prompt position (vLLM's Logprob): its log-probability, its rank in the vocabulary (1 =
+    the most likely) and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt token, None for the first, then token id -> its entry
+PromptLogprobsOut = list[dict[int, PromptLogprobOut] | None]
+
+
 class CompletionChoice(msgspec.Struct):
     """token_ids / prompt_token_ids (vLLM's, with return_token_ids): the choice's output ids (streamed: those of
-    this chunk) and the prompt's (streamed: on the choice's first chunk)."""
+    this chunk) and the prompt's (streamed: on the choice's first chunk). prompt_logprobs: vLLM's, when asked."""
 
     index: int
     text: str
@@ -154,6 +167,7 @@ class CompletionChoice(msgspec.Struct):
     logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | UnsetType = UNSET
     prompt_token_ids: list[int] | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobsOut | UnsetType = UNSET
 
 
 class TopLogprobOut(msgspec.Struct):
@@ -223,6 +237,7 @@ class ChatCompletionResponse(msgspec.Struct):
     usage: Usage
     object: str = "chat.completion"
     prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids (vLLM's)
+    prompt_logprobs: PromptLogprobsOut | UnsetType = UNSET  # with prompt_logprobs (vLLM's)
 
 
 class ChatDelta(msgspec.Struct):

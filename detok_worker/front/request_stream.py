@@ -10,6 +10,7 @@ from detok_worker.bus.messages import (
     FINISH_ERROR,
     LogprobText,
     ParsedDelta,
+    PromptLogprobs,
     TextDelta,
 )
 from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly, TokenEntries
@@ -60,6 +61,7 @@ class RequestStream:
         "answered",
         "refused",
         "sink",
+        "prompt_logprobs",
     )
 
     def __init__(
@@ -100,6 +102,7 @@ class RequestStream:
         self.answered = False  # a delta came (from its worker: the request was admitted)
         self.refused = False  # the engine refused it at admission (its failure is the response's status)
         self.sink: TextSink | None = None
+        self.prompt_logprobs: PromptLogprobs | None = None  # from the engine, for a request that asked
 
     def accept_text(self, offset: int, text: str, n_tokens: int) -> str | None:
         """`accept` for a plain delta read from a TextBatch's columns (text only), without making a TextDelta."""

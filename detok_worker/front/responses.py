@@ -23,6 +23,7 @@ from detok_worker.front.openai_api import (
     CompletionLogprobs,
     CompletionResponse,
     FunctionCallOut,
+    PromptLogprobsOut,
     TokenLogprobOut,
     ToolCallOut,
     TopLogprobOut,
@@ -240,12 +241,16 @@ class CompletionFormatter(FormatterBase):
         choices: Choices,
         logprobs: list[list[LogprobText]] | None = None,
         token_ids: list[list[int]] | None = None,
+        prompt_logprobs: PromptLogprobsOut | None = None,
     ) -> bytes:
+        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's."""
         out = []
         for index, stream in enumerate(choices.streams):
             text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
             entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
             choice = CompletionChoice(index, text, stream.finish, stream.stop_reason, entries)
+            if prompt_logprobs is not None:
+                choice.prompt_logprobs = prompt_logprobs
             out.append(self._with_ids(choice, token_ids[index] if token_ids else None))
         return _encode(CompletionResponse(self.rid, self.created, self.model, out, usage=choices.usage()))
 
@@ -319,7 +324,9 @@ class ChatFormatter(FormatterBase):
         choices: Choices,
         logprobs: list[list[LogprobText]] | None = None,
         token_ids: list[list[int]] | None = None,
+        prompt_logprobs: PromptLogprobsOut | None = None,
     ) -> bytes:
+        """The whole body; `prompt_logprobs` (vLLM's, when asked) on the response, as vLLM's."""
         out = [
             ChatChoice(
                 index,
@@ -334,6 +341,8 @@ class ChatFormatter(FormatterBase):
         response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage())
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids
+        if prompt_logprobs is not None:
+            response.prompt_logprobs = prompt_logprobs
         return _encode(response)
 
     def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:

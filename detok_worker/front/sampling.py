@@ -7,8 +7,9 @@ Constraint sources, as vLLM reads them: `response_format` (json_object, json_sch
 (vLLM >= 0.10: json, regex, choice, grammar, json_object, structural_tag), and a chat `tool_choice` of
 "required" or a named function (a JSON schema over the request's tools, built as vLLM builds it). At most one.
 
-vLLM's engine fields (allowed_token_ids, bad_words; priority and cache_salt, which go on the RequestParams) are
-checked here as vLLM's server checks them; validation.py refuses them for an engine source that cannot pass them on.
+vLLM's engine fields (allowed_token_ids, bad_words, prompt_logprobs; priority and cache_salt, which go on the
+RequestParams) are checked here as vLLM's server checks them; validation.py refuses them for an engine source that
+cannot pass them on.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_si
         constraint=constraint_of(request),
         allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
         bad_words=_bad_words(request.bad_words),
+        prompt_logprobs=prompt_logprobs_of(request),
     )
 
 
@@ -99,6 +101,32 @@ def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | Non
     if not is_count(top) or top > MAX_TOP_LOGPROBS:
         raise bad_request(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})", name)
     return top
+
+
+def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """vLLM's prompt_logprobs as its server checks it: k >= 0 or -1 (the whole vocabulary); above the engine's
+    --max-logprobs vLLM's own check refuses it. A stream cannot carry them (vLLM: a 400 for k > 0 or -1, and 0 is
+    accepted and shows nothing, so it is not asked of the engine). Completions' echo with max_tokens 0 is answered
+    without the engine here, so it cannot have them."""
+    k = request.prompt_logprobs
+    if k is None:
+        return None
+    if k < 0 and k != -1:
+        raise bad_request(f"prompt_logprobs must be a positive value or -1 (got {k})", "prompt_logprobs")
+    if request.stream:
+        if k != 0:
+            raise bad_request("prompt_logprobs are not available when stream=True", "prompt_logprobs")
+        return None
+    if isinstance(request, CompletionRequest) and request.echo:
+        if request.max_tokens == 0:
+            message = (
+                "prompt_logprobs with echo and max_tokens 0 is not supported (the answer is made without the engine)"
+            )
+            raise bad_request(message, "prompt_logprobs", code="unsupported_parameter")
+        if request.logprobs is not None:  # vLLM then puts the prompt's entries into `logprobs` too
+            message = "prompt_logprobs with echo and logprobs is not supported (the prompt's entries in logprobs)"
+            raise bad_request(message, "prompt_logprobs", code="unsupported_parameter")
+    return k
 
 
 def _check_ranges(request: GenerationRequest) -> None:

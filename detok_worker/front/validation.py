@@ -179,7 +179,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "best_of": _not(None, 1),
     "use_beam_search": _truthy,
     "length_penalty": _not(None, 1, 1.0),
-    "prompt_logprobs": _is_set,
     "guided_decoding_backend": _is_set,
     "guided_whitespace_pattern": _is_set,
     "logits_processors": _is_set,
@@ -218,6 +217,7 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "bad_words": _truthy,
     "priority": _not(None, 0),
     "cache_salt": _is_set,
+    "prompt_logprobs": _is_set,
 }
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
 

@@ -196,6 +196,27 @@ def test_limits_name_the_parameter(client: Any, endpoint: str, extra: dict[str, 
     assert caught.value.body["param"] == param
 
 
+def refuses_prompt_logprobs(client: Any, source: str) -> None:
+    """vLLM's prompt_logprobs: a 400 unsupported_parameter naming it, which says the vllm source honours it."""
+    for create, body in (
+        (client.completions.create, {"prompt": "Hello"}),
+        (client.chat.completions.create, {"messages": MESSAGES}),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            create(model=model(client), max_tokens=5, extra_body={"prompt_logprobs": 1}, **body)
+        error = caught.value.body
+        assert (caught.value.status_code, error["param"], error["code"]) == (
+            400,
+            "prompt_logprobs",
+            "unsupported_parameter",
+        )
+        assert "'vllm' engine source" in error["message"] and f"is '{source}'" in error["message"]
+
+
+def test_a_local_source_refuses_prompt_logprobs(client: Any) -> None:
+    refuses_prompt_logprobs(client, "echo")
+
+
 def test_through_the_grpc_gateway(qwen3: Any) -> None:
     """`detok serve --source grpc` in front of `detok engine-server` (echo, fake logprobs in output_logprobs)."""
     engine = EngineServer("--source", "echo", "--step-interval-ms", "2")
@@ -205,6 +226,7 @@ def test_through_the_grpc_gateway(qwen3: Any) -> None:
             whole_completion(client, qwen3, as_float32)
             entries, count = streamed_chat(client)
             check_chat_entries(entries, chat_ids(process, qwen3, count), qwen3, 2, as_float32)
+            refuses_prompt_logprobs(client, "grpc")  # the token-only API's input_logprobs carry no ranks
     finally:
         engine.cleanup()
 

@@ -63,10 +63,38 @@ REFERENCE_CASES = [seeded(seed, 32) for seed in (1, 2, 3, 4)] + [
 ]
 
 
+# prompt_logprobs requests (path, body): a prompt with a character split over three tokens, the whole vocabulary's
+# top candidates as vLLM caps them, chat, echo, n = 2; and what vLLM's server refuses (a stream with k > 0)
+PROMPT_LOGPROBS_CASES = [
+    ("/v1/completions", {"prompt": "Story 龘 number 😀 five", "max_tokens": 2, "prompt_logprobs": 3}),
+    ("/v1/completions", {"prompt": [9707, 11, 1879], "max_tokens": 1, "prompt_logprobs": 0, "echo": True}),
+    ("/v1/completions", {"prompt": "Two choices", "max_tokens": 2, "n": 2, "seed": 5, "prompt_logprobs": 20}),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi 龘"}], "max_tokens": 2, "prompt_logprobs": 2},
+    ),
+    ("/v1/completions", {"prompt": "Streamed", "max_tokens": 2, "stream": True, "prompt_logprobs": 1}),
+    ("/v1/completions", {"prompt": "Too many", "max_tokens": 2, "prompt_logprobs": 21}),  # over --max-logprobs (20)
+]
+
+
+def prompt_logprobs_answer(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The status, and where 200 the prompt_logprobs of each choice (chat: of the response) and the texts."""
+    response = client.post(path, json={**body, "model": SERVED_NAME})
+    if response.status_code != 200:
+        return {"status": response.status_code, "param": response.json()["error"].get("param")}
+    answer = response.json()
+    choices = answer["choices"]
+    texts = [choice["message"]["content"] if "message" in choice else choice["text"] for choice in choices]
+    if path == "/v1/chat/completions":
+        return {"status": 200, "entries": [answer["prompt_logprobs"]], "texts": texts}
+    return {"status": 200, "entries": [choice["prompt_logprobs"] for choice in choices], "texts": texts}
+
+
 @pytest.fixture(scope="module")
-def vllm_reference() -> list[dict[str, Any]]:
+def vllm_reference() -> dict[str, list[dict[str, Any]]]:
     """vLLM's own server's answers to REFERENCE_CASES (one at a time: a batch of one samples the same ids in both),
-    with the ids it generated."""
+    with the ids it generated; and to PROMPT_LOGPROBS_CASES."""
     answers = []
     with vllm_server() as server, httpx.Client(base_url=server.url, timeout=120) as client:
         for case in REFERENCE_CASES:
@@ -74,14 +102,18 @@ def vllm_reference() -> list[dict[str, Any]]:
             assert response.status_code == 200, response.text
             choice = response.json()["choices"][0]
             answers.append({"text": choice["text"], "ids": choice["token_ids"], "finish": choice["finish_reason"]})
-    return answers
+        prompt_logprobs = [prompt_logprobs_answer(client, path, body) for path, body in PROMPT_LOGPROBS_CASES]
+    return {"completions": answers, "prompt_logprobs": prompt_logprobs}
 
 
 @pytest.fixture(scope="module")
-def service(vllm_reference: list[dict[str, Any]], trace_path: Path) -> Iterator[ServeProcess]:
+def service(vllm_reference: dict[str, list[dict[str, Any]]], trace_path: Path) -> Iterator[ServeProcess]:
     """One detok serve --source vllm for the module (started after vLLM's own server has stopped: two engine cores
     on two cores would slow both)."""
-    process = detok_vllm("--record", str(trace_path), "--set", "engine.stats_interval_s=0.1")
+    # frames up to 256 KiB (every request here fits): prompt logprobs that would not fit are refused
+    process = detok_vllm(
+        "--record", str(trace_path), "--set", "engine.stats_interval_s=0.1", "--set", "bus.max_message_bytes=262144"
+    )
     try:
         yield process
     finally:
@@ -114,20 +146,21 @@ async def stream_many(service: ServeProcess, bodies: list[dict[str, Any]]) -> li
 
 
 def test_seeded_completions_equal_vllms_own_server_and_the_full_decode(
-    service: ServeProcess, vllm_reference: list[dict[str, Any]], qwen3: Any
+    service: ServeProcess, vllm_reference: dict[str, list[dict[str, Any]]], qwen3: Any
 ) -> None:
     async def run() -> list[Outcome]:
         async with http_client(service) as client:
             return [await stream_completion(client, {**case, "model": SERVED_NAME}) for case in REFERENCE_CASES]
 
     outcomes = asyncio.run(run())
-    for case, outcome, reference in zip(REFERENCE_CASES[:-1], outcomes, vllm_reference, strict=False):
+    references = vllm_reference["completions"]
+    for case, outcome, reference in zip(REFERENCE_CASES[:-1], outcomes, references, strict=False):
         assert outcome.status == 200 and outcome.error is None and outcome.done, (case, outcome)
         assert outcome.text == reference["text"] == qwen3.decode(reference["ids"]), (case, outcome, reference)
         assert outcome.finish_reason == reference["finish"]
     # the output ends inside a character: the full decode ends with U+FFFD, and so does detok's text; vLLM's server
     # drops the unfinished character
-    partial, reference = outcomes[-1], vllm_reference[-1]
+    partial, reference = outcomes[-1], references[-1]
     assert reference["ids"] == PARTIAL_CHARACTER[1:]
     full = qwen3.decode(PARTIAL_CHARACTER)
     assert full.endswith("\ufffd")
@@ -314,10 +347,31 @@ def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, 
         assert outcome.token_ids == (ids if body["return_token_ids"] else None), body
 
 
-def test_vllm_request_fields(service: ServeProcess, qwen3: Any) -> None:
+def same_prompt_logprobs(answer: dict[str, Any], reference: dict[str, Any]) -> None:
+    """detok's answer is vLLM's server's: the status (and the refused field), else per choice the entries: the ids in
+    order, their ranks and decoded tokens, the logprobs within float tolerance."""
+    assert answer.keys() == reference.keys() and answer["status"] == reference["status"], (answer, reference)
+    if answer["status"] != 200:
+        assert answer["param"] == "prompt_logprobs", answer
+        return
+    assert len(answer["entries"]) == len(reference["entries"])
+    for entries, expected in zip(answer["entries"], reference["entries"], strict=True):
+        assert len(entries) == len(expected) > 1 and entries[0] is None is expected[0]
+        for position, (entry, wanted) in enumerate(zip(entries[1:], expected[1:], strict=True), 1):
+            assert list(entry) == list(wanted), position
+            for token_id, value in entry.items():
+                other = wanted[token_id]
+                assert (value["rank"], value["decoded_token"]) == (other["rank"], other["decoded_token"]), position
+                assert value["logprob"] == pytest.approx(other["logprob"], abs=1e-3), (position, token_id)
+
+
+def test_vllm_request_fields(
+    service: ServeProcess, qwen3: Any, vllm_reference: dict[str, list[dict[str, Any]]]
+) -> None:
     """return_token_ids gives the ids the engine generated (their full decode is the text), streamed the same;
     allowed_token_ids and bad_words reach vLLM's sampler (only the allowed ids, never a banned word's); priority and
-    cache_salt are taken by vLLM's engine core. The model card gives vLLM's context length (--max-model-len)."""
+    cache_salt are taken by vLLM's engine core; prompt_logprobs are vLLM's server's (and refused where it refuses
+    them). The model card gives vLLM's context length (--max-model-len)."""
     with httpx.Client(base_url=service.url, timeout=120) as client:
         cards = client.get("/v1/models").json()["data"]
         assert [(card["id"], card["max_model_len"]) for card in cards] == [(SERVED_NAME, MAX_MODEL_LEN)]
@@ -350,6 +404,24 @@ def test_vllm_request_fields(service: ServeProcess, qwen3: Any) -> None:
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
         refused = client.post("/v1/completions", json={**seeded(14, 4), "model": SERVED_NAME, "cache_salt": "a/b"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "cache_salt"
+
+        answers = [prompt_logprobs_answer(client, path, body) for path, body in PROMPT_LOGPROBS_CASES]
+        for answer, reference in zip(answers, vllm_reference["prompt_logprobs"], strict=True):
+            same_prompt_logprobs(answer, reference)
+        split, echoed, two = answers[:3]
+        # " 龘" is three tokens (prompt positions 1-3): the last one completes it and gives it whole
+        prompt_tokens = [entry[next(iter(entry))]["decoded_token"] for entry in split["entries"][0][1:]]
+        assert prompt_tokens == ["", "", " 龘", " number", " 😀", " five"]
+        assert echoed["texts"][0].startswith(qwen3.decode([9707, 11, 1879]))
+        assert len(two["entries"]) == 2 and two["entries"][0] == two["entries"][1]
+        assert len(two["entries"][0][1]) == 21  # the prompt token and its 20 top candidates (it is not among them)
+        # 900 prompt tokens x 21 entries do not fit in a 256 KiB frame: refused, and the engine serves on
+        long_prompt = {"prompt": [9707] * 900, "max_tokens": 2, "prompt_logprobs": 20}
+        assert prompt_logprobs_answer(client, "/v1/completions", long_prompt) == {
+            "status": 400,
+            "param": "prompt_logprobs",
+        }
+        same_prompt_logprobs(prompt_logprobs_answer(client, *PROMPT_LOGPROBS_CASES[0]), answers[0])
 
 
 def engine_core_pids(service: ServeProcess) -> list[int]:

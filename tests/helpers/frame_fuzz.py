@@ -25,8 +25,10 @@ from detok_worker.bus.messages import (
     Heartbeat,
     Hello,
     Open,
+    PromptLogprobs,
     Reject,
     RequestParams,
+    SamplingParams,
     Submit,
     TextBatch,
     TextDelta,
@@ -37,7 +39,8 @@ from detok_worker.bus.messages import (
 
 HUGE_INTS = [2**63 - 1, -(2**63), 2**64 - 1, 2**32, -1, -(2**31)]
 TAGS = ["submit", "abort", "delivered", "token_batch", "shutdown", "hello", "heartbeat", "finish", "goodbye",
-        "text_batch", "worker_stats", "reject", "engine_stats", "open", "tokens", "delta", "nope", ""]  # fmt: skip
+        "text_batch", "worker_stats", "reject", "prompt_logprobs", "engine_stats", "open", "tokens", "delta", "nope",
+        ""]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,8 @@ def token_ids(rng: random.Random, count: int) -> list[int]:
 def to_engine_messages(rng: random.Random) -> list[object]:
     """front -> engine (Submit/Abort/Delivered), plus a worker's message on the wrong socket."""
     rid = random_rid(rng)
-    params = RequestParams(rng.choice([1, 5, 0, -3, 2**63 - 1]), detok_params(rng), rng.random() < 0.5)
+    sampling = SamplingParams(prompt_logprobs=rng.choice([None, 0, 5, -1, -7, 2**63 - 1]))
+    params = RequestParams(rng.choice([1, 5, 0, -3, 2**63 - 1]), detok_params(rng), rng.random() < 0.5, sampling)
     submit = Submit(rid, token_ids(rng, rng.randint(0, 12)), params, rng.choice([0, -1, 2**63 - 1]))
     return [submit, submit, Abort(rid), Delivered(rid), Hello("x", 1)]
 
@@ -207,6 +211,7 @@ def to_front_messages(rng: random.Random) -> list[object]:
         TextBatch("w", 0, rng.choice([0, -1]), [delta, delta]),
         WorkerStats(f"fuzz-{rng.randrange(10**6)}", -1, rng.choice([0, -3, 2**63 - 1]), {"x": -1}, -1, 2**63 - 1),
         Reject(rid, "fuzzed"),
+        PromptLogprobs(rid, [[1, 2], [-3], []], [[-0.5, float("nan")], [], [float("-inf")]], [1, -1]),
         EngineStats(rng.choice([0, -1]), {"fuzz": -1}, {"x": 2**63 - 1}, -1, 0),
         Submit("r", [1], RequestParams(1)),
     ]  # fmt: skip

@@ -18,7 +18,16 @@ import uvicorn
 import zmq
 
 from detok_worker.bus.codec import encode, engine_decoder
-from detok_worker.bus.messages import Abort, EngineStats, Reject, Submit, TextBatch, TextDelta, WorkerStats
+from detok_worker.bus.messages import (
+    Abort,
+    EngineStats,
+    PromptLogprobs,
+    Reject,
+    Submit,
+    TextBatch,
+    TextDelta,
+    WorkerStats,
+)
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig, load_config
 from detok_worker.front.app import create_app
@@ -120,17 +129,33 @@ def decode_plan(
     return deltas
 
 
+def played_prompt_logprobs(submit: Submit) -> PromptLogprobs:
+    """What the played engine answers a request's prompt_logprobs with: row i (prompt token i + 1) holds that token
+    (logprob -(i + 1), rank i + 2) then k candidates, ids 1000, 1001, ... with logprobs -0.5, -1.5, ... (k = -1: 3)."""
+    k = submit.params.sampling.prompt_logprobs
+    top = 3 if k == -1 else k or 0
+    ids = submit.prompt_ids
+    return PromptLogprobs(
+        submit.rid,
+        [[token_id, *range(1000, 1000 + top)] for token_id in ids[1:]],
+        [[-(i + 1.0), *(-0.5 - j for j in range(top))] for i in range(len(ids) - 1)],
+        [i + 2 for i in range(len(ids) - 1)],
+    )
+
+
 @dataclass
 class PlayedEngine:
     """Plays the engine (PULL at the engine endpoint: Submit/Abort) and one worker (PUSH to the front:
-    TextBatch, WorkerStats; plus EngineStats and Reject) in a thread. `plan(submit)` decides what a request gets:
-    a list of TextDeltas sent one per step (none: nothing), or a string to Reject it with."""
+    TextBatch, WorkerStats; plus EngineStats, Reject and PromptLogprobs) in a thread. `plan(submit)` decides what a
+    request gets: a list of TextDeltas sent one per step (none: nothing), or a string to Reject it with. A request
+    that asks for prompt logprobs gets `prompt_plan(submit)` first (None: nothing)."""
 
     config: DetokConfig
     plan: Callable[[Submit], Plan | str]
     step_s: float = 0.005
     send_stats: bool = True
     served_model_name: str = ""  # the EngineStats' (the model name an engine serves)
+    prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
     _jobs: dict[str, list[TextDelta]] = field(default_factory=dict)
@@ -186,7 +211,12 @@ class PlayedEngine:
             planned = self.plan(message)
             if isinstance(planned, str):
                 push.send(encode(Reject(message.rid, planned)))
-            elif planned:  # an empty plan: the request gets nothing (a test sends what it wants)
+                return
+            if message.params.sampling.prompt_logprobs is not None:
+                answer = self.prompt_plan(message)
+                if answer is not None:
+                    push.send(encode(answer))
+            if planned:  # an empty plan: the request gets nothing (a test sends what it wants)
                 self._jobs[message.rid] = list(planned)
         elif isinstance(message, Abort):
             self.aborts.put((message, time.monotonic()))

@@ -26,7 +26,7 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.renderers import renderer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.v1.engine import FinishReason
+from vllm.v1.engine import EngineCoreOutput, FinishReason
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
@@ -37,7 +37,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
-from detok_worker.engine.vllm_requests import FINISHES, RequestBuilder, output_logprobs
+from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -56,6 +56,8 @@ class VllmSource:
         self.client = client
         self.requests = requests
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
+        # rids that asked for prompt logprobs, until their prefill is done: the rows of its chunks so far
+        self.prompt_rows: dict[str, PromptRows] = {}
         self.stopping = False
         self.engine_dead = False
         self.bus = asyncio.Event()  # bus frames may have arrived
@@ -85,6 +87,8 @@ class VllmSource:
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
                 if stopped:
                     self.on_engine.difference_update(stopped)
+                    for rid in stopped:
+                        self.prompt_rows.pop(rid, None)
                     await self.client.abort_requests_async(stopped)
                 if link.scheduler.has_work():
                     link.step()
@@ -111,12 +115,15 @@ class VllmSource:
             link.fail(submit.rid, str(exc), param=exc.param)
             return
         self.on_engine.add(submit.rid)
+        if submit.params.sampling.prompt_logprobs is not None:
+            self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
         await self.client.add_request_async(request)
 
     async def _read_outputs(self) -> None:
         link = self.link
         client = self.client
         on_engine = self.on_engine
+        prompt_rows = self.prompt_rows
         while True:
             try:
                 step = await client.get_output_async()
@@ -127,6 +134,8 @@ class VllmSource:
             for output in step.outputs:
                 rid = output.request_id
                 reason = output.finish_reason
+                if prompt_rows and rid in prompt_rows:
+                    self._prompt_logprobs(output)
                 if reason is None:
                     finish = None
                 else:
@@ -145,7 +154,24 @@ class VllmSource:
             # looks again rather than wait for a signal that may not come
             self.bus.set()
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
+                for rid in gone:
+                    prompt_rows.pop(rid, None)
                 await client.abort_requests_async(gone)
+
+    def _prompt_logprobs(self, output: EngineCoreOutput) -> None:
+        """Collect a request's prompt logprobs over its prefill chunks; send them to its front once the prefill is
+        done (its first id, or its end), also when there are none (a one-token prompt): the front waits for them."""
+        rid = output.request_id
+        rows = self.prompt_rows[rid]
+        if output.new_prompt_logprobs_tensors is not None:
+            rows.add(output.new_prompt_logprobs_tensors)
+        if output.new_token_ids or output.finish_reason is not None:
+            del self.prompt_rows[rid]
+            if rows.too_large:  # the client's k for this prompt: its push then finds the rid ended
+                message = "the prompt logprobs asked for are larger than the bus carries (bus.max_message_bytes)"
+                self.link.fail(rid, message, param="prompt_logprobs")
+            elif output.finish_reason != FinishReason.ABORT:
+                self.link.send_prompt_logprobs(rows.message())
 
     def _engine_died(self) -> None:
         """Every open request ends with an error naming the engine; then this process stops (see the module doc)."""

@@ -1,5 +1,6 @@
 """The bus fields of vLLM's request fields: DetokParams' return_token_ids and spaces_between_special_tokens,
-TextDelta.token_ids, SamplingParams' allowed_token_ids and bad_words, RequestParams' priority and cache_salt. Each
+TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words and prompt_logprobs, RequestParams' priority and
+cache_salt; and the engine's PromptLogprobs message to the front. Each field
 is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
 decode (as "not asked"), and new frames carry it last."""
 
@@ -11,6 +12,7 @@ from detok_worker.bus.codec import encode, engine_decoder, front_decoder, worker
 from detok_worker.bus.messages import (
     DetokParams,
     Open,
+    PromptLogprobs,
     RequestParams,
     SamplingParams,
     Submit,
@@ -31,18 +33,19 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
     assert (params.detok.return_token_ids, params.detok.spaces_between_special_tokens) == (False, True)
     assert params.sampling == SamplingParams(temperature=0.5)
     assert (params.sampling.allowed_token_ids, params.sampling.bad_words) == (None, [])
+    assert params.sampling.prompt_logprobs is None
     assert (params.priority, params.cache_salt) == (0, None)
 
 
 def test_new_fields_travel_last() -> None:
-    sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"])
+    sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1)
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False)
     params = RequestParams(3, detok, sampling=sampling, priority=-2, cache_salt="s1")
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
     assert raw[3][-2:] == [-2, "s1"]  # RequestParams: ..., priority, cache_salt
     assert raw[3][1][-2:] == [True, False]  # DetokParams: ..., return_token_ids, spaces_between_special_tokens
-    assert raw[3][3][-2:] == [[5, 9], ["no"]]  # SamplingParams: ..., allowed_token_ids, bad_words
+    assert raw[3][3][-3:] == [[5, 9], ["no"], -1]  # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 
 
@@ -62,3 +65,11 @@ def test_a_delta_from_before_token_ids_decodes_without_them() -> None:
     raw = msgspec.msgpack.decode(encode(new))
     assert raw[4][0][-1] == [9707, 13]  # the last element of the delta
     assert front_decoder().decode(encode(new)) == new
+
+
+def test_prompt_logprobs_reach_the_front_as_sent() -> None:
+    message = PromptLogprobs("r1", [[11, 11, 3]], [[-0.25, -0.25, float("-inf")]], [1])
+    frame = encode(message)
+    assert msgspec.msgpack.decode(frame)[:2] == ["prompt_logprobs", "r1"]
+    assert front_decoder().decode(frame) == message
+    assert engine_decoder().decode(frame) is None  # not a message the engine takes

@@ -1,17 +1,19 @@
 """EngineLink with two front processes, over real ipc sockets in a private dir: a rid's Reject reaches only the
 front that submitted it, a FrontHello aborts the rids its predecessor at that index left, and a front index out of
-range is a bad frame."""
+range is a bad frame. PromptLogprobs go to the rid's front too."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
 from helpers.bus_peers import bus_config, short_runtime_dir
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.messages import Abort, Delivered, FrontHello, Reject, RequestParams, Submit
+from detok_worker.bus.messages import Abort, Delivered, FrontHello, PromptLogprobs, Reject, RequestParams, Submit
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.engine.link import EngineLink
 
@@ -30,17 +32,24 @@ def poll_until(link: EngineLink, predicate: Any, timeout_s: float = 5.0) -> list
     raise AssertionError(f"no such news within {timeout_s} s: {submitted}, {stopped}")
 
 
-def rejects_at(pull: zmq.Socket[Any]) -> list[str]:
+def messages_at(pull: zmq.Socket[Any], kind: type) -> list[Any]:
+    """The messages of `kind` a front's PULL has (the engine's stats are broadcast among them)."""
     decoder = front_decoder()
-    rids = []
+    found = []
     while pull.poll(200):
         message = decoder.decode(pull.recv())
-        if isinstance(message, Reject):
-            rids.append(message.rid)
-    return rids
+        if isinstance(message, kind):
+            found.append(message)
+    return found
 
 
-def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
+def rejects_at(pull: zmq.Socket[Any]) -> list[str]:
+    return [reject.rid for reject in messages_at(pull, Reject)]
+
+
+@contextlib.contextmanager
+def two_fronts() -> Iterator[tuple[list[zmq.Socket[Any]], zmq.Socket[Any], EngineLink]]:
+    """An EngineLink with two front processes: their PULLs, a PUSH to the engine, the link."""
     with short_runtime_dir() as runtime_dir:
         config = bus_config(runtime_dir, **{"front.processes": 2, "engine.stats_interval_s": 60.0})
         with BusSockets(config) as fronts:
@@ -48,31 +57,36 @@ def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
             to_engine = fronts.engine_push()
             link = EngineLink(config)
             try:
-                for rid, front in (("a0", 0), ("a1", 1), ("b1", 1)):
-                    to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4), 0, front)))
-                submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
-                for submit in submitted:
-                    assert link.accept(submit, [5, 6]) is not None
-                link.fail("a1", "engine failure")
-                link.fail("a0", "engine failure")
-                assert rejects_at(pulls[1]) == ["a1"]
-                assert rejects_at(pulls[0]) == ["a0"]
-
-                # front 1 restarts: b1 (its predecessor's) is aborted; nothing of front 0 is touched
-                to_engine.send(encode(FrontHello(1, 4242)))
-                _, stopped = poll_until(link, lambda _, stopped: stopped)
-                assert stopped == ["b1"]
-                assert link.scheduler.live_rids == 0 and link.scheduler.aborted == 1
-
-                # a front index outside front.processes has nowhere to be answered: a bad frame, and no crash
-                to_engine.send(encode(Submit("x", [1], RequestParams(max_tokens=4), 0, 2)))
-                to_engine.send(encode(FrontHello(-1, 1)))
-                to_engine.send(encode(Submit("y", [1], RequestParams(max_tokens=4), 0, 1)))
-                submitted, _ = poll_until(link, lambda s, _: s)
-                assert [submit.rid for submit in submitted] == ["y"]
-                assert link.decoder.bad_frames["front_index"] == 2
+                yield pulls, to_engine, link
             finally:
                 link.close()
+
+
+def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
+    with two_fronts() as (pulls, to_engine, link):
+        for rid, front in (("a0", 0), ("a1", 1), ("b1", 1)):
+            to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4), 0, front)))
+        submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
+        for submit in submitted:
+            assert link.accept(submit, [5, 6]) is not None
+        link.fail("a1", "engine failure")
+        link.fail("a0", "engine failure")
+        assert rejects_at(pulls[1]) == ["a1"]
+        assert rejects_at(pulls[0]) == ["a0"]
+
+        # front 1 restarts: b1 (its predecessor's) is aborted; nothing of front 0 is touched
+        to_engine.send(encode(FrontHello(1, 4242)))
+        _, stopped = poll_until(link, lambda _, stopped: stopped)
+        assert stopped == ["b1"]
+        assert link.scheduler.live_rids == 0 and link.scheduler.aborted == 1
+
+        # a front index outside front.processes has nowhere to be answered: a bad frame, and no crash
+        to_engine.send(encode(Submit("x", [1], RequestParams(max_tokens=4), 0, 2)))
+        to_engine.send(encode(FrontHello(-1, 1)))
+        to_engine.send(encode(Submit("y", [1], RequestParams(max_tokens=4), 0, 1)))
+        submitted, _ = poll_until(link, lambda s, _: s)
+        assert [submit.rid for submit in submitted] == ["y"]
+        assert link.decoder.bad_frames["front_index"] == 2
 
 
 def test_a_delivered_that_overtakes_the_workers_finish_stops_the_engines_request() -> None:
@@ -97,6 +111,18 @@ def test_a_delivered_that_overtakes_the_workers_finish_stops_the_engines_request
                 assert stopped == []
             finally:
                 link.close()
+
+
+def test_prompt_logprobs_go_to_the_rids_front_at_the_next_step() -> None:
+    with two_fronts() as (pulls, to_engine, link):
+        to_engine.send(encode(Submit("p1", [7, 8, 9], RequestParams(max_tokens=4), 0, 1)))
+        (submit,), _ = poll_until(link, lambda s, _: len(s) == 1)
+        assert link.accept(submit) is not None
+        sent = PromptLogprobs("p1", [[8, 3], [9, 9]], [[-1.5, -0.25], [-0.5, -0.5]], [4, 1])
+        link.send_prompt_logprobs(sent)
+        link.step()
+        assert messages_at(pulls[1], PromptLogprobs) == [sent]
+        assert messages_at(pulls[0], PromptLogprobs) == []
 
 
 def test_deferred_submits_come_back_first_and_an_abort_meanwhile_withdraws_one() -> None:

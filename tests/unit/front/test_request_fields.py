@@ -232,7 +232,7 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "best_of": ({"best_of": 2}, REFUSED),
     "use_beam_search": ({"use_beam_search": True}, REFUSED),
     "length_penalty": ({"length_penalty": 0.5}, REFUSED),
-    "prompt_logprobs": ({"prompt_logprobs": 1}, REFUSED),
+    "prompt_logprobs": ({"prompt_logprobs": 1}, VllmEngine(lambda p: p.sampling.prompt_logprobs == 1)),
     "allowed_token_ids": (
         {"allowed_token_ids": [1, 2, 151643]},
         VllmEngine(lambda p: p.sampling.allowed_token_ids == [1, 2, 151643]),
@@ -402,7 +402,7 @@ NULLABLE = (
     "frequency_penalty", "stream_options", "user", "response_format", "top_k", "min_p", "repetition_penalty",
     "stop_token_ids", "logprobs", "echo", "best_of", "skip_special_tokens", "min_tokens", "ignore_eos",
     "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "return_token_ids",
-    "spaces_between_special_tokens", "allowed_token_ids", "bad_words", "priority", "cache_salt",
+    "spaces_between_special_tokens", "allowed_token_ids", "bad_words", "priority", "cache_salt", "prompt_logprobs",
 )  # fmt: skip
 
 
@@ -482,6 +482,13 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
         ({"cache_salt": "x" * 129}, "cache_salt"),
         ({"cache_salt": 7}, "cache_salt"),
         ({"return_token_ids": "yes"}, "return_token_ids"),
+        ({"prompt_logprobs": -2}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1.5}, "prompt_logprobs"),
+        ({"prompt_logprobs": "1"}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "echo": True, "max_tokens": 0}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "echo": True, "logprobs": 1}, "prompt_logprobs"),
     ],
 )
 def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
