@@ -3,7 +3,7 @@ one entry per prompt token, None for the first (nothing precedes it), then {toke
 decoded_token}} with the prompt token first and the engine's top candidates after it (ranks 1..k; a prompt token
 that is also a top candidate keeps its first place with the candidate's values, as vLLM's dict does).
 
-`decoded_token` follows vLLM's output processor: the tokenizer's decode of the id alone, special tokens kept; an id
+`decoded_token` follows vLLM's output processor: the id's token string (tokenizer/token_strings.py); an id
 whose decode ends with U+FFFD (part of a character) is decoded again after the one to four prompt tokens before its
 position (the first prompt token never counts: it has no entry), which gives the rest of the character it
 completes, or "" while it completes none. An id the tokenizer lacks (a model's vocabulary is often padded past it)
@@ -21,6 +21,7 @@ from detok_worker.front.openai_api import PromptLogprobOut, PromptLogprobsOut
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.stream.decode import decode_text
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check
+from detok_worker.tokenizer.token_strings import token_string, word_start_marker
 
 REPLACEMENT = "\ufffd"
 MAX_CONTEXT = 4  # vLLM's: enough preceding tokens for any UTF-8 character
@@ -41,6 +42,7 @@ class _Texts:
         self.tokenizer = tokenizer
         self._check = id_check(tokenizer)
         self._single: dict[int, str] = {}
+        self._marker = word_start_marker(tokenizer)
 
     def decode(self, ids: Sequence[int]) -> str:
         try:
@@ -58,7 +60,8 @@ class _Texts:
     def one(self, token_id: int) -> str:
         text = self._single.get(token_id)
         if text is None:
-            text = self._single[token_id] = self.decode([token_id])
+            text = token_string(self.tokenizer, token_id, self.decode([token_id]), self._marker)
+            self._single[token_id] = text
         return text
 
     def corrected(self, token_id: int, context: list[int]) -> str:

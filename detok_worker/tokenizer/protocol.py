@@ -172,6 +172,14 @@ class KnowsAddedTokens(Protocol):
 
 
 @runtime_checkable
+class MarksWordStarts(Protocol):
+    """Writes a word's leading space as a marker character in its pieces (a Metaspace pre-tokenizer's "▁"), which
+    the decode of a piece alone strips: token strings put it back (tokenizer/token_strings.py)."""
+
+    def word_start_marker(self) -> str | None: ...
+
+
+@runtime_checkable
 class BuildsLazily(Protocol):
     """Defers its costliest part (building the library tokenizer) to the first use that needs it."""
 

@@ -1,8 +1,9 @@
 """Token strings and bytes for the logprobs a request asked for (the engine sends ids and values only).
 
 Per id, as the client sees it (docs/http_api.md, "logprobs"):
-- `token`: the tokenizer's decode of that id alone, special tokens kept (vLLM's rule). A token that holds only
-  part of a character decodes to U+FFFD.
+- `token`: the token string of tokenizer/token_strings.py (vLLM's rule: the decode of that id alone, special tokens
+  kept, a SentencePiece word piece's leading space kept). A token that holds only part of a character decodes to
+  U+FFFD.
 - `bytes`: the token's own bytes as they appear in the output (OpenAI's rule): the piece of a character for a
   token that splits one, so the bytes of consecutive tokens join into the output's UTF-8. They come from the
   tokenizer's verified byte table (detok_worker/stream/decode/fast_path.py); a tokenizer without one gives the
@@ -16,6 +17,7 @@ from __future__ import annotations
 from detok_worker.bus.messages import LogprobText, TokenLogprob
 from detok_worker.stream.decode import byte_decoding_for, decode_text
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
+from detok_worker.tokenizer.token_strings import token_string, word_start_marker
 
 NO_TEXT = ("", b"")  # the entry of an id the tokenizer lacks but the model can emit
 
@@ -28,6 +30,7 @@ class TokenTexts:
         self._cache: dict[int, tuple[str, bytes]] = {}
         self._pieces: list[bytes | None] | None = None
         self._byte_values: list[int] | None = None
+        self._marker: str | None = None
         self._loaded = False
 
     def _load_table(self) -> None:
@@ -35,6 +38,7 @@ class TokenTexts:
         if decoding is not None:
             self._pieces = decoding.keep.pieces
             self._byte_values = decoding.keep.byte_values
+        self._marker = word_start_marker(self.tokenizer)
         self._loaded = True
 
     def of(self, token_id: int, model_vocab_size: int = 0) -> tuple[str, bytes]:
@@ -46,7 +50,7 @@ class TokenTexts:
         if not self._loaded:
             self._load_table()
         try:
-            token = decode_text(self.tokenizer, [token_id])
+            token = token_string(self.tokenizer, token_id, decode_text(self.tokenizer, [token_id]), self._marker)
         except InvalidTokenIdError:
             if is_int_id(token_id) and 0 <= token_id < model_vocab_size:
                 return NO_TEXT

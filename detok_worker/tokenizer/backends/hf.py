@@ -76,6 +76,7 @@ class HFTokenizer(TokenizerBase):
         vocab_size = facts.vocab_size
         # Ids in [0, vocab_size) that name no token (rare; tokenizers would silently drop them).
         self._unknown_ids = facts.unknown_ids
+        self._word_start_marker = facts.word_start_marker
         added = {token_id: (content, special) for token_id, content, special in facts.added_tokens}
         contents = [content for content, _ in added.values()]
         named = Counter(contents)
@@ -180,6 +181,10 @@ class HFTokenizer(TokenizerBase):
         """id -> content of every added token, special or not (what vLLM's fast detokenizer calls added tokens)."""
         return self._added_contents
 
+    def word_start_marker(self) -> str | None:
+        """The replacement character of its Metaspace pre-tokenizer (alone or in a Sequence), else None."""
+        return self._word_start_marker
+
     def token_bytes_table(self) -> TokenBytesTable | None:
         """Per-token bytes for the streaming fast path (None if the decoder is not a byte concatenation)."""
         return hf_token_bytes_table(self._tokenizer, self._vocab_size)
@@ -201,7 +206,20 @@ def read_vocab_facts(tokenizer: RustTokenizer) -> VocabFacts:
     vocab_size = max(known_ids, default=-1) + 1
     unknown = frozenset(range(vocab_size)) - known_ids if len(known_ids) < vocab_size else frozenset()
     added = tokenizer.get_added_tokens_decoder()
-    return VocabFacts(vocab_size, unknown, tuple((i, added[i].content, bool(added[i].special)) for i in sorted(added)))
+    added_tokens = tuple((i, added[i].content, bool(added[i].special)) for i in sorted(added))
+    return VocabFacts(vocab_size, unknown, added_tokens, _word_start_marker(tokenizer))
+
+
+def _word_start_marker(tokenizer: RustTokenizer) -> str | None:
+    """The replacement character of a Metaspace pre-tokenizer, alone or in a Sequence (what vLLM reads too)."""
+    if tokenizer.pre_tokenizer is None:
+        return None
+    spec = json.loads(tokenizer.pre_tokenizer.__getstate__())
+    parts = spec.get("pretokenizers", []) if spec.get("type") == "Sequence" else [spec]
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") == "Metaspace":
+            return str(part.get("replacement", "\u2581"))
+    return None
 
 
 def _read_json_file(path: Path) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from detok_worker.tokenizer.protocol import Fingerprinted, Tokenizer
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "DETOK_CACHE_DIR"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _SUBDIR = "tokenizer-load"
 _FACTS_SUFFIX = ".vocab.json"
 
@@ -49,11 +49,13 @@ def cache_root() -> Path | None:
 @dataclass(frozen=True, slots=True)
 class VocabFacts:
     """What HFTokenizer needs from the whole vocabulary: its size (highest id + 1), the ids in it naming no
-    token, and the added tokens (id, content, special), ascending by id."""
+    token, the added tokens (id, content, special), ascending by id, and the word-start marker of its pieces (a
+    Metaspace pre-tokenizer's replacement character; None without one)."""
 
     vocab_size: int
     unknown_ids: frozenset[int]
     added_tokens: tuple[tuple[int, str, bool], ...]
+    word_start_marker: str | None = None
 
 
 def content_key(tokenizer: Tokenizer, **parts: object) -> str | None:
@@ -96,7 +98,13 @@ def read_vocab_facts(key: str) -> VocabFacts | None:
         return None
     try:
         added = tuple((int(i), str(content), bool(special)) for i, content, special in data["added_tokens"])
-        return VocabFacts(int(data["vocab_size"]), frozenset(int(i) for i in data["unknown_ids"]), added)
+        marker = data["word_start_marker"]
+        return VocabFacts(
+            int(data["vocab_size"]),
+            frozenset(int(i) for i in data["unknown_ids"]),
+            added,
+            str(marker) if marker is not None else None,
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -118,6 +126,7 @@ def write_entry(key: str, facts: VocabFacts, decompressed: str | None) -> None:
         "vocab_size": facts.vocab_size,
         "unknown_ids": sorted(facts.unknown_ids),
         "added_tokens": [list(token) for token in facts.added_tokens],
+        "word_start_marker": facts.word_start_marker,
     }
     write_json_entry(_SUBDIR, key, payload, _FACTS_SUFFIX)
 

@@ -8,6 +8,7 @@ import lzma
 from pathlib import Path
 
 import pytest
+from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 from helpers.tokenizer_files import MULTILINGUAL_TEXTS
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import models, pre_tokenizers
@@ -119,3 +120,13 @@ def test_a_source_changed_after_a_deferred_load_is_refused_and_a_new_load_reads_
         deferred.encode("hello world")
     reloaded = create_tokenizer(directory)  # another file content: another key, nothing cached for it yet
     assert reloaded.vocab_size == 6 and reloaded.encode("hello world").ids == [2, 5]
+
+
+def test_a_cached_load_knows_the_word_start_marker_without_building(cache_root: Path) -> None:
+    mistral_dir = FIXTURE_TOKENIZER_DIRS["mistral-sp-v1"]
+    assert create_tokenizer(mistral_dir).word_start_marker() == "\u2581"  # type: ignore[attr-defined]
+    second = create_tokenizer(mistral_dir)
+    assert "_tokenizer" not in second.__dict__  # a deferred build: the marker comes from the cached facts
+    assert second.word_start_marker() == "\u2581"  # type: ignore[attr-defined]
+    assert "_tokenizer" not in second.__dict__
+    assert create_tokenizer(DEFAULT_TOKENIZER_DIR).word_start_marker() is None  # type: ignore[attr-defined]
