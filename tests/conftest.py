@@ -28,3 +28,9 @@ def private_fast_path_cache(tmp_path_factory: pytest.TempPathFactory):  # type: 
         os.environ.pop("DETOK_CACHE_DIR", None)
     else:
         os.environ["DETOK_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def qwen3():  # type: ignore[no-untyped-def]
+    """The embedded default tokenizer (Qwen3), loaded through the public factory."""
+    return load_fixture_tokenizer("qwen3")

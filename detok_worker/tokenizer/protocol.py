@@ -174,7 +174,7 @@ class KnowsAddedTokens(Protocol):
 @runtime_checkable
 class MarksWordStarts(Protocol):
     """Writes a word's leading space as a marker character in its pieces (a Metaspace pre-tokenizer's "▁"), which
-    the decode of a piece alone strips: token strings put it back (tokenizer/token_strings.py)."""
+    the decode of a piece alone strips: token strings put it back (stream/decode/token_strings.py)."""
 
     def word_start_marker(self) -> str | None: ...
 

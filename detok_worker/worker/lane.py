@@ -31,6 +31,7 @@ class RidState:
     parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
     stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
     logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
+    logprob_context: list[int] | None = None  # a rid with logprobs: its last sampled ids (logprobs.TokenTexts)
     # a rid whose params ask for its token ids (never on the lane): the ids consumed whose delta has not gone yet;
     # None for the others
     held_ids: list[int] | None = None

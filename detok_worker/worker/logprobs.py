@@ -1,23 +1,25 @@
 """Token strings and bytes for the logprobs a request asked for (the engine sends ids and values only).
 
 Per id, as the client sees it (docs/http_api.md, "logprobs"):
-- `token`: the token string of tokenizer/token_strings.py (vLLM's rule: the decode of that id alone, special tokens
-  kept, a SentencePiece word piece's leading space kept). A token that holds only part of a character decodes to
-  U+FFFD.
+- `token`: the token string of stream/decode/token_strings.py (vLLM's rule: the decode of that id alone, special
+  tokens kept, a SentencePiece word piece's leading space kept), with the rid's last sampled tokens as the context
+  that completes a split character: a token that holds only part of a character gives "", the one that completes it
+  the whole character.
 - `bytes`: the token's own bytes as they appear in the output (OpenAI's rule): the piece of a character for a
   token that splits one, so the bytes of consecutive tokens join into the output's UTF-8. They come from the
   tokenizer's verified byte table (detok_worker/stream/decode/fast_path.py); a tokenizer without one gives the
-  UTF-8 of `token` (vLLM's rule).
-Both are cached per id: a request with logprobs decodes each distinct id once per worker. An id the tokenizer lacks
-that the engine's model can emit (below its vocabulary size) has no text: "" and no bytes (NO_TEXT).
+  UTF-8 of the id's token string alone (vLLM's rule).
+Both are cached per id: a request with logprobs decodes each distinct id once per worker (a split character's
+completion again per place). An id the tokenizer lacks that the engine's model can emit (below its vocabulary size)
+has no text: "" and no bytes (NO_TEXT).
 """
 
 from __future__ import annotations
 
 from detok_worker.bus.messages import LogprobText, TokenLogprob
-from detok_worker.stream.decode import byte_decoding_for, decode_text
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
-from detok_worker.tokenizer.token_strings import token_string, word_start_marker
+from detok_worker.stream.decode import byte_decoding_for
+from detok_worker.stream.decode.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check, is_int_id
 
 NO_TEXT = ("", b"")  # the entry of an id the tokenizer lacks but the model can emit
 
@@ -30,7 +32,8 @@ class TokenTexts:
         self._cache: dict[int, tuple[str, bytes]] = {}
         self._pieces: list[bytes | None] | None = None
         self._byte_values: list[int] | None = None
-        self._marker: str | None = None
+        self._strings = TokenStrings(tokenizer)
+        self._check = id_check(tokenizer)
         self._loaded = False
 
     def _load_table(self) -> None:
@@ -38,7 +41,6 @@ class TokenTexts:
         if decoding is not None:
             self._pieces = decoding.keep.pieces
             self._byte_values = decoding.keep.byte_values
-        self._marker = word_start_marker(self.tokenizer)
         self._loaded = True
 
     def of(self, token_id: int, model_vocab_size: int = 0) -> tuple[str, bytes]:
@@ -50,7 +52,8 @@ class TokenTexts:
         if not self._loaded:
             self._load_table()
         try:
-            token = token_string(self.tokenizer, token_id, decode_text(self.tokenizer, [token_id]), self._marker)
+            self._check([token_id])
+            token = self._strings.of(token_id)
         except InvalidTokenIdError:
             if is_int_id(token_id) and 0 <= token_id < model_vocab_size:
                 return NO_TEXT
@@ -64,16 +67,29 @@ class TokenTexts:
         self._cache[token_id] = found
         return found
 
-    def texts(self, ids: list[int], logprobs: list[TokenLogprob], model_vocab_size: int = 0) -> list[LogprobText]:
+    def texts(
+        self, ids: list[int], logprobs: list[TokenLogprob], model_vocab_size: int = 0, context: list[int] | None = None
+    ) -> list[LogprobText]:
         """The client's entries for `ids` (aligned with `logprobs`); top candidates sorted most likely first.
-        `model_vocab_size`: the engine's vocabulary size (see `of`)."""
+        `model_vocab_size`: the engine's vocabulary size (see `of`). `context`: the rid's sampled ids before `ids`
+        (the last CONTEXT_TOKENS count), which this call extends with `ids` and trims."""
+        if context is None:
+            context = []
         entries = []
         for token_id, entry in zip(ids, logprobs, strict=True):
-            token, data = self.of(token_id, model_vocab_size)
             ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
-            top = [LogprobText(*self.of(top_id, model_vocab_size), value) for value, top_id in ranked]
-            entries.append(LogprobText(token, data, entry.logprob, top))
+            top = [LogprobText(*self._at(top_id, context, model_vocab_size), value) for value, top_id in ranked]
+            entries.append(LogprobText(*self._at(token_id, context, model_vocab_size), entry.logprob, top))
+            context.append(token_id)
+        del context[:-CONTEXT_TOKENS]
         return entries
+
+    def _at(self, token_id: int, context: list[int], model_vocab_size: int) -> tuple[str, bytes]:
+        """(token string at its place after `context`, token bytes)."""
+        token, data = self.of(token_id, model_vocab_size)
+        if token.endswith(REPLACEMENT):
+            return self._strings.at(token_id, context), data
+        return token, data
 
 
 def _by_value(pair: tuple[float, int]) -> float:

@@ -210,7 +210,11 @@ class WorkerState(RidEndings):
         and ids (and any held ones) go on the delta it produced, or are held for the next."""
         try:
             logprobs, vocab_size = item.logprobs, state.decoder.model_vocab_size
-            entries = self.token_texts.texts(item.ids, logprobs, vocab_size) if logprobs is not None else []
+            entries = []
+            if logprobs is not None:
+                if state.logprob_context is None:
+                    state.logprob_context = []
+                entries = self.token_texts.texts(item.ids, logprobs, vocab_size, state.logprob_context)
         except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
             self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", deltas, finishes)
             return

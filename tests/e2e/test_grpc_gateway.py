@@ -25,7 +25,6 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.grpc_engine_server import EngineServer, engine_server
 from helpers.serve_helpers import REPO, ServeProcess, wait_for
 from smg_grpc_proto import vllm_engine_pb2 as pb2
@@ -34,11 +33,6 @@ from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 from detok_worker.engine.sources.planned import load_corpus
 
 STEP_MS = "4"  # the engine server's pace: long prompts are still generating when a stop or a disconnect comes
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def gateway(engine: EngineServer, *extra: str) -> ServeProcess:

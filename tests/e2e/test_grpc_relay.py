@@ -17,7 +17,6 @@ import httpx
 import pytest
 from helpers import fault_helpers as faults
 from helpers.fault_helpers import EchoCase, Outcome, bounded, reference
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.grpc_engine_server import EngineServer, engine_server
 from helpers.serve_helpers import ServeProcess, wait_for
 
@@ -35,11 +34,6 @@ MAX_SERVICE_RSS_MB = 800
 def engine() -> Iterator[EngineServer]:
     with engine_server("--source", "echo", *ENGINE_PACE, "--set", f'front.model_name="{ENGINE_MODEL}"') as server:
         yield server
-
-
-@pytest.fixture
-def qwen3() -> Any:
-    return load_fixture_tokenizer("qwen3")  # loaded once per session
 
 
 def relay(engine: EngineServer, *extra: str) -> ServeProcess:

@@ -65,6 +65,10 @@ REFERENCE_CASES = [seeded(seed, 32) for seed in (1, 2, 3, 4)] + [
 
 # prompt_logprobs requests (path, body): a prompt with a character split over three tokens, the whole vocabulary's
 # top candidates as vLLM caps them, chat, echo, n = 2; and what vLLM's server refuses (a stream with k > 0)
+# sampled logprobs: seeded completions of random ids (pieces of characters among them) whose token strings, text
+# offsets and top candidates vLLM's server gives
+LOGPROBS_CASES = [seeded(seed, 64, logprobs=2) for seed in (11, 12, 13)]
+
 PROMPT_LOGPROBS_CASES = [
     ("/v1/completions", {"prompt": "Story 龘 number 😀 five", "max_tokens": 2, "prompt_logprobs": 3}),
     ("/v1/completions", {"prompt": [9707, 11, 1879], "max_tokens": 1, "prompt_logprobs": 0, "echo": True}),
@@ -103,7 +107,18 @@ def vllm_reference() -> dict[str, list[dict[str, Any]]]:
             choice = response.json()["choices"][0]
             answers.append({"text": choice["text"], "ids": choice["token_ids"], "finish": choice["finish_reason"]})
         prompt_logprobs = [prompt_logprobs_answer(client, path, body) for path, body in PROMPT_LOGPROBS_CASES]
-    return {"completions": answers, "prompt_logprobs": prompt_logprobs}
+        logprobs = [sampled_logprobs(client, case) for case in LOGPROBS_CASES]
+    return {"completions": answers, "prompt_logprobs": prompt_logprobs, "logprobs": logprobs}
+
+
+def sampled_logprobs(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """A completion's text and logprobs: tokens, text offsets, and the top candidates' token strings."""
+    response = client.post("/v1/completions", json={**body, "model": SERVED_NAME})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    logprobs = choice["logprobs"]
+    tops = [sorted(candidates) for candidates in logprobs["top_logprobs"]]
+    return {"text": choice["text"], "tokens": logprobs["tokens"], "offsets": logprobs["text_offset"], "tops": tops}
 
 
 @pytest.fixture(scope="module")
@@ -345,6 +360,18 @@ def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, 
         ids = recorded_ids(trace_path, body["request_id"])
         assert outcome.text == expected_text(qwen3, ids, [], False), body
         assert outcome.token_ids == (ids if body["return_token_ids"] else None), body
+
+
+def test_logprobs_token_strings_are_vllms(service: ServeProcess, vllm_reference: dict[str, Any]) -> None:
+    """Each sampled token's string (a piece of a character: "" until the token that completes it), the text offsets
+    and the top candidates' strings are those of vLLM's own server for the same seeded request."""
+    with httpx.Client(base_url=service.url, timeout=120) as client:
+        answers = [sampled_logprobs(client, case) for case in LOGPROBS_CASES]
+    for answer, reference in zip(answers, vllm_reference["logprobs"], strict=True):
+        assert answer["tokens"] == reference["tokens"]
+        assert answer["offsets"] == reference["offsets"]
+        assert answer["tops"] == reference["tops"]
+    assert any("" in reference["tokens"] for reference in vllm_reference["logprobs"]), "no split character seen"
 
 
 def same_prompt_logprobs(answer: dict[str, Any], reference: dict[str, Any]) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from helpers.bus_peers import PlayedWorker, bus_config, raw_push, short_runtime_dir, start_process, stop_process
 from helpers.fault_helpers import rss_kb
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
@@ -20,11 +18,6 @@ from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
 
 BIG_FRAME_BYTES = 100 * 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def test_engine_refuses_huge_frames_and_unbounded_submits(qwen3):

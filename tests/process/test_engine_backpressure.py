@@ -6,9 +6,7 @@ from __future__ import annotations
 import random
 import time
 
-import pytest
 from helpers.bus_peers import PlayedWorker, bus_config, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.columns import token_items
@@ -16,11 +14,6 @@ from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
 from detok_worker.engine.sources.planned import primary_eos_id
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], timeout_s: float) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
 from helpers.bus_peers import bus_config, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
@@ -15,11 +13,6 @@ from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
 from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def test_killed_worker_rids_are_reopened_exactly_once(qwen3):

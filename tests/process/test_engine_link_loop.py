@@ -8,9 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from helpers.bus_peers import bus_config, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import REPO, load_fixture_tokenizer
+from helpers.fixtures import REPO
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
@@ -27,11 +26,6 @@ def documented_loop() -> Any:
     namespace: dict[str, Any] = {}
     exec(compile(match.group(1), "docs/protocol.md", "exec"), namespace)  # noqa: S102 - our own documentation
     return namespace["serve_engine"]
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def test_documented_engine_loop_serves_exact_texts(qwen3):

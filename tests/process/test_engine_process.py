@@ -10,9 +10,8 @@ import sys
 import time
 
 import msgspec
-import pytest
 from helpers.bus_peers import PlayedWorker, bus_config, raw_push, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import REPO, load_fixture_tokenizer
+from helpers.fixtures import REPO
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
@@ -32,11 +31,6 @@ from detok_worker.engine.sources.factory import run_source
 from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
 from detok_worker.worker.process import run_worker
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 class TokenLog:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
 from helpers.bus_peers import bus_config, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.grpc_engine_server import EngineServer
 from helpers.tokenizer_files import reference_hf_tokenizer
 
@@ -23,11 +21,6 @@ from detok_worker.engine.sources.grpc_gateway import gateway_link
 from detok_worker.worker.process import run_worker
 
 MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,669 ids
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def _engine(config: DetokConfig, outputs: dict[str, list[int]], running: threading.Event) -> None:

@@ -6,10 +6,8 @@ import random
 import time
 
 import msgspec
-import pytest
 import zmq
 from helpers.bus_peers import PlayedEngine, bus_config, short_runtime_dir, start_process, stop_process
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
@@ -34,11 +32,6 @@ TEXTS = {
     "stop": ("Write until the marker ### and never past it, please.", ["###"]),
     "visible": ("Count: one, two, three, four.", ["three"]),
 }
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def _expected(tokenizer, ids: list[int], stops: list[str], visible: bool) -> str:

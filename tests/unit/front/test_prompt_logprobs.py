@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import FrontUnderTest, played_prompt_logprobs, running_front
 
 from detok_worker.bus.messages import PromptLogprobs, RequestParams, SamplingParams, Submit
@@ -19,11 +18,6 @@ from detok_worker.front.openai_api import PromptLogprobOut
 from detok_worker.front.prompt_logprobs import PromptLogprobsError, render_prompt_logprobs
 
 CJK = [64, 18137, 122, 246, 293]  # "a 龘 b": the character's three bytes are three tokens, each decoding to U+FFFD
-
-
-@pytest.fixture(scope="module")
-def qwen3() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

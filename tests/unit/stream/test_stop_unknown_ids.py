@@ -4,7 +4,6 @@ tokenizer's full decode (Hugging Face `tokenizers`, the reference) drops it; any
 from __future__ import annotations
 
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.tokenizer_files import reference_hf_tokenizer
 
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
@@ -12,11 +11,6 @@ from detok_worker.stream.stop import Held, StopConfigError, Stopped, StoppedWith
 from detok_worker.tokenizer.protocol import InvalidTokenIdError
 
 MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,669 ids
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def test_process_token_holds_an_id_without_text_and_raises_past_the_model(qwen3) -> None:

@@ -52,7 +52,12 @@ def test_byte_level_entries_follow_the_text(size: int) -> None:
     deltas, state = _run(qwen3, ids, size)
     entries = _entries(deltas)
     assert len(entries) == deltas[-1].n_tokens == len(ids)
-    assert [entry.token for entry in entries] == [qwen3.decode([token_id]) for token_id in ids]
+    # a token string is the id's decode alone, but a piece of a character gives "" and the token that completes the
+    # character all of it (vLLM's rule): so the strings join into the text, as the bytes do
+    for entry, token_id in zip(entries, ids, strict=True):
+        alone = qwen3.decode([token_id])
+        assert entry.token == alone or (alone.endswith("\ufffd") and "\ufffd" not in entry.token)
+    assert "".join(entry.token for entry in entries) == TEXT
     assert b"".join(entry.token_bytes for entry in entries) == TEXT.encode("utf-8")
     # each delta carries the entries of the tokens consumed up to it: their bytes are its text and the deltas'
     # before it, plus at most the start of a character the next delta finishes
@@ -80,7 +85,9 @@ def test_byte_level_partial_characters() -> None:
     assert count >= 2, "the jellyfish takes several byte-level tokens"
     for entry, token_id in zip(entries[:count], ids, strict=False):
         assert jellyfish.find(entry.token_bytes) >= 0 and len(entry.token_bytes) < len(jellyfish)
-        assert entry.token == qwen3.decode([token_id]) and "\ufffd" in entry.token  # a lone piece decodes to U+FFFD
+        assert qwen3.decode([token_id]).endswith("\ufffd")  # a lone piece decodes to U+FFFD ...
+    # ... so its token string is "" until the token that completes the character, which gives all of it
+    assert [entry.token for entry in entries[:count]] == [""] * (count - 1) + ["🪼"]
     assert _splitting_ids(qwen3, ids) == ids[:count]
 
 
@@ -90,11 +97,14 @@ def test_byte_fallback_tokens_give_their_byte() -> None:
     deltas, _ = _run(mistral, ids, 2)
     entries = _entries(deltas)
     assert len(entries) == len(ids) == deltas[-1].n_tokens
-    # a word piece's token string keeps its leading space (vLLM's rule): "▁Em" decodes alone to "Em"
+    # a word piece's token string keeps its leading space (vLLM's rule): "▁Em" decodes alone to "Em"; the byte
+    # tokens of a character give "" then the character
     for entry, token_id in zip(entries, ids, strict=True):
         piece, alone = mistral.id_to_token(token_id), mistral.decode([token_id])
-        assert entry.token == (" " + alone if piece.startswith("\u2581") and not alone.startswith(" ") else alone)
+        if not alone.endswith("\ufffd"):
+            assert entry.token == (" " + alone if piece.startswith("\u2581") and not alone.startswith(" ") else alone)
     assert sum(entry.token.startswith(" ") for entry in entries) >= 3
+    assert "".join(entry.token for entry in entries) == " " + TEXT
     pairs = zip(entries, ids, strict=True)
     byte_tokens = [(entry, token_id) for entry, token_id in pairs if mistral.id_to_token(token_id)[:3] == "<0x"]
     assert len(byte_tokens) >= 4, "the emoji have no piece of their own: byte-fallback tokens"

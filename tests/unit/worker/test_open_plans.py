@@ -17,11 +17,6 @@ HITS = "The result is 42</answer> and then more text"  # completes the stop stri
 MISSES = "a </ans and </an and </answer-like text, no stop"  # starts it again and again, never completes it
 
 
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
-
-
 def _texts(state: WorkerState, batches: list[TokenBatch]) -> tuple[dict[str, str], dict[str, str | None]]:
     """Each rid's text (deltas joined by offset) and its finish, over these batches."""
     texts: dict[str, str] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
@@ -17,11 +16,6 @@ TEXTS = [
     "今天的天气很好。東京の朝は早い。오늘 아침에는 비가 조금 내렸다.",
     "def f(x):\n    return x ** 2  # ثم العربية و ภาษาไทย",
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def _eos(tokenizer) -> int:

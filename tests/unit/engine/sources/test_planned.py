@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
@@ -24,11 +23,6 @@ from detok_worker.errors import OperatorError
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 
 PARAMS = RequestParams(max_tokens=100)
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    return load_fixture_tokenizer("qwen3")
 
 
 def test_split_passages_keeps_blank_lines_inside_a_passage():
