@@ -94,6 +94,16 @@ def chat_logprobs(entries: list[LogprobText]) -> ChatLogprobs:
     )
 
 
+def _completion_top(entry: LogprobText) -> dict[str, float]:
+    """A completion token's top_logprobs: the sampled token first, then the top candidates, most likely first (OpenAI's
+    legacy shape, as vLLM gives it: up to logprobs + 1 entries; a token string that two ids share keeps the later
+    one's value)."""
+    top = {entry.token: entry.logprob}
+    for candidate in entry.top:
+        top[candidate.token] = candidate.logprob
+    return top
+
+
 class CompletionLogprobsBuilder:
     """choices[].logprobs of completions (the legacy shape); keeps text_offset running across a stream."""
 
@@ -108,7 +118,7 @@ class CompletionLogprobsBuilder:
         return CompletionLogprobs(
             tokens=[entry.token for entry in entries],
             token_logprobs=[_logprob_value(entry.logprob) for entry in entries],
-            top_logprobs=[{top.token: top.logprob for top in entry.top} for entry in entries],
+            top_logprobs=[_completion_top(entry) for entry in entries],
             text_offset=offsets,
         )
 

@@ -92,7 +92,10 @@ def whole_completion(client: Any, qwen3: Any, precision: Any = float) -> Any:
     ids = echoed(qwen3, prompt, count)
     check_token_strings(logprobs.tokens, ids, qwen3)
     assert logprobs.text_offset == [sum(len(token) for token in logprobs.tokens[:k]) for k in range(count)]
-    tops = [list(candidates.values()) for candidates in logprobs.top_logprobs]
+    # the sampled token first (OpenAI's legacy shape: up to logprobs + 1), then the candidates; the fake engine's
+    # candidates include the sampled id, so there are `logprobs` of them
+    assert [next(iter(candidates)) for candidates in logprobs.top_logprobs] == logprobs.tokens
+    tops = [sorted(candidates.values(), reverse=True) for candidates in logprobs.top_logprobs]
     check_values(ids, logprobs.token_logprobs, tops, 3, precision)
     assert whole.choices[0].text == TEXT
     return whole
