@@ -23,7 +23,7 @@ from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_respon
 from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.parsing import ParserChoice
-from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, render_prompt_logprobs
+from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, echo_logprobs, render_prompt_logprobs
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
@@ -117,7 +117,9 @@ class Generation:
                 writer = None
             events = self._events(choices, formatter, checked.include_usage, writer)
             return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
-        return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs)
+        # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
+        echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
+        return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
         """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""
@@ -208,9 +210,16 @@ class Generation:
             self.open_event_streams -= 1
 
     async def _collect(
-        self, request: Request, choices: Choices, formatter: Formatter, prompt_ids: list[int], prompt_k: int | None
+        self,
+        request: Request,
+        choices: Choices,
+        formatter: Formatter,
+        prompt_ids: list[int],
+        prompt_k: int | None,
+        echo_k: int | None = None,
     ) -> Response:
-        """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here."""
+        """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here;
+        `echo_k`: the logprobs of an echoed completion, whose entries then start with the prompt's."""
         watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
         logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
@@ -233,7 +242,7 @@ class Generation:
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        shown = None
+        shown = echoed = None
         if prompt_logprobs is not None and prompt_k is not None:
             try:
                 shown = await self.intake.off_loop(
@@ -243,6 +252,9 @@ class Generation:
                 return error_response(
                     APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
                 )
+            if echo_k is not None and isinstance(formatter, CompletionFormatter):
+                echoed = await self.intake.off_loop(echo_logprobs, prompt_ids, shown, echo_k, self.tokenizer)
+                return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown, echoed), media_type=JSON)
         return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown), media_type=JSON)
 
     def _abort_disconnected(self, choices: Choices) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from detok_worker.bus.messages import PromptLogprobs
 from detok_worker.front.errors import ENGINE_ERROR, APIError
-from detok_worker.front.openai_api import PromptLogprobOut, PromptLogprobsOut
+from detok_worker.front.openai_api import CompletionLogprobs, PromptLogprobOut, PromptLogprobsOut
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.stream.decode.token_strings import CONTEXT_TOKENS, TokenStrings
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -54,6 +54,49 @@ def render_prompt_logprobs(
             entry[token_id] = PromptLogprobOut(_value(value), token_rank, texts.at(token_id, context))
         out.append(entry)
     return out
+
+
+def echo_logprobs(
+    prompt_ids: Sequence[int], shown: PromptLogprobsOut, k: int, tokenizer: Tokenizer
+) -> CompletionLogprobs:
+    """The prompt's part of an echoed completion's `logprobs`, as vLLM's server makes it from the prompt logprobs
+    (`shown`, render_prompt_logprobs): per prompt token its decoded_token and logprob, and as its top_logprobs the
+    first k + 1 entries of its position (itself first); the first token, which has no entry, its decode alone and
+    nulls. text_offset counts from the start of the echoed prompt."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = 0
+    for token_id, entry in zip(prompt_ids, shown, strict=True):
+        if entry is None:
+            token, value, top = tokenizer.decode([token_id]), None, None
+        else:
+            own = entry[token_id]
+            token, value = own.decoded_token or "", own.logprob
+            top = {}
+            for place, candidate in enumerate(entry.values()):
+                if place > k:
+                    break
+                top[candidate.decoded_token or ""] = candidate.logprob
+        tokens.append(token)
+        values.append(value)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(token)
+    return CompletionLogprobs(tokens, values, tops, offsets)
+
+
+def after_echo(echoed: CompletionLogprobs, output: CompletionLogprobs) -> CompletionLogprobs:
+    """An echoed completion's whole `logprobs`: the prompt's part, then the output's with its text offsets moved past
+    the prompt's text."""
+    end = echoed.text_offset[-1] + len(echoed.tokens[-1]) if echoed.tokens else 0
+    return CompletionLogprobs(
+        echoed.tokens + output.tokens,
+        echoed.token_logprobs + output.token_logprobs,
+        echoed.top_logprobs + output.top_logprobs,
+        echoed.text_offset + [end + offset for offset in output.text_offset],
+    )
 
 
 async def arrived(stream: RequestStream) -> PromptLogprobs:

@@ -29,6 +29,7 @@ from detok_worker.front.openai_api import (
     TopLogprobOut,
     Usage,
 )
+from detok_worker.front.prompt_logprobs import after_echo
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput
 
@@ -252,12 +253,16 @@ class CompletionFormatter(FormatterBase):
         logprobs: list[list[LogprobText]] | None = None,
         token_ids: list[list[int]] | None = None,
         prompt_logprobs: PromptLogprobsOut | None = None,
+        echoed: CompletionLogprobs | None = None,
     ) -> bytes:
-        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's."""
+        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's.
+        `echoed`: the echoed prompt's part of every choice's `logprobs` (prompt_logprobs.echo_logprobs)."""
         out = []
         for index, stream in enumerate(choices.streams):
             text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
             entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
+            if echoed is not None and entries is not None:
+                entries = after_echo(echoed, entries)
             choice = CompletionChoice(index, text, stream.finish, stream.stop_reason, entries)
             if prompt_logprobs is not None:
                 choice.prompt_logprobs = prompt_logprobs

@@ -61,8 +61,11 @@ _STRUCTURED_OPTIONS = frozenset(
 )
 
 
-def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> SamplingParams:
-    """The request's SamplingParams (n=1: validation.py refuses the others)."""
+def sampling_params(
+    request: CompletionRequest | ChatCompletionRequest, vocab_size: int, scores_prompts: bool = False
+) -> SamplingParams:
+    """The request's SamplingParams (n=1: validation.py refuses the others). `scores_prompts`: the engine source
+    computes prompt logprobs (see prompt_logprobs_of)."""
     _check_ranges(request)
     return SamplingParams(
         temperature=request.temperature,
@@ -78,7 +81,7 @@ def sampling_params(request: CompletionRequest | ChatCompletionRequest, vocab_si
         constraint=constraint_of(request),
         allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
         bad_words=_bad_words(request.bad_words),
-        prompt_logprobs=prompt_logprobs_of(request),
+        prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
     )
 
 
@@ -103,13 +106,18 @@ def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | Non
     return top
 
 
-def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
+def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest, scores_prompts: bool = False) -> int | None:
     """vLLM's prompt_logprobs as its server checks it: k >= 0 or -1 (the whole vocabulary); above the engine's
     --max-logprobs vLLM's own check refuses it. A stream cannot carry them (vLLM: a 400 for k > 0 or -1, and 0 is
     accepted and shows nothing, so it is not asked of the engine). Completions' echo with max_tokens 0 is answered
-    without the engine here, so it cannot have them."""
+    without the engine here, so it cannot have them. A whole completion with echo and logprobs asks for the prompt's
+    `logprobs` top candidates when none are asked and the engine computes them (`scores_prompts`), as vLLM does:
+    its `logprobs` then start with the prompt's tokens (echo_logprobs)."""
     k = request.prompt_logprobs
     if k is None:
+        echoed = isinstance(request, CompletionRequest) and request.echo and request.logprobs is not None
+        if echoed and scores_prompts and not request.stream and request.max_tokens != 0:
+            return request.logprobs
         return None
     if k < 0 and k != -1:
         raise bad_request(f"prompt_logprobs must be a positive value or -1 (got {k})", "prompt_logprobs")
@@ -117,15 +125,9 @@ def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> in
         if k != 0:
             raise bad_request("prompt_logprobs are not available when stream=True", "prompt_logprobs")
         return None
-    if isinstance(request, CompletionRequest) and request.echo:
-        if request.max_tokens == 0:
-            message = (
-                "prompt_logprobs with echo and max_tokens 0 is not supported (the answer is made without the engine)"
-            )
-            raise bad_request(message, "prompt_logprobs", code="unsupported_parameter")
-        if request.logprobs is not None:  # vLLM then puts the prompt's entries into `logprobs` too
-            message = "prompt_logprobs with echo and logprobs is not supported (the prompt's entries in logprobs)"
-            raise bad_request(message, "prompt_logprobs", code="unsupported_parameter")
+    if isinstance(request, CompletionRequest) and request.echo and request.max_tokens == 0:
+        message = "prompt_logprobs with echo and max_tokens 0 is not supported (the answer is made without the engine)"
+        raise bad_request(message, "prompt_logprobs", code="unsupported_parameter")
     return k
 
 

@@ -300,7 +300,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     _check_unsupported(request, limits.engine_source)
     if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens < 1:
         raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
-    sampling = sampling_params(request, limits.vocab_size)
+    sampling = sampling_params(request, limits.vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens = _max_tokens(request, limits, override, echo)

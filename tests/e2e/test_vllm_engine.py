@@ -66,8 +66,11 @@ REFERENCE_CASES = [seeded(seed, 32) for seed in (1, 2, 3, 4)] + [
 # prompt_logprobs requests (path, body): a prompt with a character split over three tokens, the whole vocabulary's
 # top candidates as vLLM caps them, chat, echo, n = 2; and what vLLM's server refuses (a stream with k > 0)
 # sampled logprobs: seeded completions of random ids (pieces of characters among them) whose token strings, text
-# offsets and top candidates vLLM's server gives
-LOGPROBS_CASES = [seeded(seed, 64, logprobs=2) for seed in (11, 12, 13)]
+# offsets and top candidates vLLM's server gives; with echo, the prompt's tokens lead them (from prompt logprobs)
+LOGPROBS_CASES = [seeded(seed, 64, logprobs=2) for seed in (11, 12, 13)] + [
+    {"prompt": "Story 龘 number 😀 five", "max_tokens": 8, "temperature": 1.0, "seed": 14, "logprobs": 3, "echo": True},
+    {"prompt": "Two choices", "max_tokens": 4, "seed": 5, "logprobs": 1, "echo": True, "prompt_logprobs": 2},
+]
 
 PROMPT_LOGPROBS_CASES = [
     ("/v1/completions", {"prompt": "Story 龘 number 😀 five", "max_tokens": 2, "prompt_logprobs": 3}),
@@ -117,8 +120,15 @@ def sampled_logprobs(client: httpx.Client, body: dict[str, Any]) -> dict[str, An
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     logprobs = choice["logprobs"]
-    tops = [sorted(candidates) for candidates in logprobs["top_logprobs"]]
-    return {"text": choice["text"], "tokens": logprobs["tokens"], "offsets": logprobs["text_offset"], "tops": tops}
+    tops = [sorted(candidates) if candidates is not None else None for candidates in logprobs["top_logprobs"]]
+    return {
+        "text": choice["text"],
+        "tokens": logprobs["tokens"],
+        "offsets": logprobs["text_offset"],
+        "tops": tops,
+        "nulls": [i for i, value in enumerate(logprobs["token_logprobs"]) if value is None],
+        "prompt_logprobs": choice.get("prompt_logprobs") is not None,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -364,13 +374,17 @@ def test_a_killed_worker_loses_no_text(service: ServeProcess, trace_path: Path, 
 
 def test_logprobs_token_strings_are_vllms(service: ServeProcess, vllm_reference: dict[str, Any]) -> None:
     """Each sampled token's string (a piece of a character: "" until the token that completes it), the text offsets
-    and the top candidates' strings are those of vLLM's own server for the same seeded request."""
+    and the top candidates' strings are those of vLLM's own server for the same seeded request; with echo, the
+    prompt's tokens lead them, the first with null values (vLLM asks its engine for the prompt's logprobs)."""
     with httpx.Client(base_url=service.url, timeout=120) as client:
         answers = [sampled_logprobs(client, case) for case in LOGPROBS_CASES]
     for answer, reference in zip(answers, vllm_reference["logprobs"], strict=True):
         assert answer["tokens"] == reference["tokens"]
         assert answer["offsets"] == reference["offsets"]
         assert answer["tops"] == reference["tops"]
+        assert (answer["nulls"], answer["prompt_logprobs"]) == (reference["nulls"], reference["prompt_logprobs"])
+    echoed = vllm_reference["logprobs"][3]
+    assert echoed["nulls"] == [0] and echoed["prompt_logprobs"] and echoed["text"].startswith("Story 龘 number")
     assert any("" in reference["tokens"] for reference in vllm_reference["logprobs"]), "no split character seen"
 
 

@@ -156,3 +156,40 @@ def test_an_engine_that_sends_none_or_bad_rows_fails_the_request(
         assert response.status_code == 502 and "unusable" in response.json()["error"]["message"], response.text
     finally:
         vllm_front.engine.prompt_plan = played_prompt_logprobs
+
+
+def test_an_echoed_completion_with_logprobs_starts_them_with_the_prompts(vllm_front: FrontUnderTest) -> None:
+    """As vLLM's server: echo with logprobs asks the engine for the prompt's logprobs (k = logprobs) and the
+    choice's logprobs start with the prompt's tokens, the first with its decode alone and nulls, then each with its
+    decoded_token, logprob and the first k + 1 entries of its position; text_offset runs from the prompt's start."""
+    body = {"prompt": "Hello there, friend", "max_tokens": 3, "echo": True, "logprobs": 1}
+    response, (submit,) = post(vllm_front, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    assert submit.params.sampling.prompt_logprobs == 1
+    choice = response.json()["choices"][0]
+    shown, prompt, logprobs = expected(vllm_front, submit), submit.prompt_ids, choice["logprobs"]
+    assert choice["prompt_logprobs"] == shown
+    n = len(prompt)
+    own = [shown[i][str(prompt[i])] for i in range(1, n)]
+    assert logprobs["tokens"][:n] == [vllm_front.tokenizer.decode(prompt[:1])] + [e["decoded_token"] for e in own]
+    assert "".join(logprobs["tokens"][:n]) == "Hello there, friend"
+    assert logprobs["token_logprobs"][:n] == [None] + [e["logprob"] for e in own]
+    assert logprobs["top_logprobs"][0] is None
+    for i in range(1, n):  # the prompt token, then the engine's best candidate (k + 1 = 2 entries)
+        entries = list(shown[i].values())[:2]
+        assert logprobs["top_logprobs"][i] == {e["decoded_token"]: e["logprob"] for e in entries}
+    tokens = logprobs["tokens"]
+    assert logprobs["text_offset"] == [sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    assert choice["text"].startswith("Hello there, friend")
+
+
+def test_echo_with_logprobs_asks_no_prompt_logprobs_of_a_stream_or_another_source(
+    vllm_front: FrontUnderTest, qwen3: Any
+) -> None:
+    body = {"prompt": "Hello there", "max_tokens": 3, "echo": True, "logprobs": 1}
+    response, (submit,) = post(vllm_front, "/v1/completions", {**body, "stream": True})
+    assert response.status_code == 200 and submit.params.sampling.prompt_logprobs is None, response.text
+    with running_front(qwen3) as local:  # a local source scores no prompt
+        response, (submit,) = post(local, "/v1/completions", body)
+    assert response.status_code == 200 and submit.params.sampling.prompt_logprobs is None, response.text
+    assert "prompt_logprobs" not in response.json()["choices"][0]

@@ -488,7 +488,6 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
         ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
         ({"prompt_logprobs": 1, "echo": True, "max_tokens": 0}, "prompt_logprobs"),
-        ({"prompt_logprobs": 1, "echo": True, "logprobs": 1}, "prompt_logprobs"),
     ],
 )
 def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
