@@ -242,7 +242,7 @@ class Generation:
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        shown = echoed = None
+        shown = None
         if prompt_logprobs is not None and prompt_k is not None:
             try:
                 shown = await self.intake.off_loop(
@@ -253,8 +253,9 @@ class Generation:
                     APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
                 )
             if echo_k is not None and isinstance(formatter, CompletionFormatter):
-                echoed = await self.intake.off_loop(echo_logprobs, prompt_ids, shown, echo_k, self.tokenizer)
-                return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown, echoed), media_type=JSON)
+                formatter.echoed_logprobs = await self.intake.off_loop(
+                    echo_logprobs, prompt_ids, shown, echo_k, self.tokenizer
+                )
         return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown), media_type=JSON)
 
     def _abort_disconnected(self, choices: Choices) -> None:

@@ -204,13 +204,15 @@ class FormatterBase:
 
 class CompletionFormatter(FormatterBase):
     """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
-    the prompt (streamed: in the choice's first chunk). With `token_ids` (return_token_ids) each choice carries its
-    output ids and the prompt's (streamed: its chunks' ids, the prompt's on its first chunk)."""
+    the prompt (streamed: in the choice's first chunk), and a whole one's logprobs with `echoed_logprobs` when the
+    engine scored the prompt (prompt_logprobs.echo_logprobs). With `token_ids` (return_token_ids) each choice
+    carries its output ids and the prompt's (streamed: its chunks' ids, the prompt's on its first chunk)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # per choice: text_offset runs across that choice's chunks
         self._logprobs: dict[int, CompletionLogprobsBuilder] | None = {} if self._with_logprobs else None
+        self.echoed_logprobs: CompletionLogprobs | None = None
 
     def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
@@ -253,16 +255,14 @@ class CompletionFormatter(FormatterBase):
         logprobs: list[list[LogprobText]] | None = None,
         token_ids: list[list[int]] | None = None,
         prompt_logprobs: PromptLogprobsOut | None = None,
-        echoed: CompletionLogprobs | None = None,
     ) -> bytes:
-        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's.
-        `echoed`: the echoed prompt's part of every choice's `logprobs` (prompt_logprobs.echo_logprobs)."""
+        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's."""
         out = []
         for index, stream in enumerate(choices.streams):
             text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
             entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
-            if echoed is not None and entries is not None:
-                entries = after_echo(echoed, entries)
+            if self.echoed_logprobs is not None and entries is not None:
+                entries = after_echo(self.echoed_logprobs, entries)
             choice = CompletionChoice(index, text, stream.finish, stream.stop_reason, entries)
             if prompt_logprobs is not None:
                 choice.prompt_logprobs = prompt_logprobs

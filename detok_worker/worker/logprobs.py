@@ -19,7 +19,7 @@ from __future__ import annotations
 from detok_worker.bus.messages import LogprobText, TokenLogprob
 from detok_worker.stream.decode import byte_decoding_for
 from detok_worker.stream.decode.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check, is_int_id
+from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_int_id
 
 NO_TEXT = ("", b"")  # the entry of an id the tokenizer lacks but the model can emit
 
@@ -33,7 +33,6 @@ class TokenTexts:
         self._pieces: list[bytes | None] | None = None
         self._byte_values: list[int] | None = None
         self._strings = TokenStrings(tokenizer)
-        self._check = id_check(tokenizer)
         self._loaded = False
 
     def _load_table(self) -> None:
@@ -52,7 +51,7 @@ class TokenTexts:
         if not self._loaded:
             self._load_table()
         try:
-            self._check([token_id])
+            self._strings.check([token_id])
             token = self._strings.of(token_id)
         except InvalidTokenIdError:
             if is_int_id(token_id) and 0 <= token_id < model_vocab_size:

@@ -35,7 +35,7 @@ class TokenStrings:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self._check = id_check(tokenizer)
+        self.check = id_check(tokenizer)  # the tokenizer's id rule (raises InvalidTokenIdError)
         self._marker = word_start_marker(tokenizer)
         self._single: dict[int, str] = {}
 
@@ -61,7 +61,7 @@ class TokenStrings:
 
     def _known(self, token_id: int) -> bool:
         try:
-            self._check([token_id])
+            self.check([token_id])
         except InvalidTokenIdError:
             return False
         return True
