@@ -63,8 +63,6 @@ REFERENCE_CASES = [seeded(seed, 32) for seed in (1, 2, 3, 4)] + [
 ]
 
 
-# prompt_logprobs requests (path, body): a prompt with a character split over three tokens, the whole vocabulary's
-# top candidates as vLLM caps them, chat, echo, n = 2; and what vLLM's server refuses (a stream with k > 0)
 # sampled logprobs: seeded completions of random ids (pieces of characters among them) whose token strings, text
 # offsets and top candidates vLLM's server gives; with echo, the prompt's tokens lead them (from prompt logprobs)
 LOGPROBS_CASES = [seeded(seed, 64, logprobs=2) for seed in (11, 12, 13)] + [
@@ -72,6 +70,8 @@ LOGPROBS_CASES = [seeded(seed, 64, logprobs=2) for seed in (11, 12, 13)] + [
     {"prompt": "Two choices", "max_tokens": 4, "seed": 5, "logprobs": 1, "echo": True, "prompt_logprobs": 2},
 ]
 
+# prompt_logprobs requests (path, body): a prompt with a character split over three tokens, the whole vocabulary's
+# top candidates as vLLM caps them, chat, echo, n = 2; and what vLLM's server refuses (a stream with k > 0)
 PROMPT_LOGPROBS_CASES = [
     ("/v1/completions", {"prompt": "Story 龘 number 😀 five", "max_tokens": 2, "prompt_logprobs": 3}),
     ("/v1/completions", {"prompt": [9707, 11, 1879], "max_tokens": 1, "prompt_logprobs": 0, "echo": True}),
