@@ -15,6 +15,14 @@ class Wakeup:
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
 
+    def fileno(self) -> int:
+        """The read end, for a poller that waits on other sockets too (it becomes readable on `set()`)."""
+        return self._read
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
     def set(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):  # full pipe: a wakeup is already pending
             os.write(self._write, b"\0")

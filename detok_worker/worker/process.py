@@ -29,6 +29,7 @@ from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
 from detok_worker.process.signals import stop_on_signals
+from detok_worker.process.wakeup import Wakeup
 from detok_worker.stream import prepare_tokenizer
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -37,7 +38,7 @@ from detok_worker.worker.state import WorkerState
 
 log = logging.getLogger(__name__)
 
-MAX_POLL_MS = 100  # upper bound on how long a stop signal can go unnoticed
+BLOCKED_POLL_MS = 100  # blocked on the front: how long a stop signal can go unnoticed
 FRAMES_PER_WAKEUP = 256  # frames handled before timers are checked again
 
 
@@ -70,9 +71,19 @@ class WorkerProcess:
         now = time.monotonic()
         self._next_heartbeat = now
         self._next_stats = now
+        # The idle loop sleeps until its next timer; a stop signal wakes it through this pipe.
+        self._stop_wakeup = Wakeup()
+        self._poller = zmq.Poller()
+        self._poller.register(self.to_engine, zmq.POLLIN)
+        self._poller.register(self._stop_wakeup.fileno(), zmq.POLLIN)
+
+    def close(self) -> None:
+        """After `run`, once no signal handler can call `request_stop` any more."""
+        self._stop_wakeup.close()
 
     def request_stop(self) -> None:
         self.stopping = True
+        self._stop_wakeup.set()
 
     def run(self) -> None:
         log.info("worker %s (pid %d) connecting to %s", self.worker_id, self.pid, self.sockets.endpoints.workers)
@@ -80,7 +91,7 @@ class WorkerProcess:
         try:
             while not self.stopping:
                 self._tick()
-                if self.to_engine.poll(self._poll_timeout_ms()):
+                if self.to_engine in dict(self._poller.poll(self._poll_timeout_ms())):
                     self._drain()
         finally:
             self._send_engine(Goodbye(self.worker_id))
@@ -169,7 +180,7 @@ class WorkerProcess:
             except zmq.Again:
                 if self.stopping:
                     return
-                to_front.poll(MAX_POLL_MS, zmq.POLLOUT)
+                to_front.poll(BLOCKED_POLL_MS, zmq.POLLOUT)
                 self.blocked_on_front = True  # heartbeats sent meanwhile say so
                 self._tick()
                 self.blocked_on_front = False
@@ -227,7 +238,7 @@ class WorkerProcess:
 
     def _poll_timeout_ms(self) -> int:
         until = min(self._next_heartbeat, self._next_stats) - time.monotonic()
-        return max(0, min(MAX_POLL_MS, int(until * 1000) + 1))
+        return max(0, int(until * 1000) + 1)
 
 
 def run_worker(config: DetokConfig, worker_id: str | None = None) -> None:
@@ -246,3 +257,4 @@ def run_worker(config: DetokConfig, worker_id: str | None = None) -> None:
     process = WorkerProcess(config, worker_id, tokenizer)
     with stop_on_signals(process.request_stop):
         process.run()
+    process.close()

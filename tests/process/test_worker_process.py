@@ -191,3 +191,21 @@ def test_stalled_front_blocks_the_worker_but_not_its_heartbeats(qwen3):
                     assert front.requests[rid].text == qwen3.decode(ids * sent)
             finally:
                 assert stop_process(process) == 0
+
+
+def test_an_idle_worker_sleeps_until_its_timers_and_a_stop_signal_wakes_it():
+    """With heartbeats and stats a minute apart, the idle worker's loop waits a minute: SIGTERM must still end it at
+    once, with its Goodbye."""
+    with short_runtime_dir() as runtime:
+        config = bus_config(runtime, **{"worker.heartbeat_interval_s": 60.0, "worker.stats_interval_s": 60.0})
+        with PlayedEngine(config) as engine, FrontCollector(config):
+            process = start_process(run_worker, config, WORKER)
+            try:
+                engine.expect(Hello, 60)
+                engine.expect(Heartbeat)  # the first one goes out at once; the next is a minute away
+                time.sleep(0.3)  # the loop is asleep in its poll
+                assert stop_process(process, timeout=5) == 0
+                _, goodbye = engine.expect(Goodbye, 5)
+                assert goodbye == Goodbye(WORKER)
+            finally:
+                process.kill()
