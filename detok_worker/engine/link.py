@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 BAD_SOURCE = "source_error"
 OUTBOX_RETRY_S = 0.05
+LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
 # the last step found a worker's queue full (`blocked`): ZeroMQ cannot tell when it drains, so step again this soon
 BLOCKED_RETRY_S = 0.005
 
@@ -158,12 +159,17 @@ class EngineLink:
 
     def idle_wait_s(self) -> float:
         """How long an engine loop with nothing to do may wait for bus traffic before `poll` has timer work: the
-        next stats report, a liveness check (a few per engine.heartbeat_timeout_s, should every worker fall
-        silent), or a retry of the Rejects a stalled front has not taken yet."""
+        next stats report, the moment a worker would be judged lost if no heartbeat came meanwhile (heartbeats
+        wake the loop anyway, so liveness costs no wakeup of its own), or a retry of the Rejects a stalled front
+        has not taken yet."""
         if self.fronts.outbox:
             return OUTBOX_RETRY_S
-        until_stats = self.next_stats - time.monotonic()
-        return max(0.0, min(until_stats, self.config.engine.heartbeat_timeout_s / 4))
+        now = time.monotonic()
+        wait = self.next_stats - now
+        deadline = self.scheduler.registry.next_deadline()
+        if deadline is not None:
+            wait = min(wait, deadline - now + LIVENESS_MARGIN_S)
+        return max(0.0, wait)
 
     def fds(self) -> list[int]:
         """For an asyncio engine loop that waits on the bus with `loop.add_reader` instead of `poll(timeout)`: the

@@ -143,6 +143,18 @@ class WorkerRegistry:
     def remove(self, worker: str) -> WorkerInfo | None:
         return self.workers.pop(worker, None)
 
+    def next_deadline(self) -> float | None:
+        """The earliest time at which `silent` or `unresponsive` could name a worker, given no news meanwhile (None:
+        no worker to judge). An idle engine waits for it instead of checking liveness on a fixed tick."""
+        deadlines = [info.last_seen + self.heartbeat_timeout_s for info in self.workers.values()]
+        if self.answer_timeout_s > 0:
+            deadlines += [
+                info.waiting_since + self.answer_timeout_s
+                for info in self.workers.values()
+                if info.waiting_since is not None
+            ]
+        return min(deadlines, default=None)
+
     def silent(self, now: float) -> list[str]:
         """Workers without a heartbeat for longer than the timeout (still registered: the caller removes them)."""
         return [w for w, info in self.workers.items() if now - info.last_seen > self.heartbeat_timeout_s]

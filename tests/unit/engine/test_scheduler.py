@@ -392,3 +392,22 @@ def test_only_a_worker_that_reads_columns_gets_them():
     for worker in ("new", "joined"):
         assert len(batches[worker].rids) == 2 and batches[worker].items == []
     assert all(len(item.ids) == 1 for item in batches["old"].items)
+
+
+def test_the_next_liveness_deadline_is_the_first_moment_a_worker_could_be_declared_lost():
+    scheduler = _scheduler(heartbeat_timeout_s=1.0, answer_timeout_s=5.0)
+    registry = scheduler.registry
+    assert registry.next_deadline() is None  # no worker: nothing to judge
+    scheduler.hello("w1", 1, 10.0)
+    scheduler.hello("w2", 2, 10.4)
+    assert registry.next_deadline() == 11.0  # w1's heartbeat timeout
+    scheduler.heartbeat("w1", 0, 10.8)
+    assert registry.next_deadline() == 11.4  # now w2's
+    assert scheduler.expire_workers(11.39) == []
+    scheduler.heartbeat("w1", 0, 11.5)
+    assert scheduler.expire_workers(11.41) == ["w2"]  # at its deadline, not later
+    registry.sent("w1", 3, 11.6)  # w1 owes an answer from 11.6: lost at 16.6 without progress, heartbeats or not
+    for now in (12.0, 13.0, 14.0, 15.0, 16.0):
+        scheduler.heartbeat("w1", 0, now)
+        assert registry.next_deadline() == min(now + 1.0, 16.6)
+    assert scheduler.expire_workers(16.61) == ["w1"]
