@@ -56,8 +56,8 @@ from detok_worker.stream.stop.rules import StopRules
 
 log = logging.getLogger(__name__)
 
-ENGINE_STALE_S = 3.0  # EngineStats arrive every ~0.5 s; older than this = engine gone
-SWEEP_INTERVAL_S = 0.5
+ENGINE_STALE_S = 3.0  # EngineStats arrive every engine.stats_interval_s (1 s); older than this = engine gone
+SWEEP_INTERVAL_S = 1.0
 MAX_FRAMES_PER_WAKEUP = 256
 SHUTTING_DOWN = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
 _repeated_faults = RateLimiter(interval_s=10.0)  # faults that can repeat per frame are logged once per 10 s

@@ -18,7 +18,7 @@ from typing import Any
 from detok_worker.tokenizer.loading.load_cache import write_atomically
 
 SNAPSHOT_PREFIX = "front-stats-"
-FRONT_STALE_S = 5.0  # sweeps refresh a front's file every 0.5 s
+FRONT_STALE_S = 5.0  # sweeps refresh a front's file every second (dispatch.SWEEP_INTERVAL_S)
 
 
 def snapshot_path(directory: str | os.PathLike[str], index: int) -> Path:

@@ -13,6 +13,7 @@ hashes each new connection to one of the listening sockets, so the fronts share 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from types import FrameType
@@ -28,20 +29,43 @@ from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 
 GRACEFUL_SHUTDOWN_S = 1.0  # after the drain: connections get this long to close before their tasks are cancelled
+TICK_S = 1.0  # uvicorn's per-second work (the Date header); an exit request wakes the loop at once
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, except that the first stop signal drains the front before shutting down."""
 
     def __init__(self, config: uvicorn.Config, front: Front) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_requested = asyncio.Event()
         super().__init__(config)
         self.front = front
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+
+    @property  # type: ignore[override]
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        """Set by signal handlers, the drain and other threads: wakes `main_loop` (thread-safe)."""
+        self._should_exit = value
+        if value and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self._loop.call_soon_threadsafe(self._exit_requested.set)
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+
+    async def main_loop(self) -> None:
+        """uvicorn's own loop wakes ten times a second to look at should_exit; this one waits for it, and wakes
+        once a second for on_tick's per-second work (its counter is a multiple of 10 at every call)."""
+        counter = 0
+        while not await self.on_tick(counter):
+            counter += 10
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit_requested.wait(), TICK_S)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._loop is None or self._drain is not None:  # not serving yet, or a second signal: stop now
