@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 PARENT_PID_ENV = "DETOK_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 POLL_INTERVAL_S = 0.5
+# With the death signal armed the watch is only the fallback (a SIGTERM the process does not act on): it may look
+# rarely, as every wakeup of an idle process costs CPU.
+ARMED_POLL_INTERVAL_S = 5.0
 GRACE_S = 5.0
 
 
@@ -35,9 +38,9 @@ def _set_parent_death_signal(signum: int) -> bool:
     return False
 
 
-def _watch(parent_pid: int) -> None:
+def _watch(parent_pid: int, interval_s: float) -> None:
     while os.getppid() == parent_pid:
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(interval_s)
     log.warning("supervisor (pid %d) is gone; shutting down", parent_pid)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(GRACE_S)
@@ -54,8 +57,9 @@ def watch_parent() -> int | None:
     except ValueError:
         log.warning("ignoring %s=%r (not a pid)", PARENT_PID_ENV, value)
         return None
-    _set_parent_death_signal(signal.SIGTERM)
+    armed = _set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent_pid:  # the supervisor died before the death signal was armed
         os._exit(1)
-    threading.Thread(target=_watch, args=(parent_pid,), name="parent-watch", daemon=True).start()
+    interval_s = ARMED_POLL_INTERVAL_S if armed else POLL_INTERVAL_S
+    threading.Thread(target=_watch, args=(parent_pid, interval_s), name="parent-watch", daemon=True).start()
     return parent_pid

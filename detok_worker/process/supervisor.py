@@ -53,7 +53,7 @@ BACKOFF_INITIAL_S = 0.25
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 10.0  # a worker that ran this long resets its backoff
 FRONT_EXIT_MARGIN_S = 3.0  # past its drain timeout, the front's own shutdown (error events, sockets)
-SUPERVISE_POLL_S = 0.5
+SUPERVISE_POLL_S = 2.0  # a fallback: SIGCHLD, stop and scale signals wake the loop at once
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
 
