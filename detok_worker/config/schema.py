@@ -91,7 +91,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     heartbeat_timeout_s: float = 1.0
     # a worker that handles none of its TokenBatches this long is lost; 0 = off
     batch_answer_timeout_s: NonNegativeFloat = 10.0
-    stats_interval_s: PositiveFloat = 0.5  # EngineStats to the front (GET /stats)
+    stats_interval_s: PositiveFloat = 1.0  # EngineStats to the front (GET /stats)
     seed: int = 0
     record: str = ""  # "" = off; a path = record every Submit and emitted Tokens item as a trace
     model: str = ""  # source = llama-cpp: a GGUF file ("" = SmolLM2-135M); source = vllm: vLLM's model (dir or id)
@@ -102,7 +102,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     count: AtLeastOne = 2
     heartbeat_interval_s: float = 0.2
-    stats_interval_s: PositiveFloat = 0.5
+    stats_interval_s: PositiveFloat = 1.0
     max_stop_strings: int = 64
     max_stop_string_chars: int = 1024
     max_live_stop_chars: AtLeastOne = 4_194_304  # stop-string characters over all live rids of one worker
