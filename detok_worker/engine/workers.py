@@ -143,27 +143,25 @@ class WorkerRegistry:
     def remove(self, worker: str) -> WorkerInfo | None:
         return self.workers.pop(worker, None)
 
+    def _heartbeat_deadline(self, info: WorkerInfo) -> float:
+        return info.last_seen + self.heartbeat_timeout_s
+
+    def _answer_deadline(self, info: WorkerInfo) -> float | None:
+        if self.answer_timeout_s <= 0 or info.waiting_since is None:
+            return None  # not checked, or it owes no answer
+        return info.waiting_since + self.answer_timeout_s
+
     def next_deadline(self) -> float | None:
         """The earliest time at which `silent` or `unresponsive` could name a worker, given no news meanwhile (None:
         no worker to judge). An idle engine waits for it instead of checking liveness on a fixed tick."""
-        deadlines = [info.last_seen + self.heartbeat_timeout_s for info in self.workers.values()]
-        if self.answer_timeout_s > 0:
-            deadlines += [
-                info.waiting_since + self.answer_timeout_s
-                for info in self.workers.values()
-                if info.waiting_since is not None
-            ]
+        deadlines = [self._heartbeat_deadline(info) for info in self.workers.values()]
+        deadlines += [d for info in self.workers.values() if (d := self._answer_deadline(info)) is not None]
         return min(deadlines, default=None)
 
     def silent(self, now: float) -> list[str]:
         """Workers without a heartbeat for longer than the timeout (still registered: the caller removes them)."""
-        return [w for w, info in self.workers.items() if now - info.last_seen > self.heartbeat_timeout_s]
+        return [w for w, info in self.workers.items() if now > self._heartbeat_deadline(info)]
 
     def unresponsive(self, now: float) -> list[str]:
         """Workers that heartbeat but have handled none of their TokenBatches for longer than answer_timeout_s."""
-        if self.answer_timeout_s <= 0:
-            return []
-        limit = self.answer_timeout_s
-        return [
-            w for w, info in self.workers.items() if info.waiting_since is not None and now - info.waiting_since > limit
-        ]
+        return [w for w, info in self.workers.items() if (d := self._answer_deadline(info)) is not None and now > d]
