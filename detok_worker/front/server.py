@@ -36,6 +36,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server, except that the first stop signal drains the front before shutting down."""
 
     def __init__(self, config: uvicorn.Config, front: Front) -> None:
+        # before uvicorn's __init__, which sets should_exit (the setter below reads these)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit_requested = asyncio.Event()
         super().__init__(config)
