@@ -110,7 +110,9 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """Generation parameters the engine needs, plus the detok parameters it forwards to the worker.
     priority: the engine's scheduling priority (lower runs earlier, with a priority scheduler). cache_salt: mixed
-    into the engine's prefix-cache keys, so only requests with the same salt share cached prompt blocks."""
+    into the engine's prefix-cache keys, so only requests with the same salt share cached prompt blocks.
+    engine_max_tokens: the client gave no max_tokens and the engine applies its own default (vLLM's: the rest of
+    the context, capped by the generation config); max_tokens then holds the front's upper bound."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
@@ -118,6 +120,7 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     sampling: SamplingParams = SamplingParams()
     priority: int = 0
     cache_salt: str | None = None
+    engine_max_tokens: bool = False
 
 
 # ---- front -> engine -------------------------------------------------------------------------------

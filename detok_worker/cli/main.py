@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -25,6 +26,7 @@ from detok_worker.cli.trace import add_trace_commands
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import (
     ENGINE_ARGS_DEST,
+    VLLM_FLAGS_APPLIED_ENV,
     add_config_flags,
     add_engine_flags,
     add_engine_server_flags,
@@ -32,6 +34,7 @@ from detok_worker.config.flags import (
     add_worker_count_flag,
     run_with_config,
     split_engine_args,
+    vllm_flags_digest,
 )
 from detok_worker.engine.command import add_engine_command_flags, run_engine_command
 from detok_worker.errors import OperatorError
@@ -46,11 +49,22 @@ def _start_role(role: str, config: DetokConfig) -> None:
     watch_parent()
 
 
+def with_vllm_flags(config: DetokConfig) -> DetokConfig:
+    """On source = vllm: the front-end flags among engine.vllm_args applied (or refused), unless the supervisor
+    that started this process did so already (its config file holds the result)."""
+    if config.engine.source != "vllm" or os.environ.get(VLLM_FLAGS_APPLIED_ENV) == vllm_flags_digest(config):
+        return config
+    from detok_worker.engine.vllm_flags import apply_vllm_flags  # imports vLLM: only on this source
+
+    return apply_vllm_flags(config)
+
+
 def cmd_serve(args: argparse.Namespace, config: DetokConfig) -> int:
-    from detok_worker.front.api_key import resolve_api_key
+    from detok_worker.front.api_key import resolve_api_keys
     from detok_worker.process.supervisor import serve
 
-    resolve_api_key(config.front)  # a conflicting or unsafe key source fails here, before any child starts
+    config = with_vllm_flags(config)
+    resolve_api_keys(config.front)  # a conflicting or unsafe key source fails here, before any child starts
     setup_logging("serve", config.logging.level, config.logging.format)
     return serve(config, startup_timeout_s=args.startup_timeout)
 
@@ -68,6 +82,7 @@ def cmd_front(args: argparse.Namespace, config: DetokConfig) -> int:
 
     if not 0 <= args.index < config.front.processes:
         raise OperatorError(f"--index {args.index} is not one of the {config.front.processes} front.processes")
+    config = with_vllm_flags(config)
     _start_role(f"front:{args.index}" if args.index else "front", config)
     run_front(config, index=args.index)
     return 0
@@ -81,7 +96,7 @@ def cmd_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def cmd_config(args: argparse.Namespace, config: DetokConfig) -> int:
-    sys.stdout.write(config_to_toml(config))
+    sys.stdout.write(config_to_toml(with_vllm_flags(config)))
     return 0
 
 

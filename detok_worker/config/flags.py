@@ -8,6 +8,7 @@ Every process entry point (detok serve/worker/front/engine, engine-stub) builds 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +107,15 @@ def split_engine_args(argv: list[str] | tuple[str, ...]) -> tuple[list[str], lis
         return argv, None
     cut = argv.index("--")
     return argv[:cut], argv[cut + 1 :]
+
+
+# set by `detok serve` for its children: the digest of the engine.vllm_args whose front-end flags it applied to
+# the config file it hands them (a front started on its own applies them itself)
+VLLM_FLAGS_APPLIED_ENV = "DETOK_VLLM_FLAGS_APPLIED"
+
+
+def vllm_flags_digest(config: DetokConfig) -> str:
+    return hashlib.sha256("\0".join([config.engine.model, *config.engine.vllm_args]).encode("utf-8")).hexdigest()
 
 
 def add_front_flags(parser: argparse.ArgumentParser) -> None:

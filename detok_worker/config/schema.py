@@ -112,16 +112,19 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     host: str = "127.0.0.1"
     port: Port = 8000
     model_name: str = ""  # "" = derived from the tokenizer name
+    model_aliases: list[str] = []  # more names requests may give for the model (responses carry model_name)
     api_key: str = ""  # "" = no auth
+    api_keys: list[str] = []  # keys of which any one is accepted (vLLM's --api-key K1 K2); instead of api_key
     max_request_bytes: AtLeastOne = 4 * 1024 * 1024
-    max_tokens_default: AtLeastOne = 256
+    max_tokens_default: NonNegativeInt = 256  # 0 = the engine's own default (source = vllm only)
+    completions_max_tokens_default: NonNegativeInt = 0  # /v1/completions' default; 0 = max_tokens_default
     max_tokens_limit: int = 32_768  # at least max_tokens_default
     max_n: AtLeastOne = 16  # choices per request (n); each is one engine request
     max_pending_chars: AtLeastOne = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
     max_total_pending_chars: AtLeastOne = 64_000_000  # over all streams; past it new requests get 503
     max_prompt_chars: AtLeastOne = 1_000_000  # characters of a prompt (all messages), checked before encoding
     max_prompt_tokens: NonNegativeInt = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP
-    request_timeout_s: float = 600.0
+    request_timeout_s: NonNegativeFloat = 600.0  # 0 = none
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
@@ -138,6 +141,12 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     body_timeout_s: PositiveFloat = 60.0  # a request body not complete this long after its head: connection closed
     keep_alive_timeout_s: PositiveFloat = 5.0  # an idle keep-alive connection is closed after this long
     max_connections: AtLeastOne = 10_000  # open HTTP connections; beyond it 503 (also kept below the fd limit)
+    # TLS (uvicorn's): a key and certificate file turn HTTPS on; ssl_cert_reqs is the ssl module's CERT_* value
+    ssl_keyfile: str = ""
+    ssl_certfile: str = ""
+    ssl_ca_certs: str = ""
+    ssl_cert_reqs: Annotated[int, Meta(ge=0, le=2)] = 0
+    ssl_ciphers: str = ""
     access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
     # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
     processes: AtLeastOne = 1
@@ -247,6 +256,14 @@ def _check_relations(config: DetokConfig) -> None:
             "engine.source = grpc needs engine.engine_url = grpc://host:port",
         ),
         (engine.source != "vllm" or bool(engine.model), "engine.source = vllm needs engine.model"),
+        (
+            engine.source == "vllm" or config.front.max_tokens_default > 0,
+            "front.max_tokens_default = 0 (the engine's own default) needs engine.source = vllm",
+        ),
+        (
+            bool(config.front.ssl_keyfile) == bool(config.front.ssl_certfile),
+            "front.ssl_keyfile and front.ssl_certfile go together",
+        ),
         (
             config.front.max_tokens_limit >= config.front.max_tokens_default,
             f"front.max_tokens_limit = {config.front.max_tokens_limit} is below front.max_tokens_default = "

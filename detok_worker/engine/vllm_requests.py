@@ -1,8 +1,9 @@
 """detok's bus messages as vLLM engine-core messages, and back: a Submit as an `EngineCoreRequest`, an
 `EngineCoreOutput`'s finish and logprobs as the bus's.
 
-Everything goes through vLLM's own classes (`SamplingParams`, `InputProcessor`), so vLLM validates a request and
-applies the model's generation config (EOS ids, max_tokens up to the context) exactly as its own server does. The
+Everything goes through vLLM's own classes and rules (`SamplingParams`, `InputProcessor`, `get_max_tokens`), so vLLM
+validates a request and applies the model's generation config (EOS ids, sampling defaults, max_tokens up to the
+context) exactly as its own server does. The
 engine core never detokenizes (`detokenize=False`) and sends only the new ids of a step (`output_kind=DELTA`);
 stop strings stay in detok's workers. Imported only by the vLLM source (it needs vLLM installed).
 """
@@ -12,8 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vllm.config import ModelConfig
+from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
+from vllm.renderers.params import TokenizeParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -44,40 +48,76 @@ SUPPORTED_TASKS = ("generate",)
 FRAME_BYTES_PER_VALUE = 16
 
 
-class RequestBuilder:
-    """Submit -> EngineCoreRequest, through vLLM's InputProcessor (validation, generation config, max_tokens)."""
+# the sampling fields a request may leave to the server's defaults (the model's generation config), as vLLM's
+# server fills them (its requests' to_sampling_params)
+DEFAULTED_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
-    def __init__(self, processor: InputProcessor) -> None:
+
+class RequestBuilder:
+    """Submit -> EngineCoreRequest, through vLLM's InputProcessor (validation, generation config) with vLLM's
+    server defaults: the sampling fields a request leaves out from the generation config
+    (`ModelConfig.get_diff_sampling_param`: `--generation-config`, `--override-generation-config`), and max_tokens
+    by vLLM's own rule (`get_max_tokens`: the rest of the context, capped by the generation config)."""
+
+    def __init__(self, processor: InputProcessor, model_config: ModelConfig) -> None:
         self.processor = processor
+        self.max_model_len = model_config.max_model_len
+        self.defaults: dict[str, Any] = model_config.get_diff_sampling_param()
+        # vLLM's serving classes: a generation config directory's max_new_tokens caps every request, as does
+        # --override-generation-config's
+        self.override_max_tokens: int | None = (
+            self.defaults.get("max_tokens")
+            if model_config.generation_config not in ("auto", "vllm")
+            else model_config.override_generation_config.get("max_new_tokens")
+        )
 
     def build(self, submit: Submit, detok: DetokParams) -> EngineCoreRequest:
         """Raises UnsupportedParameter (the client's parameter, answered with a 400 naming it) when vLLM refuses
         the request."""
         params = submit.params
         sampling = params.sampling
+        defaults = self.defaults
         fields: dict[str, Any] = {
             name: value
-            for name in (
-                "temperature",
-                "top_p",
-                "min_p",
-                "presence_penalty",
-                "frequency_penalty",
-                "repetition_penalty",
-                "seed",
-                "logprobs",
-                "prompt_logprobs",
-            )
-            if (value := getattr(sampling, name)) is not None
+            for name in DEFAULTED_FIELDS
+            if (value := getattr(sampling, name)) is not None or (value := defaults.get(name)) is not None
         }
-        if sampling.top_k is not None and sampling.top_k > 0:
-            fields["top_k"] = sampling.top_k
+        if fields.get("top_k", 0) < 0:  # detok's "off" (-1); vLLM's is 0
+            fields["top_k"] = 0
+        fields.update(
+            (name, value)
+            for name in ("seed", "logprobs", "prompt_logprobs")
+            if (value := getattr(sampling, name)) is not None
+        )
         if sampling.bad_words and self.processor.tokenizer is None:  # vLLM would drop them without a tokenizer
             raise UnsupportedParameter("bad_words", "bad_words need vLLM's tokenizer (no --skip-tokenizer-init)")
+        requested = None if params.engine_max_tokens else params.max_tokens
         try:
+            # vLLM's server: a max_tokens above the context is refused, one above what the prompt leaves is cut
+            TokenizeParams(
+                max_total_tokens=self.max_model_len,
+                max_output_tokens=requested or 0,
+                max_total_tokens_param="max_model_len",
+                max_output_tokens_param="max_tokens",
+            )
+            max_tokens = get_max_tokens(
+                self.max_model_len,
+                requested,
+                len(submit.prompt_ids),
+                defaults,
+                self.override_max_tokens,
+            )
             sampling_params = VllmSamplingParams.from_optional(
                 n=1,  # the front fans n out into one engine request per choice
-                max_tokens=params.max_tokens,
+                max_tokens=max_tokens,
                 min_tokens=detok.min_tokens,
                 stop_token_ids=list(params.detok.stop_token_ids),
                 ignore_eos=params.ignore_eos,

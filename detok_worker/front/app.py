@@ -112,18 +112,19 @@ class Front:
         configured = self.config.front.max_model_len
         return configured or self.dispatcher.engine_max_model_len or self._tokenizer_max_len
 
-    def _model_card(self) -> ModelCard:
-        name = self.model_name
-        return ModelCard(name, created=0, root=name, max_model_len=self.max_model_len)
+    def _model_card(self, name: str) -> ModelCard:
+        return ModelCard(name, created=0, root=self.model_name, max_model_len=self.max_model_len)
 
     async def models(self, request: Request) -> Response:
         self.intake.authorize(request)
-        return json_response(ModelList([self._model_card()]))
+        names = [self.model_name, *self.limits.model_aliases]
+        return json_response(ModelList([self._model_card(name) for name in names]))
 
     async def model(self, request: Request) -> Response:
         self.intake.authorize(request)
-        check_model(request.path_params["model"], self.limits, self.dispatcher.engine_model_name)
-        return json_response(self._model_card())
+        name = request.path_params["model"]
+        check_model(name, self.limits, self.dispatcher.engine_model_name)
+        return json_response(self._model_card(name))
 
     async def tokenize(self, request: Request) -> Response:
         self.intake.authorize(request)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -146,7 +147,8 @@ class Dispatcher:
             self.counters["overloaded"] += 1
             message = f"the server buffers too much output for slow clients ({budget} characters); try again later"
             raise APIError(503, message, type=SERVICE_UNAVAILABLE, code="front_overloaded")
-        deadline = time.monotonic() + self.config.front.request_timeout_s
+        timeout = self.config.front.request_timeout_s
+        deadline = time.monotonic() + timeout if timeout else math.inf  # 0 = no deadline
         streams = []
         for rid, params in choices:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)

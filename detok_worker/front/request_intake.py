@@ -6,6 +6,7 @@ templates, tokenizing and other CPU work off the event loop.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect, Request
 
 from detok_worker.config import FrontConfig
-from detok_worker.front.api_key import resolve_api_key
+from detok_worker.front.api_key import resolve_api_keys
 from detok_worker.front.errors import AUTHENTICATION, APIError
 
 PROMPT_THREADS = 2  # chat templates and tokenizing of longer prompts run off the event loop
@@ -24,14 +25,19 @@ T = TypeVar("T")
 class RequestIntake:
     def __init__(self, config: FrontConfig) -> None:
         self.config = config
-        self._api_key = resolve_api_key(config).encode("utf-8")
+        # keys compared as digests: equal length, so the time taken says nothing of any key
+        self._key_digests = [_digest(key) for key in resolve_api_keys(config)]
         self._executor = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="front-prompt")
 
     def authorize(self, request: Request) -> None:
-        if not self._api_key:
+        if not self._key_digests:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"), self._api_key):
+        given = _digest(token.strip())
+        matched = False
+        for digest in self._key_digests:  # every key compared, so the time says nothing of which one matched
+            matched |= hmac.compare_digest(given, digest)
+        if scheme.lower() != "bearer" or not matched:
             raise APIError(401, "invalid or missing API key", type=AUTHENTICATION, code="invalid_api_key")
 
     async def read_body(self, request: Request) -> bytes:
@@ -60,3 +66,7 @@ class RequestIntake:
 
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()

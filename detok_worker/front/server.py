@@ -17,10 +17,11 @@ import contextlib
 import socket
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
-from detok_worker.config import DetokConfig
+from detok_worker.config import DetokConfig, FrontConfig
 from detok_worker.front.app import Front, create_app
 from detok_worker.front.http_guard import connection_cap, guarded_protocol, raise_fd_limit
 from detok_worker.metrics import observe_tokenizer_load
@@ -104,6 +105,21 @@ def reuse_port_listener(host: str, port: int, backlog: int) -> socket.socket:
     return listener
 
 
+def tls_options(front: FrontConfig) -> dict[str, Any]:
+    """uvicorn's TLS settings from front.ssl_* (none: plain HTTP)."""
+    if not front.ssl_certfile:
+        return {}
+    options: dict[str, Any] = {
+        "ssl_keyfile": front.ssl_keyfile,
+        "ssl_certfile": front.ssl_certfile,
+        "ssl_cert_reqs": front.ssl_cert_reqs,
+        "ssl_ca_certs": front.ssl_ca_certs or None,
+    }
+    if front.ssl_ciphers:
+        options["ssl_ciphers"] = front.ssl_ciphers
+    return options
+
+
 def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: int = 0) -> None:
     """Serve the front on config.front.host:port; blocks until SIGINT/SIGTERM (and the drain) end it. `index`:
     which of the front.processes front processes this is."""
@@ -125,6 +141,7 @@ def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: in
             access_log=False,
             timeout_keep_alive=config.front.keep_alive_timeout_s,  # type: ignore[arg-type]
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            **tls_options(config.front),
         ),
         app.state.front,
     )

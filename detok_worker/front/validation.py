@@ -29,7 +29,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 class Limits:
     model_name: str  # front.model_name, or the tokenizer's name (served_model_name says which name is served)
     vocab_size: int
-    max_tokens_default: int
+    max_tokens_default: int  # 0 = the engine's own default
     max_tokens_limit: int
     max_prompt_chars: int
     max_prompt_tokens: int
@@ -39,6 +39,8 @@ class Limits:
     # The tokenizer's own id rule (raises InvalidTokenIdError): some ids inside the range name no token.
     check_ids: Callable[[Sequence[int]], None]
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
+    model_aliases: tuple[str, ...] = ()  # front.model_aliases: more names requests may give
+    completions_max_tokens_default: int = 0  # 0 = max_tokens_default
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
     added_tokens_known: bool = True
@@ -57,6 +59,8 @@ class Limits:
             stop=StopLimits.from_config(config),
             eos_ids=frozenset(tokenizer.eos_token_ids),
             model_name_set=bool(config.front.model_name),
+            model_aliases=tuple(config.front.model_aliases),
+            completions_max_tokens_default=config.front.completions_max_tokens_default,
             engine_source=config.engine.source,
             added_tokens_known=added_token_contents(tokenizer) is not None,
         )
@@ -127,9 +131,10 @@ def served_model_name(limits: Limits, engine_model_name: str) -> str:
 
 
 def check_model(requested: str | None, limits: Limits, engine_model_name: str = "") -> str:
-    """The served model name (served_model_name); a request naming another model is a 404."""
+    """The served model name (served_model_name); a request naming another model (nor one of its aliases) is a
+    404."""
     served = served_model_name(limits, engine_model_name)
-    if requested is not None and requested != served:
+    if requested is not None and requested != served and requested not in limits.model_aliases:
         raise APIError(
             404,
             f"the model {requested!r} does not exist; this server serves {served!r}",
@@ -148,18 +153,22 @@ def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
         raise bad_request(message, param) from error
 
 
-def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None, echo: bool) -> int:
-    """max_tokens 0 is allowed with echo (vLLM: the response is the prompt alone)."""
+def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None, echo: bool) -> tuple[int, bool]:
+    """(max_tokens, whether the engine applies its own default instead). max_tokens 0 is allowed with echo (vLLM:
+    the response is the prompt alone)."""
     param = "max_completion_tokens" if override is not None else "max_tokens"
     value = override if override is not None else request.max_tokens
     if value is None:
-        return limits.max_tokens_default
+        default = limits.max_tokens_default
+        if isinstance(request, CompletionRequest) and limits.completions_max_tokens_default:
+            default = limits.completions_max_tokens_default
+        return (default, False) if default else (limits.max_tokens_limit, True)
     least = 0 if echo else 1
     if value < least:
         raise bad_request(f"{param} must be at least {least} (got {value})", param)
     if value > limits.max_tokens_limit:
         raise bad_request(f"{param} must be at most {limits.max_tokens_limit} (got {value})", param)
-    return value
+    return value, False
 
 
 def _is_set(value: Any) -> bool:
@@ -303,7 +312,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     sampling = sampling_params(request, limits.vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
-    max_tokens = _max_tokens(request, limits, override, echo)
+    max_tokens, engine_max_tokens = _max_tokens(request, limits, override, echo)
     min_tokens = request.min_tokens or 0
     stop_token_ids = list(request.stop_token_ids or [])
     detok = DetokParams(
@@ -330,6 +339,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         sampling=sampling,
         priority=request.priority or 0,
         cache_salt=cache_salt_of(request.cache_salt),
+        engine_max_tokens=engine_max_tokens,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,12 +41,17 @@ from detok_worker.bus.endpoints import ensure_private_dir, front_endpoints, reso
 from detok_worker.bus.errors import BusError
 from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
+from detok_worker.config.flags import VLLM_FLAGS_APPLIED_ENV, vllm_flags_digest
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
 from detok_worker.process.children import Child, child_argv, worker_id
 from detok_worker.process.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
 from detok_worker.process.parent_watch import PARENT_PID_ENV
 from detok_worker.process.wakeup import Wakeup
 
+# the supervisor's own health probe of its front: the certificate names the served host, not the loopback address
+_LOCAL_TLS = ssl.create_default_context()
+_LOCAL_TLS.check_hostname = False
+_LOCAL_TLS.verify_mode = ssl.CERT_NONE
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
@@ -88,7 +94,8 @@ class Supervisor:
 
     @property
     def url(self) -> str:
-        return f"http://{url_host(self.config.front.host)}:{self.config.front.port}"
+        scheme = "https" if self.config.front.ssl_certfile else "http"
+        return f"{scheme}://{url_host(self.config.front.host)}:{self.config.front.port}"
 
     @property
     def total_restarts(self) -> int:
@@ -142,6 +149,8 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})
+        if self.config.engine.source == "vllm":  # the config file holds the vLLM flags' front settings
+            env[VLLM_FLAGS_APPLIED_ENV] = vllm_flags_digest(self.config)
         if self.metrics_dir is not None:
             env.update(child_env(self.metrics_dir, restarts=child.restarts if child.role == "worker" else 0))
         child.proc = subprocess.Popen(child.argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
@@ -203,7 +212,7 @@ class Supervisor:
 
     def front_healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as response:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0, context=_LOCAL_TLS) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False

@@ -7,6 +7,7 @@ UTF-8 pieces and CJK; the same seed gives the same ids on every engine start.
 from __future__ import annotations
 
 import contextlib
+import json
 import lzma
 import os
 import shutil
@@ -37,6 +38,8 @@ ENGINE_FLAGS = (
     "--max-num-batched-tokens", "8192",
 )  # fmt: skip
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# Qwen3-0.6B's generation_config.json sampling defaults
+QWEN3_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 STARTUP_TIMEOUT_S = 300.0  # an engine start is ~30 s here; under a loaded CI much longer
 
 
@@ -61,11 +64,25 @@ def model_dir() -> Path:
     return directory
 
 
-def detok_vllm(*extra: str, workers: int = 2) -> ServeProcess:
-    """`detok serve --source vllm` on the model, run by vLLM's interpreter; waits until /health says 200."""
+def model_with_sampling_defaults() -> Path:
+    """The model with a generation config that carries sampling defaults, as real models' do (Qwen3-0.6B's)."""
+    directory = Path(tempfile.mkdtemp(prefix="detok-vllm-model-"))
+    for path in model_dir().iterdir():
+        shutil.copy(path, directory / path.name)
+    generation = json.loads((directory / "generation_config.json").read_text())
+    generation.update(QWEN3_SAMPLING_DEFAULTS)
+    (directory / "generation_config.json").write_text(json.dumps(generation))
+    return directory
+
+
+def detok_vllm(
+    *extra: str, workers: int = 2, engine_flags: tuple[str, ...] = (), model: Path | None = None
+) -> ServeProcess:
+    """`detok serve --source vllm` on the model, run by vLLM's interpreter; waits until /health says 200.
+    `engine_flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins)."""
     service = ServeProcess(
-        "--source", "vllm", "--model", str(model_dir()), "--workers", str(workers),
-        "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra, "--", *ENGINE_FLAGS,
+        "--source", "vllm", "--model", str(model or model_dir()), "--workers", str(workers),
+        "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra, "--", *ENGINE_FLAGS, *engine_flags,
         startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env=ENV,
     )  # fmt: skip
     wait_for(lambda: service.health() == 200, 60, what="a healthy detok serve --source vllm")
@@ -75,14 +92,15 @@ def detok_vllm(*extra: str, workers: int = 2) -> ServeProcess:
 class VllmServer:
     """vLLM's own OpenAI server (`vllm serve`) on the same model and engine flags: the peer detok is compared with."""
 
-    def __init__(self) -> None:
+    def __init__(self, *flags: str, model: Path | None = None) -> None:
+        """`flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins)."""
         python = require_venv()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(python.parent / "vllm"), "serve", str(model_dir()), *ENGINE_FLAGS,
+                [str(python.parent / "vllm"), "serve", str(model or model_dir()), *ENGINE_FLAGS, *flags,
                  "--host", "127.0.0.1", "--port", str(self.port)],
                 env=dict(os.environ, **ENV), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
@@ -116,8 +134,8 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def vllm_server() -> Iterator[VllmServer]:
-    server = VllmServer()
+def vllm_server(*flags: str, model: Path | None = None) -> Iterator[VllmServer]:
+    server = VllmServer(*flags, model=model)
     try:
         yield server
     finally:

@@ -219,7 +219,11 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     found = modules()
     names = [n for n in sorted(found) if not n.endswith("__main__")]
     with_vllm = [n for n in names if needs_vllm(found[n])]
-    assert with_vllm == ["detok_worker.engine.sources.vllm_source", "detok_worker.engine.vllm_requests"]
+    assert with_vllm == [
+        "detok_worker.engine.sources.vllm_source",
+        "detok_worker.engine.vllm_flags",
+        "detok_worker.engine.vllm_requests",
+    ]
     for python, group in ((sys.executable, sorted(set(names) - set(with_vllm))), (str(require_venv()), with_vllm)):
         result = subprocess.run([python, "-c", _FORK_PER_MODULE, *group], cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]

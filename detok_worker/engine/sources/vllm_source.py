@@ -201,7 +201,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     async def main() -> int:
         client = EngineCoreClient.make_async_mp_client(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         try:
-            requests = RequestBuilder(InputProcessor(vllm_config, renderer_from_config(vllm_config)))
+            requests = RequestBuilder(InputProcessor(vllm_config, renderer_from_config(vllm_config)), model_config)
             link = EngineLink(
                 config,
                 eos_ids=eos_ids,

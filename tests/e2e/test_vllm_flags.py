@@ -1,0 +1,167 @@
+"""`detok serve --source vllm -- FLAGS` as a drop-in for `vllm serve M FLAGS`: every front-end flag of the installed
+vLLM is honoured or refused at start by name (engine/vllm_flags.py), and vLLM's own server and detok, started on the
+same flags, answer the same seeded requests that leave sampling and max_tokens to the server's defaults with the same
+ids (vLLM's generation-config defaults, its max_tokens rule), guard /v1 with the same keys and serve the same names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import httpx
+import pytest
+import tomllib
+from helpers.serve_helpers import REPO
+from helpers.vllm_cpu import ENV, detok_vllm, model_with_sampling_defaults, require_venv, vllm_server
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def run_in_venv(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, **ENV, **(env or {}), "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [str(require_venv()), *argv], capture_output=True, text=True, cwd=REPO, env=environ, timeout=300
+    )
+
+
+def effective_config(*flags: str, detok: tuple[str, ...] = (), env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = run_in_venv(
+        "-m", "detok_worker.cli", "config", "--source", "vllm", "--model", "/models/m", *detok, "--", *flags, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tomllib.loads(result.stdout)
+
+
+def test_every_front_end_flag_of_the_installed_vllm_is_honoured_or_refused() -> None:
+    script = "import json; from detok_worker.engine.vllm_flags import unclassified_flags; "
+    script += "print(json.dumps(sorted(unclassified_flags())))"
+    result = run_in_venv("-c", script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_front_end_flags_set_the_fronts_options() -> None:
+    front = effective_config(
+        "--api-key", "k1", "k2", "--served-model-name", "a", "b", "--port", "8123", "--host", "0.0.0.0",
+        "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+        "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
+        "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
+    )  # fmt: skip
+    config = front["front"]
+    assert config["api_keys"] == ["k1", "k2"]
+    assert (config["model_name"], config["model_aliases"]) == ("a", ["b"])
+    assert (config["host"], config["port"], config["processes"]) == ("0.0.0.0", 8123, 2)
+    assert (config["tool_call_parser"], config["reasoning_parser"]) == ("hermes", "qwen3")
+    assert config["cors_allowed_origins"] == ["https://app.example"]
+    assert (config["cors_allowed_methods"], config["cors_allowed_headers"]) == (["*"], ["*"])  # vLLM's defaults
+    assert config["access_log"] is False
+    assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
+    assert front["tokenizer"]["chat_template"] == "/t.jinja"
+
+
+def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
+    config = effective_config()["front"]
+    assert (config["reasoning_parser"], config["tool_call_parser"]) == ("none", "none")
+    assert config["request_timeout_s"] == 0.0
+    assert (config["max_tokens_default"], config["completions_max_tokens_default"]) == (0, 16)
+    assert config["api_keys"] == [] and config["cors_allowed_origins"] == []
+
+
+def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins() -> None:
+    assert effective_config(env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["from-env"]
+    assert effective_config("--api-key", "flag", env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["flag"]
+
+
+def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> None:
+    result = run_in_venv(
+        "-m", "detok_worker.cli", "config", "--source", "vllm", "--model", "/m", "--port", "9000",
+        "--", "--port", "8123",
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "front.port = 9000 but the vLLM flags give 8123" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--root-path", "/api"), "--root-path"),
+        (("--middleware", "my.module:mw"), "--middleware"),
+        (("--lora-modules", "a=/x"), "--lora-modules"),
+        (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
+        (("--enable-log-requests",), "--enable-log-requests"),
+    ],
+)
+def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple[str, ...], named: str) -> None:
+    result = run_in_venv(
+        "-m", "detok_worker.cli", "serve", "--source", "vllm", "--model", "/models/m", "--port", "0", "--", *flags
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert named in result.stderr, result.stderr[-2000:]
+    assert "detok serving at" not in result.stdout
+
+
+# the same flags to both servers: two keys, two served names, a short context (chat's default max_tokens is the
+# rest of it)
+SHARED_FLAGS = ("--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256")
+PROMPT = "Story number 3:"
+DEFAULTED_REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/completions", {"model": "first", "prompt": PROMPT, "seed": 3}),  # max_tokens: vLLM's 16
+    ("/v1/completions", {"model": "second", "prompt": PROMPT, "seed": 4, "max_tokens": 40}),
+    ("/v1/completions", {"model": "first", "prompt": PROMPT, "seed": 5, "max_tokens": 256}),  # cut to the context
+    ("/v1/chat/completions", {"model": "second", "messages": [{"role": "user", "content": "Hi"}], "seed": 6}),
+    (
+        "/v1/chat/completions",
+        {"model": "first", "messages": [{"role": "user", "content": "龘😀"}], "seed": 7, "max_tokens": 30},
+    ),
+]
+
+
+def answers(url: str) -> dict[str, Any]:
+    """What a server answers: the requests above (with the second key), and the key and name checks."""
+    seen: dict[str, Any] = {}
+    with httpx.Client(base_url=url, timeout=300) as client:
+        good = {"Authorization": "Bearer key-two"}
+        seen["no key"] = client.get("/v1/models").status_code
+        seen["wrong key"] = client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code
+        seen["health without key"] = client.get("/health").status_code
+        seen["models"] = [card["id"] for card in client.get("/v1/models", headers=good).json()["data"]]
+        seen["unknown model"] = client.post(
+            "/v1/completions", headers=good, json={"model": "third", "prompt": "x", "max_tokens": 1}
+        ).status_code
+        too_long = client.post("/v1/completions", headers=good, json={"prompt": PROMPT, "max_tokens": 5000})
+        seen["max_tokens above the context"] = (too_long.status_code, too_long.json()["error"]["param"])
+        for index, (path, body) in enumerate(DEFAULTED_REQUESTS):
+            response = client.post(path, headers=good, json={**body, "return_token_ids": True})
+            assert response.status_code == 200, response.text
+            data = response.json()
+            choice = data["choices"][0]
+            seen[f"request {index}"] = {
+                "model": data["model"],
+                "token_ids": choice["token_ids"],
+                "finish_reason": choice["finish_reason"],
+                "completion_tokens": data["usage"]["completion_tokens"],
+            }
+    return seen
+
+
+def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
+    model = model_with_sampling_defaults()
+    with vllm_server(*SHARED_FLAGS, model=model) as server:
+        expected = answers(server.url)
+    service = detok_vllm(engine_flags=SHARED_FLAGS, model=model)
+    try:
+        got = answers(service.url)
+    finally:
+        service.stop()
+    assert (expected["no key"], expected["wrong key"], expected["health without key"]) == (401, 401, 200)
+    assert expected["models"] == ["first", "second"]
+    assert expected["request 0"]["completion_tokens"] == 16
+    assert expected["request 2"]["finish_reason"] == "length"
+    assert expected["request 2"]["completion_tokens"] < 256
+    assert expected["max_tokens above the context"] == (400, "max_tokens")
+    for key, value in expected.items():
+        assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"
+    assert got["unknown model"] == expected["unknown model"] == 404
