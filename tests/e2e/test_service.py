@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
 from helpers.fixtures import load_fixture_tokenizer
@@ -274,3 +278,26 @@ def test_bad_frames_are_counted_and_harmless(service: ServeProcess, model: str, 
             return await stream_completion(client, model, "still alive?", max_tokens=64)
 
     assert asyncio.run(asyncio.wait_for(run(), 30)).text == "still alive?"
+
+
+def test_tls_files_make_detok_serve_answer_https_only(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    process = ServeProcess("--set", f"front.ssl_keyfile={key}", "--set", f"front.ssl_certfile={cert}")
+    try:
+        assert process.url.startswith("https://")  # the supervisor's health probe went over TLS
+        context = ssl.create_default_context(cafile=str(cert))
+        context.check_hostname = False
+        answer = httpx.post(
+            f"{process.url}/v1/completions", json={"prompt": "Hi there", "max_tokens": 3}, verify=context, timeout=30
+        )
+        plain = process.url.replace("https://", "http://")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{plain}/health", timeout=5)
+    finally:
+        process.stop()
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-URL_LINE = re.compile(r"serving at (http://\S+)")
+URL_LINE = re.compile(r"serving at (https?://\S+)")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:

@@ -1,0 +1,61 @@
+"""The front options that `vllm serve`'s flags set on `--source vllm` (engine/vllm_flags.py), in a real front: any of
+several API keys, model aliases, max_tokens left to the engine's default (HTTPS: tests/e2e/test_service.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from helpers.front_harness import running_front
+
+from detok_worker.bus.messages import Submit
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+def next_submit(front: Any) -> Submit:
+    return front.engine.submits.get(timeout=10)
+
+
+def test_any_of_several_keys_is_accepted_and_no_other(qwen3: Any) -> None:
+    with running_front(qwen3, **{"front.api_keys": ["key-one", "key-two"]}) as front:
+        statuses = [
+            httpx.get(f"{front.url}/v1/models", headers=headers).status_code
+            for headers in (
+                {},
+                {"Authorization": "Bearer key-one"},
+                {"Authorization": "Bearer key-two"},
+                {"Authorization": "Bearer key-three"},
+                {"Authorization": "Basic key-one"},
+            )
+        ]
+    assert statuses == [401, 200, 200, 401, 401]
+
+
+def test_an_alias_is_accepted_and_the_served_name_answers(qwen3: Any) -> None:
+    with running_front(qwen3, **{"front.model_name": "first", "front.model_aliases": ["second"]}) as front:
+        listed = [card["id"] for card in httpx.get(f"{front.url}/v1/models").json()["data"]]
+        body = {"prompt": "Hi", "max_tokens": 2}
+        by_alias = httpx.post(f"{front.url}/v1/completions", json={**body, "model": "second"}, timeout=30)
+        unknown = httpx.post(f"{front.url}/v1/completions", json={**body, "model": "third"}, timeout=30)
+        card = httpx.get(f"{front.url}/v1/models/second").json()
+    assert listed == ["first", "second"]
+    assert by_alias.status_code == 200 and by_alias.json()["model"] == "first"
+    assert unknown.status_code == 404
+    assert (card["id"], card["root"]) == ("second", "first")
+
+
+def test_an_omitted_max_tokens_is_left_to_the_engine_and_completions_default_to_16(qwen3: Any) -> None:
+    options = {
+        "engine.source": "vllm",
+        "engine.model": "m",
+        "front.max_tokens_default": 0,
+        "front.completions_max_tokens_default": 16,
+        "front.max_tokens_limit": 100_000,
+    }
+    with running_front(qwen3, **options) as front:
+        for body in ({**CHAT}, {**CHAT, "max_tokens": 40}, {"prompt": "Hi"}, {"prompt": "Hi", "max_tokens": 50_000}):
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            assert httpx.post(f"{front.url}{path}", json=body, timeout=30).status_code == 200
+        seen = [(s.params.max_tokens, s.params.engine_max_tokens) for s in (next_submit(front) for _ in range(4))]
+    assert seen == [(100_000, True), (40, False), (16, False), (50_000, False)]
