@@ -384,6 +384,7 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     dropped_connections: int = 0
     served_model_name: str = ""  # the model name the engine serves ("" = it names none): the front serves it too
     max_model_len: int = 0  # the engine's context length (0 = not reported): the front reports it
+    engine_version: str = ""  # the real engine's version (vLLM's), which /version reports ("" = none)
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

@@ -82,17 +82,20 @@ class EngineLink:
         vocab_size: int = 0,
         served_model_name: str = "",
         max_model_len: int = 0,
+        engine_version: str = "",
     ) -> None:
         """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
         (Open.vocab_size); 0: not known.
         `served_model_name`: the model name the engine serves (its fronts serve it too unless front.model_name is
         set); "" = the engine names none. `max_model_len`: the engine's context length (0: not known), which the
-        fronts report (/v1/models, /tokenize) unless front.max_model_len is set."""
+        fronts report (/v1/models, /tokenize) unless front.max_model_len is set. `engine_version`: the real
+        engine's version, reported by the fronts' /version."""
         engine = config.engine
         self.config = config
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
+        self.engine_version = engine_version
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -298,6 +301,7 @@ class EngineLink:
             dropped_connections=self.dropped_connections,
             served_model_name=self.served_model_name,
             max_model_len=self.max_model_len,
+            engine_version=self.engine_version,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

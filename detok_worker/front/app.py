@@ -141,7 +141,26 @@ class Front:
         return json_response(await self.intake.off_loop(detokenize, body, self.tokenizer, self.limits))
 
     async def version(self, request: Request) -> Response:
-        return json_response({"version": detok_version()})
+        """vLLM's shape: {"version"} is the engine's (vLLM's) where the engine reports one, else detok's."""
+        engine = self.dispatcher.engine_version
+        return json_response({"version": engine or detok_version(), "detok_version": detok_version()})
+
+    async def ping(self, request: Request) -> Response:
+        """SageMaker's health check (vLLM's /ping): /health's status, no body."""
+        healthy = self.dispatcher.healthy() and not self.generation.draining
+        return Response(status_code=200 if healthy else 503)
+
+    async def invocations(self, request: Request) -> Response:
+        """SageMaker's inference route (vLLM's /invocations): a chat completion when the body has messages, else
+        a completion. The same API key as /v1."""
+        self.intake.authorize(request)
+        body = await self.intake.read_body(request)
+        try:
+            chat = "messages" in msgspec.json.decode(body)
+        except (msgspec.DecodeError, TypeError):
+            chat = False  # the completions route answers the bad body with its 400
+        request.state.body = body  # read_body gives it again
+        return await (self.generation.chat_completions if chat else self.generation.completions)(request)
 
     async def health(self, request: Request) -> Response:
         healthy = self.dispatcher.healthy() and not self.generation.draining
@@ -225,6 +244,8 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/detokenize", front.detokenize, methods=["POST"]),
         Route("/version", front.version, methods=["GET"]),
         Route("/health", front.health, methods=["GET"]),
+        Route("/ping", front.ping, methods=["GET", "POST"]),
+        Route("/invocations", front.invocations, methods=["POST"]),
         Route("/stats", front.stats, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
         Route("/openapi.json", front.openapi, methods=["GET"]),

@@ -78,6 +78,7 @@ class Dispatcher:
         self._decoder = front_decoder()
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
+        self.engine_version = ""  # the real engine's version, once its EngineStats gave one
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
@@ -278,6 +279,8 @@ class Dispatcher:
                 self.engine_model_name = message.served_model_name
             if message.max_model_len:
                 self.engine_max_model_len = message.max_model_len
+            if message.engine_version:
+                self.engine_version = message.engine_version
         elif isinstance(message, PromptLogprobs):
             stream = self._prompt_waiting.pop(message.rid, None)
             if stream is not None:

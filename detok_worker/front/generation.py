@@ -36,6 +36,7 @@ from detok_worker.front.validation import (
     decode_chat,
     decode_completion,
     truncate_prompt,
+    with_priority_header,
 )
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -87,7 +88,7 @@ class Generation:
         if self.draining:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
-        body = decode(await self.intake.read_body(request))
+        body = with_priority_header(decode(await self.intake.read_body(request)), request.headers)
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits)
         params = (

@@ -41,6 +41,10 @@ class RequestIntake:
             raise APIError(401, "invalid or missing API key", type=AUTHENTICATION, code="invalid_api_key")
 
     async def read_body(self, request: Request) -> bytes:
+        """The body, read once: a route that hands its request on (/invocations) leaves it in request.state.body."""
+        read = getattr(request.state, "body", None)
+        if read is not None:
+            return read
         limit = self.config.max_request_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:

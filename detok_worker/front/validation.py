@@ -5,10 +5,10 @@ fields are checked by StopRules (detok_worker/stream/stop/rules.py), the one pla
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -21,6 +21,8 @@ from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_param
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
+PRIORITY_HEADER = "x-vllm-priority"
+R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 
@@ -143,6 +145,19 @@ def check_model(requested: str | None, limits: Limits, engine_model_name: str = 
             code="model_not_found",
         )
     return served
+
+
+def with_priority_header(body: R, headers: Mapping[str, str]) -> R:
+    """vLLM's X-Vllm-Priority header: an integer in it is the request's priority, in place of the body's (then
+    checked as the body's would be); anything else in it is passed over, as vLLM does."""
+    header = headers.get(PRIORITY_HEADER)
+    if header is None:
+        return body
+    try:
+        priority = int(header)
+    except ValueError:
+        return body
+    return msgspec.structs.replace(body, priority=priority)
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:

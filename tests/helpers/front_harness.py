@@ -155,6 +155,7 @@ class PlayedEngine:
     step_s: float = 0.005
     send_stats: bool = True
     served_model_name: str = ""  # the EngineStats' (the model name an engine serves)
+    engine_version: str = ""  # the EngineStats' (a real engine's version)
     prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
@@ -201,7 +202,15 @@ class PlayedEngine:
                 if self.send_stats and now >= next_stats:
                     next_stats = now + 0.1
                     workers = {PLAYED_WORKER: len(self._jobs)}
-                    stats = EngineStats(len(self._jobs), workers, {}, 0, 0, served_model_name=self.served_model_name)
+                    stats = EngineStats(
+                        len(self._jobs),
+                        workers,
+                        {},
+                        0,
+                        0,
+                        served_model_name=self.served_model_name,
+                        engine_version=self.engine_version,
+                    )
                     push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))
 

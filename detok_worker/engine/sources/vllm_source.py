@@ -31,6 +31,7 @@ from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.executor import Executor
+from vllm.version import __version__ as VLLM_VERSION
 
 from detok_worker.bus.messages import Submit
 from detok_worker.config import DetokConfig
@@ -209,6 +210,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 recorder=recorder_for(config, tokenizer),
                 vocab_size=model_config.get_vocab_size(),
                 served_model_name=model_config.served_model_name,
+                engine_version=VLLM_VERSION,
                 max_model_len=model_config.max_model_len,
             )
             log.info(

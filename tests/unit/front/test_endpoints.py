@@ -82,7 +82,8 @@ def test_tokenize_errors_name_the_field(front: FrontUnderTest, path: str, body: 
 
 
 def test_version_and_model_card(front: FrontUnderTest, tokenizer: Any) -> None:
-    assert httpx.get(f"{front.url}/version").json() == {"version": importlib.metadata.version("detok")}
+    version = importlib.metadata.version("detok")
+    assert httpx.get(f"{front.url}/version").json() == {"version": version, "detok_version": version}
     card = httpx.get(f"{front.url}/v1/models/{tokenizer.name}").json()
     assert (card["id"], card["object"], card["max_model_len"]) == (tokenizer.name, "model", 131072)
     assert httpx.get(f"{front.url}/v1/models").json()["data"] == [card]

@@ -1,5 +1,6 @@
 """The front options that `vllm serve`'s flags set on `--source vllm` (engine/vllm_flags.py), in a real front: any of
-several API keys, model aliases, max_tokens left to the engine's default (HTTPS: tests/e2e/test_service.py)."""
+several API keys, model aliases, max_tokens left to the engine's default (HTTPS: tests/e2e/test_service.py); and
+vLLM's other endpoints and headers: /ping, /invocations, /version, X-Vllm-Priority."""
 
 from __future__ import annotations
 
@@ -59,3 +60,51 @@ def test_an_omitted_max_tokens_is_left_to_the_engine_and_completions_default_to_
             assert httpx.post(f"{front.url}{path}", json=body, timeout=30).status_code == 200
         seen = [(s.params.max_tokens, s.params.engine_max_tokens) for s in (next_submit(front) for _ in range(4))]
     assert seen == [(100_000, True), (40, False), (16, False), (50_000, False)]
+
+
+def test_ping_answers_as_health_with_no_body(qwen3: Any) -> None:
+    with running_front(qwen3) as front:
+        answers = [httpx.request(method, f"{front.url}/ping") for method in ("GET", "POST")]
+    assert [(answer.status_code, answer.content) for answer in answers] == [(200, b""), (200, b"")]
+
+
+def test_ping_says_503_without_an_engine(qwen3: Any) -> None:
+    with running_front(qwen3, send_stats=False) as front:
+        assert httpx.get(f"{front.url}/ping").status_code == 503
+
+
+def test_invocations_route_by_body_and_need_the_key(qwen3: Any) -> None:
+    with running_front(qwen3, **{"front.api_keys": ["k"]}) as front:
+        key = {"Authorization": "Bearer k"}
+        chat = httpx.post(f"{front.url}/invocations", json={**CHAT, "max_tokens": 3}, headers=key, timeout=30)
+        completion = httpx.post(
+            f"{front.url}/invocations", json={"prompt": "Hi there", "max_tokens": 3}, headers=key, timeout=30
+        )
+        without_key = httpx.post(f"{front.url}/invocations", json={"prompt": "Hi", "max_tokens": 3}, timeout=30)
+        bad = httpx.post(f"{front.url}/invocations", content=b"{not json", headers=key, timeout=30)
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    assert without_key.status_code == 401
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+
+
+def test_version_gives_the_engines_version_and_detoks(qwen3: Any) -> None:
+    with running_front(qwen3, send_stats=False) as front:
+        before = httpx.get(f"{front.url}/version").json()
+        front.engine.engine_version = "0.32.0"
+        front.engine.send_stats = True
+        front.wait_healthy()
+        after = httpx.get(f"{front.url}/version").json()
+    assert before["version"] == before["detok_version"] != "0.32.0"
+    assert after == {"version": "0.32.0", "detok_version": before["detok_version"]}
+
+
+def test_the_priority_header_overrides_the_bodys_priority(qwen3: Any) -> None:
+    options = {"engine.source": "vllm", "engine.model": "m"}
+    with running_front(qwen3, **options) as front:
+        body = {"prompt": "Hi", "max_tokens": 2, "priority": 3}
+        for header in ("-5", "not a number", None):
+            headers = {"X-Vllm-Priority": header} if header is not None else {}
+            assert httpx.post(f"{front.url}/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
+        priorities = [next_submit(front).params.priority for _ in range(3)]
+    assert priorities == [-5, 3, 3]
