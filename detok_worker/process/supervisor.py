@@ -59,6 +59,10 @@ BACKOFF_INITIAL_S = 0.25
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 10.0  # a worker that ran this long resets its backoff
 FRONT_EXIT_MARGIN_S = 3.0  # past its drain timeout, the front's own shutdown (error events, sockets)
+# the vLLM source's engine process stopping: vLLM's client gives its engine core VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
+# (5 by default) to exit before it kills it, and the core may first drain under --shutdown-timeout; killing the
+# engine process earlier would orphan the core's cleanup
+VLLM_ENGINE_EXIT_S = 60.0
 SUPERVISE_POLL_S = 2.0  # a fallback: SIGCHLD, stop and scale signals wake the loop at once
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
@@ -326,6 +330,8 @@ class Supervisor:
         fronts = [child for child in self.children if child.role == "front" and child.alive]
         self._terminate(fronts, self.config.front.drain_timeout_s + FRONT_EXIT_MARGIN_S)
         self._terminate([child for child in self.children if child.alive], self.shutdown_timeout_s)
+        if self.config.engine.source == "vllm":  # vLLM's engine core stops as under `vllm serve`, not killed
+            self._wait_exit([child for child in self.children if child.role == "engine"], VLLM_ENGINE_EXIT_S)
         for child in self.children:
             if child.alive:
                 log.warning("%s (pid %s) did not exit in time; killing it", child.name, child.pid)
@@ -336,6 +342,9 @@ class Supervisor:
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        self._wait_exit(children, timeout_s)
+
+    def _wait_exit(self, children: list[Child], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while any(child.alive for child in children) and time.monotonic() < deadline and self._stop_signals < 2:
             time.sleep(0.02)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import tomllib
-from helpers.serve_helpers import REPO
+from helpers.serve_helpers import REPO, children_of, pid_alive
 from helpers.vllm_cpu import ENV, detok_vllm, model_with_sampling_defaults, require_venv, vllm_server
 
 pytestmark = pytest.mark.timeout(900)
@@ -165,3 +165,21 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     for key, value in expected.items():
         assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"
     assert got["unknown model"] == expected["unknown model"] == 404
+
+
+def test_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
+    """`detok serve` stops as `vllm serve` does: the engine process shuts vLLM's engine core down itself (vLLM gives
+    it seconds), and is not killed after the supervisor's usual few seconds."""
+    service = detok_vllm()
+    try:
+        engine = service.child_pids("engine")
+        assert len(engine) == 1
+        cores = list(children_of(engine[0]))  # vLLM's EngineCore process
+        assert cores
+        code = service.stop(timeout=120)
+        log = service.log(None)
+    finally:
+        service.cleanup()
+    assert code == 0, log[-3000:]
+    assert "did not exit in time" not in log
+    assert not [pid for pid in [*engine, *cores] if pid_alive(pid)]
