@@ -49,13 +49,20 @@ def _start_role(role: str, config: DetokConfig) -> None:
     watch_parent()
 
 
-def with_vllm_flags(config: DetokConfig) -> DetokConfig:
+def with_vllm_flags(config: DetokConfig, *, needs_vllm: bool = True) -> DetokConfig:
     """On source = vllm: the front-end flags among engine.vllm_args applied (or refused), unless the supervisor
-    that started this process did so already (its config file holds the result)."""
+    that started this process did so already (its config file holds the result). Without vLLM installed: an
+    OperatorError, or (needs_vllm false: `detok config`) the config as it is, with a warning."""
     if config.engine.source != "vllm" or os.environ.get(VLLM_FLAGS_APPLIED_ENV) == vllm_flags_digest(config):
         return config
-    from detok_worker.engine.vllm_flags import apply_vllm_flags  # imports vLLM: only on this source
-
+    try:
+        from detok_worker.engine.vllm_flags import apply_vllm_flags  # imports vLLM: only on this source
+    except ImportError as exc:
+        message = f"--source vllm needs vLLM installed in this environment ({exc}); see README, With a real engine"
+        if needs_vllm:
+            raise OperatorError(message) from exc
+        print(f"detok: warning: {message}; the vllm serve flags are shown as given, not applied", file=sys.stderr)
+        return config
     return apply_vllm_flags(config)
 
 
@@ -96,7 +103,7 @@ def cmd_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
 
 
 def cmd_config(args: argparse.Namespace, config: DetokConfig) -> int:
-    sys.stdout.write(config_to_toml(with_vllm_flags(config)))
+    sys.stdout.write(config_to_toml(with_vllm_flags(config, needs_vllm=False)))
     return 0
 
 

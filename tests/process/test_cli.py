@@ -259,3 +259,12 @@ def test_the_vllm_source_needs_a_model_and_only_engine_commands_take_engine_flag
     assert result.returncode == 2 and "takes no engine flags" in result.stderr
     explicit = run_detok("config", "--source", "vllm", "--model", "m", "--tokenizer", "/tok", "--", "--x")
     assert explicit.returncode == 0 and 'path = "/tok"' in explicit.stdout
+
+
+def test_the_vllm_source_without_vllm_installed_says_so() -> None:
+    """This environment has no vLLM (it lives in its own virtualenv): serve stops at once naming it; config shows
+    the flags unapplied, with a warning."""
+    serve = run_detok("serve", "--source", "vllm", "--model", "m", "--port", "0", "--", "--api-key", "k")
+    assert serve.returncode == 1 and "--source vllm needs vLLM installed" in serve.stderr
+    config = run_detok("config", "--source", "vllm", "--model", "m", "--", "--api-key", "k")
+    assert config.returncode == 0 and "not applied" in config.stderr
