@@ -128,6 +128,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
+    # chat template arguments of every request, under the request's own chat_template_kwargs (vLLM's
+    # --default-chat-template-kwargs), e.g. {enable_thinking = false}
+    chat_template_kwargs: dict[str, Any] = {}
     max_model_len: NonNegativeInt = 0  # 0 = tokenizer_config.json's model_max_length, when it gives one
     cors_allowed_origins: list[str] = []  # [] = no CORS headers; ["*"] = any origin
     cors_allowed_methods: list[str] = msgspec.field(default_factory=lambda: ["GET", "POST", "OPTIONS"])

@@ -107,6 +107,7 @@ HONOURED: dict[str, Flag] = {
     "allowed_headers": _cors,
     "allow_credentials": _cors,
     "chat_template": _to("tokenizer.chat_template"),
+    "default_chat_template_kwargs": _to("front.chat_template_kwargs"),
     "tool_call_parser": _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser"),
     "enable_auto_tool_choice": _nothing,  # detok parses tool calls whenever a tool-call parser is set
     "disable_uvicorn_access_log": lambda value, _args: {"front.access_log": not value},
@@ -131,7 +132,6 @@ REFUSED: dict[str, str] = {
     "chat_template_content_format": "detok renders message content as the template's own format only",
     "trust_request_chat_template": "detok does not render chat templates sent in requests",
     "trust_request_mm_kwargs": _NO_MULTIMODAL,
-    "default_chat_template_kwargs": "detok has no server-wide chat template arguments yet",
     "response_role": "detok answers with the role 'assistant' only",
     "return_tokens_as_token_ids": "detok does not write logprob tokens as 'token_id:N'",
     "exclude_tools_when_tool_choice_none": "detok always renders the request's tools into the prompt",

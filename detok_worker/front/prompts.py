@@ -15,6 +15,7 @@ ids) refuse a prompt with a 400 naming the field ("prompt" or "messages").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from detok_worker.front.errors import bad_request
@@ -127,8 +128,9 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
-    kwargs = dict(request.chat_template_kwargs or {})
+def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's chat_template_kwargs over the server's (front.chat_template_kwargs), as vLLM merges them."""
+    kwargs = {**defaults, **(request.chat_template_kwargs or {})}
     reserved = RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
     if reserved:
         raise bad_request(f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
@@ -147,7 +149,7 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits
             documents=request.documents,
             add_generation_prompt=request.add_generation_prompt is not False,  # null = the default, true
             continue_final_message=bool(request.continue_final_message),
-            **_template_kwargs(request),
+            **_template_kwargs(request, limits.chat_template_kwargs),
         )
     except TokenizerError as exc:  # ChatTemplateError, or a backend's own "no chat template" error
         raise bad_request(str(exc), "messages", code="chat_template_error") from exc

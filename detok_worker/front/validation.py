@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import msgspec
@@ -43,6 +44,8 @@ class Limits:
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
     model_aliases: tuple[str, ...] = ()  # front.model_aliases: more names requests may give
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
+    # front.chat_template_kwargs: under each request's own
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
     added_tokens_known: bool = True
@@ -63,6 +66,7 @@ class Limits:
             model_name_set=bool(config.front.model_name),
             model_aliases=tuple(config.front.model_aliases),
             completions_max_tokens_default=config.front.completions_max_tokens_default,
+            chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
             engine_source=config.engine.source,
             added_tokens_known=added_token_contents(tokenizer) is not None,
         )

@@ -49,6 +49,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
         "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
         "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
+        "--default-chat-template-kwargs", '{"enable_thinking": false}',
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -60,6 +61,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert config["access_log"] is False
     assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
     assert front["tokenizer"]["chat_template"] == "/t.jinja"
+    assert config["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:

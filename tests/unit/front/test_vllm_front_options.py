@@ -108,3 +108,13 @@ def test_the_priority_header_overrides_the_bodys_priority(qwen3: Any) -> None:
             assert httpx.post(f"{front.url}/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
         priorities = [next_submit(front).params.priority for _ in range(3)]
     assert priorities == [-5, 3, 3]
+
+
+def test_server_chat_template_kwargs_go_under_the_requests(qwen3: Any) -> None:
+    """Qwen3's template: enable_thinking false closes an empty think block in the prompt."""
+    with running_front(qwen3, **{"front.chat_template_kwargs": {"enable_thinking": False}}) as front:
+        for extra in ({}, {"chat_template_kwargs": {"enable_thinking": True}}):
+            assert httpx.post(f"{front.url}/v1/chat/completions", json={**CHAT, "max_tokens": 1, **extra}).is_success
+        server_default, request_wins = (qwen3.decode(next_submit(front).prompt_ids) for _ in range(2))
+    assert server_default.endswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in request_wins
