@@ -42,6 +42,7 @@ EngineSource = Literal["corpus", "echo", "trace", "llama-cpp", "grpc", "vllm"]
 EngineService = Literal["auto", "vllm", "sglang"]  # auto: VllmEngine first, then SglangScheduler
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]  # given in any case
 LogFormat = Literal["human", "json"]
+UvicornLogLevel = Literal["", "critical", "error", "warning", "info", "debug", "trace"]
 ENGINE_SOURCES: tuple[str, ...] = get_args(EngineSource)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 
@@ -150,6 +151,13 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ssl_ca_certs: str = ""
     ssl_cert_reqs: Annotated[int, Meta(ge=0, le=2)] = 0
     ssl_ciphers: str = ""
+    # one INFO line per generation request on detok.requests: its rid, parameters and prompt ids (at most
+    # max_log_len of them; 0 = all), as vLLM's --enable-log-requests / --max-log-len
+    log_requests: bool = False
+    max_log_len: NonNegativeInt = 0
+    force_include_usage: bool = False  # usage in every stream, stream_options or not (--enable-force-include-usage)
+    openapi: bool = True  # serve /openapi.json (false: vLLM's --disable-fastapi-docs)
+    uvicorn_log_level: UvicornLogLevel = ""  # uvicorn's own loggers; "" = logging.level
     access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
     # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
     processes: AtLeastOne = 1

@@ -111,7 +111,10 @@ HONOURED: dict[str, Flag] = {
     "tool_call_parser": _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser"),
     "enable_auto_tool_choice": _nothing,  # detok parses tool calls whenever a tool-call parser is set
     "disable_uvicorn_access_log": lambda value, _args: {"front.access_log": not value},
-    "max_log_len": _nothing,  # a bound on prompts in logs: detok logs no prompt
+    "max_log_len": _to("front.max_log_len"),
+    "disable_fastapi_docs": lambda value, _args: {"front.openapi": not value},
+    "enable_force_include_usage": _to("front.force_include_usage"),
+    "uvicorn_log_level": _to("front.uvicorn_log_level"),
     "enable_request_id_headers": _nothing,  # detok's responses always carry X-Request-Id
 }
 # engine flags the front honours too (they also go to the engine core)
@@ -120,6 +123,7 @@ FRONT_ENGINE_FLAGS: dict[str, Flag] = {
     "reasoning_parser": _parser(REASONING_PARSERS, "front.reasoning_parser", "--reasoning-parser"),
     "max_logprobs": _max_logprobs,  # vLLM's input processing refuses more than this per request
     "tokenizer": _to("tokenizer.path"),
+    "enable_log_requests": _to("front.log_requests"),
 }
 _NO_MULTIMODAL = "detok serves text only: no multimodal input"
 _NO_ENDPOINT = "detok serves no such endpoint"
@@ -141,7 +145,6 @@ REFUSED: dict[str, str] = {
     "enable_prompt_tokens_details": "detok does not report usage.prompt_tokens_details",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
     "enable_server_load_tracking": "detok does not track server load for /load",
-    "enable_force_include_usage": "detok includes usage only when stream_options asks for it",
     "sse_keep_alive_interval": "detok sends no SSE keep-alive comments",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",
     "enable_log_outputs": "detok does not log model outputs",
@@ -158,12 +161,10 @@ REFUSED: dict[str, str] = {
     "dp_supervisor_probe_timeout_s": "detok has no multi-port external load balancing mode",
     "dp_supervisor_probe_failure_threshold": "detok has no multi-port external load balancing mode",
     "uds": "detok's front listens on TCP only",
-    "uvicorn_log_level": "detok's log level is --log-level (logging.level)",
     "disable_access_log_for_endpoints": "detok's access log is on or off for every endpoint (front.access_log)",
     "enable_ssl_refresh": "detok does not reload TLS certificates while it runs",
     "root_path": "detok does not serve under a path prefix",
     "middleware": "detok runs no ASGI middleware from import paths",
-    "disable_fastapi_docs": "detok serves its OpenAPI document always (/openapi.json)",
     "h11_max_incomplete_event_size": "detok's HTTP limits are front.max_request_bytes and its head/body deadlines",
     "h11_max_header_count": "detok's HTTP limits are front.max_request_bytes and its head/body deadlines",
     "enable_offline_docs": "detok serves no documentation pages",
@@ -171,7 +172,6 @@ REFUSED: dict[str, str] = {
 }
 # engine flags detok refuses: what they ask of the server is not done by detok
 REFUSED_ENGINE_FLAGS: dict[str, str] = {
-    "enable_log_requests": "detok does not log requests' prompts",
     "tokens_only": _NO_ENDPOINT + " (the tokens-in, tokens-out API)",
 }
 

@@ -248,8 +248,9 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/invocations", front.invocations, methods=["POST"]),
         Route("/stats", front.stats, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
-        Route("/openapi.json", front.openapi, methods=["GET"]),
     ]
+    if config.front.openapi:
+        routes.append(Route("/openapi.json", front.openapi, methods=["GET"]))
     observer = RequestObserver(front.dispatcher.metrics, config.front.access_log)
     app = FrontApp(
         routes=routes,

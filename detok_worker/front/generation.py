@@ -26,6 +26,7 @@ from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, echo_logprobs, render_prompt_logprobs
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
+from detok_worker.front.request_log import log_request
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
 from detok_worker.front.sse_direct import ConnectionWriter, EventSink
 from detok_worker.front.validation import (
@@ -103,6 +104,8 @@ class Generation:
         if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
         rid = request_rid(request, id_kind, body.request_id)
+        if self.intake.config.log_requests:
+            log_request(rid, params, ids, self.intake.config.max_log_len)
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
         self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)

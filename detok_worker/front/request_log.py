@@ -23,14 +23,24 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from detok_worker.bus.messages import RequestParams
 from detok_worker.front.choices import Choices
 from detok_worker.metrics import FrontMetrics
 
 access_log = logging.getLogger("detok.access")
+request_log = logging.getLogger("detok.requests")
 
 UNMATCHED = "unmatched"  # the endpoint label of a path no route serves (raw paths would explode the labels)
 NO_RESPONSE = 499  # the status logged when the app sent no response (the client went away first)
 _PLAIN_VALUE = re.compile(r"[!#-~]+")  # printable ASCII without space or '"': logged as is, anything else quoted
+
+
+def log_request(rid: str, params: RequestParams, prompt_ids: list[int], max_len: int) -> None:
+    """A generation request as it goes to the engine (front.log_requests): its rid, parameters and prompt ids, at
+    most max_len of them (0: all)."""
+    shown = prompt_ids[:max_len] if max_len else prompt_ids
+    more = f" ... ({len(prompt_ids)} ids)" if len(shown) < len(prompt_ids) else ""
+    request_log.info("request %s: params %r, prompt_token_ids %s%s", rid, params, shown, more)
 
 
 def stream_of(scope: Scope) -> Choices | None:

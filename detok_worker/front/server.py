@@ -141,6 +141,7 @@ def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: in
             access_log=False,
             timeout_keep_alive=config.front.keep_alive_timeout_s,  # type: ignore[arg-type]
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            log_level=config.front.uvicorn_log_level or None,
             **tls_options(config.front),
         ),
         app.state.front,

@@ -44,6 +44,7 @@ class Limits:
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
     model_aliases: tuple[str, ...] = ()  # front.model_aliases: more names requests may give
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
+    force_include_usage: bool = False  # front.force_include_usage
     # front.chat_template_kwargs: under each request's own
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
@@ -66,6 +67,7 @@ class Limits:
             model_name_set=bool(config.front.model_name),
             model_aliases=tuple(config.front.model_aliases),
             completions_max_tokens_default=config.front.completions_max_tokens_default,
+            force_include_usage=config.front.force_include_usage,
             chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
             engine_source=config.engine.source,
             added_tokens_known=added_token_contents(tokenizer) is not None,
@@ -360,7 +362,7 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
         cache_salt=cache_salt_of(request.cache_salt),
         engine_max_tokens=engine_max_tokens,
     )
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    include_usage = bool(request.stream_options and request.stream_options.include_usage) or limits.force_include_usage
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)
 
 

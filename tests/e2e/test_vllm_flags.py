@@ -49,7 +49,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
         "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
         "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
-        "--default-chat-template-kwargs", '{"enable_thinking": false}',
+        "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
+        "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -62,6 +63,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
     assert front["tokenizer"]["chat_template"] == "/t.jinja"
     assert config["chat_template_kwargs"] == {"enable_thinking": False}
+    assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
+    assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")
 
 
 def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
@@ -93,7 +96,7 @@ def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> Non
         (("--middleware", "my.module:mw"), "--middleware"),
         (("--lora-modules", "a=/x"), "--lora-modules"),
         (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
-        (("--enable-log-requests",), "--enable-log-requests"),
+        (("--return-tokens-as-token-ids",), "--return-tokens-as-token-ids"),
     ],
 )
 def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple[str, ...], named: str) -> None:

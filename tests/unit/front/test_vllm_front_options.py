@@ -4,9 +4,12 @@ vLLM's other endpoints and headers: /ping, /invocations, /version, X-Vllm-Priori
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import httpx
+import pytest
 from helpers.front_harness import running_front
 
 from detok_worker.bus.messages import Submit
@@ -118,3 +121,44 @@ def test_server_chat_template_kwargs_go_under_the_requests(qwen3: Any) -> None:
         server_default, request_wins = (qwen3.decode(next_submit(front).prompt_ids) for _ in range(2))
     assert server_default.endswith("<think>\n\n</think>\n\n")
     assert "<think>" not in request_wins
+
+
+def test_forced_usage_ends_every_stream_with_usage(qwen3: Any) -> None:
+    body = {"prompt": "Hi there", "max_tokens": 3, "stream": True}
+    usages = []
+    for forced in (False, True):
+        with running_front(qwen3, **{"front.force_include_usage": forced}) as front:
+            with httpx.stream("POST", f"{front.url}/v1/completions", json=body, timeout=30) as response:
+                events = [line[6:] for line in response.iter_lines() if line.startswith("data: {")]
+            usages.append([json.loads(event).get("usage") for event in events])
+    unforced, forced_usage = usages
+    assert all(usage is None for usage in unforced)
+    assert forced_usage[-1] is not None and forced_usage[-1]["completion_tokens"] > 0
+    assert all(usage is None for usage in forced_usage[:-1])  # continuous usage stays off unless asked
+
+
+def test_openapi_off_is_a_404(qwen3: Any) -> None:
+    with running_front(qwen3, **{"front.openapi": False}) as front:
+        assert httpx.get(f"{front.url}/openapi.json").status_code == 404
+
+
+def test_logged_requests_show_their_params_and_at_most_max_log_len_prompt_ids(
+    qwen3: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    prompt = list(range(1000, 1010))
+    options = {"front.log_requests": True, "front.max_log_len": 4}
+    with caplog.at_level(logging.INFO, logger="detok.requests"), running_front(qwen3, **options) as front:
+        body = {"prompt": prompt, "max_tokens": 2, "seed": 7}
+        assert httpx.post(f"{front.url}/v1/completions", json=body, timeout=30).status_code == 200
+        rid = next_submit(front).rid
+    lines = [record.getMessage() for record in caplog.records if record.name == "detok.requests"]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"request {rid}: params RequestParams(max_tokens=2,")
+    assert "seed=7" in lines[0]
+    assert lines[0].endswith("prompt_token_ids [1000, 1001, 1002, 1003] ... (10 ids)")
+
+
+def test_requests_are_not_logged_by_default(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="detok.requests"), running_front(qwen3) as front:
+        assert httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).is_success
+    assert not [record for record in caplog.records if record.name == "detok.requests"]
