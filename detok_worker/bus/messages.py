@@ -112,7 +112,8 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     priority: the engine's scheduling priority (lower runs earlier, with a priority scheduler). cache_salt: mixed
     into the engine's prefix-cache keys, so only requests with the same salt share cached prompt blocks.
     engine_max_tokens: the client gave no max_tokens and the engine applies its own default (vLLM's: the rest of
-    the context, capped by the generation config); max_tokens then holds the front's upper bound."""
+    the context, capped by the generation config); max_tokens then holds the front's upper bound.
+    lora: the LoRA adapter the request runs on (a name the engine loaded; "" = the base model)."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
@@ -121,6 +122,7 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     priority: int = 0
     cache_salt: str | None = None
     engine_max_tokens: bool = False
+    lora: str = ""
 
 
 # ---- front -> engine -------------------------------------------------------------------------------

@@ -114,6 +114,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     port: Port = 8000
     model_name: str = ""  # "" = derived from the tokenizer name
     model_aliases: list[str] = []  # more names requests may give for the model (responses carry model_name)
+    lora_adapters: dict[str, str] = {}  # LoRA adapter name -> its path: served as models (source = vllm only)
     api_key: str = ""  # "" = no auth
     api_keys: list[str] = []  # keys of which any one is accepted (vLLM's --api-key K1 K2); instead of api_key
     max_request_bytes: AtLeastOne = 4 * 1024 * 1024
@@ -270,6 +271,10 @@ def _check_relations(config: DetokConfig) -> None:
         (
             engine.source == "vllm" or config.front.max_tokens_default > 0,
             "front.max_tokens_default = 0 (the engine's own default) needs engine.source = vllm",
+        ),
+        (
+            engine.source == "vllm" or not config.front.lora_adapters,
+            "front.lora_adapters (LoRA adapters) needs engine.source = vllm",
         ),
         (
             bool(config.front.ssl_keyfile) == bool(config.front.ssl_certfile),

@@ -79,6 +79,11 @@ def _max_logprobs(value: int, _args: argparse.Namespace) -> Overrides:
     return {}
 
 
+def _lora_adapters(value: list[Any], _args: argparse.Namespace) -> Overrides:
+    """vLLM's LoRAModulePath list: the front serves each name (the engine loads them from the same flag)."""
+    return {"front.lora_adapters": {module.name: module.path for module in value}}
+
+
 def _nothing(_value: Any, _args: argparse.Namespace) -> Overrides:
     return {}
 
@@ -107,6 +112,7 @@ HONOURED: dict[str, Flag] = {
     "allowed_headers": _cors,
     "allow_credentials": _cors,
     "chat_template": _to("tokenizer.chat_template"),
+    "lora_modules": _lora_adapters,
     "default_chat_template_kwargs": _to("front.chat_template_kwargs"),
     "tool_call_parser": _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser"),
     "enable_auto_tool_choice": _nothing,  # detok parses tool calls whenever a tool-call parser is set
@@ -132,7 +138,6 @@ REFUSED: dict[str, str] = {
     "headless": "--headless runs engine cores without a front end; start them with `vllm serve --headless`",
     "grpc": "for vLLM's gRPC server use `vllm serve --grpc` and `detok serve --source grpc`",
     "grpc_port": "the Rust front end's gRPC services are not detok's",
-    "lora_modules": "requests cannot select a LoRA adapter in detok yet",
     "chat_template_content_format": "detok renders message content as the template's own format only",
     "trust_request_chat_template": "detok does not render chat templates sent in requests",
     "trust_request_mm_kwargs": _NO_MULTIMODAL,

@@ -11,16 +11,20 @@ stop strings stay in detok's workers. Imported only by the vLLM source (it needs
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from vllm.config import ModelConfig
+from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
+from vllm.lora.request import LoRARequest
 from vllm.renderers.params import TokenizeParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.outputs import LogprobsTensors
 
@@ -67,8 +71,12 @@ class RequestBuilder:
     (`ModelConfig.get_diff_sampling_param`: `--generation-config`, `--override-generation-config`), and max_tokens
     by vLLM's own rule (`get_max_tokens`: the rest of the context, capped by the generation config)."""
 
-    def __init__(self, processor: InputProcessor, model_config: ModelConfig) -> None:
+    def __init__(
+        self, processor: InputProcessor, model_config: ModelConfig, loras: Mapping[str, LoRARequest] | None = None
+    ) -> None:
+        """`loras`: the LoRA adapters loaded into the engine core, by the name requests give (RequestParams.lora)."""
         self.processor = processor
+        self.loras = dict(loras or {})
         self.max_model_len = model_config.max_model_len
         self.defaults: dict[str, Any] = model_config.get_diff_sampling_param()
         # vLLM's serving classes: a generation config directory's max_new_tokens caps every request, as does
@@ -97,6 +105,11 @@ class RequestBuilder:
             for name in ("seed", "logprobs", "prompt_logprobs")
             if (value := getattr(sampling, name)) is not None
         )
+        lora = None
+        if params.lora:
+            lora = self.loras.get(params.lora)
+            if lora is None:
+                raise UnsupportedParameter("model", f"the LoRA adapter {params.lora!r} is not loaded in the engine")
         if sampling.bad_words and self.processor.tokenizer is None:  # vLLM would drop them without a tokenizer
             raise UnsupportedParameter("bad_words", "bad_words need vLLM's tokenizer (no --skip-tokenizer-init)")
         requested = None if params.engine_max_tokens else params.max_tokens
@@ -131,7 +144,13 @@ class RequestBuilder:
             )
             prompt = tokens_input(list(submit.prompt_ids), cache_salt=params.cache_salt)
             return self.processor.process_inputs(
-                submit.rid, prompt, sampling_params, SUPPORTED_TASKS, time.time(), priority=params.priority
+                submit.rid,
+                prompt,
+                sampling_params,
+                SUPPORTED_TASKS,
+                time.time(),
+                lora_request=lora,
+                priority=params.priority,
             )
         except VLLMValidationError as exc:
             raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc
@@ -198,3 +217,20 @@ class PromptRows:
 
     def message(self) -> PromptLogprobs:
         return PromptLogprobs(self.rid, self.token_ids, self.logprobs, self.ranks)
+
+
+async def load_loras(client: EngineCoreClient, modules: list[LoRAModulePath] | None) -> dict[str, LoRARequest]:
+    """vLLM's --lora-modules loaded into the engine core at start, as vLLM's server does (numbered from 1 in order);
+    an adapter the engine cannot load fails the start."""
+    loras = {}
+    for number, module in enumerate(modules or [], start=1):
+        lora = LoRARequest(
+            lora_name=module.name,
+            lora_int_id=number,
+            lora_path=module.path,
+            base_model_name=module.base_model_name,
+            is_3d_lora_weight=module.is_3d_lora_weight,
+        )
+        await client.add_lora_async(lora)
+        loras[module.name] = lora
+    return loras

@@ -115,16 +115,22 @@ class Front:
     def _model_card(self, name: str) -> ModelCard:
         return ModelCard(name, created=0, root=self.model_name, max_model_len=self.max_model_len)
 
+    def _adapter_card(self, name: str) -> ModelCard:
+        """A LoRA adapter's card, as vLLM writes it: its path as root, the base model as parent."""
+        return ModelCard(name, created=0, root=self.limits.lora_adapters[name], parent=self.model_name)
+
     async def models(self, request: Request) -> Response:
         self.intake.authorize(request)
         names = [self.model_name, *self.limits.model_aliases]
-        return json_response(ModelList([self._model_card(name) for name in names]))
+        cards = [self._model_card(name) for name in names] + [self._adapter_card(n) for n in self.limits.lora_adapters]
+        return json_response(ModelList(cards))
 
     async def model(self, request: Request) -> Response:
         self.intake.authorize(request)
         name = request.path_params["model"]
         check_model(name, self.limits, self.dispatcher.engine_model_name)
-        return json_response(self._model_card(name))
+        card = self._adapter_card(name) if name in self.limits.lora_adapters else self._model_card(name)
+        return json_response(card)
 
     async def tokenize(self, request: Request) -> Response:
         self.intake.authorize(request)

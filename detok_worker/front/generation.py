@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -95,6 +96,8 @@ class Generation:
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
         )
+        if model in self.limits.lora_adapters:  # the request runs on that adapter
+            params = msgspec.structs.replace(params, lora=model)
         size = prompt_chars(body)
         if size is not None and size <= INLINE_PROMPT_CHARS:
             ids = truncate_prompt(prompt_ids(body), body)

@@ -43,6 +43,8 @@ class Limits:
     check_ids: Callable[[Sequence[int]], None]
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
     model_aliases: tuple[str, ...] = ()  # front.model_aliases: more names requests may give
+    # front.lora_adapters: LoRA adapter name -> path, each served as a model of its own
+    lora_adapters: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
     force_include_usage: bool = False  # front.force_include_usage
     # front.chat_template_kwargs: under each request's own
@@ -66,6 +68,7 @@ class Limits:
             eos_ids=frozenset(tokenizer.eos_token_ids),
             model_name_set=bool(config.front.model_name),
             model_aliases=tuple(config.front.model_aliases),
+            lora_adapters=MappingProxyType(dict(config.front.lora_adapters)),
             completions_max_tokens_default=config.front.completions_max_tokens_default,
             force_include_usage=config.front.force_include_usage,
             chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
@@ -139,9 +142,11 @@ def served_model_name(limits: Limits, engine_model_name: str) -> str:
 
 
 def check_model(requested: str | None, limits: Limits, engine_model_name: str = "") -> str:
-    """The served model name (served_model_name); a request naming another model (nor one of its aliases) is a
-    404."""
+    """The model name a response carries: the served one (served_model_name), or the LoRA adapter the request
+    names. A request naming another model (none of the served name, its aliases, the adapters) is a 404."""
     served = served_model_name(limits, engine_model_name)
+    if requested is not None and requested in limits.lora_adapters:
+        return requested
     if requested is not None and requested != served and requested not in limits.model_aliases:
         raise APIError(
             404,

@@ -15,7 +15,14 @@ import httpx
 import pytest
 import tomllib
 from helpers.serve_helpers import REPO, children_of, pid_alive
-from helpers.vllm_cpu import ENV, detok_vllm, model_with_sampling_defaults, require_venv, vllm_server
+from helpers.vllm_cpu import (
+    ENV,
+    detok_vllm,
+    lora_adapter,
+    model_with_sampling_defaults,
+    require_venv,
+    vllm_server,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -108,9 +115,15 @@ def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple
     assert "detok serving at" not in result.stdout
 
 
-# the same flags to both servers: two keys, two served names, a short context (chat's default max_tokens is the
-# rest of it)
-SHARED_FLAGS = ("--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256")
+def shared_flags() -> tuple[str, ...]:
+    """The same flags to both servers: two keys, two served names, a LoRA adapter, a short context (chat's default
+    max_tokens is the rest of it)."""
+    return (
+        "--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256",
+        "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={lora_adapter()}",
+    )  # fmt: skip
+
+
 PROMPT = "Story number 3:"
 CHAT = [{"role": "user", "content": "Hi"}]
 SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
@@ -126,6 +139,7 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/completions", {"prompt": PROMPT, "seed": 10, "max_tokens": 6, "logprobs": 2, "echo": True}),
     ("/v1/chat/completions", {"messages": CHAT, "seed": 11, "max_tokens": 6, "logprobs": True, "top_logprobs": 2}),
     ("/v1/completions", {"prompt": PROMPT, "seed": 12, "max_tokens": 10, "stream": True, "n": 2}),
+    ("/v1/completions", {"model": "adapter", "prompt": PROMPT, "seed": 14, "max_tokens": 8}),  # on the LoRA adapter
     ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
 ]
 
@@ -183,7 +197,8 @@ def answers(url: str) -> dict[str, Any]:
         seen["no key"] = client.get("/v1/models").status_code
         seen["wrong key"] = client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code
         seen["health without key"] = client.get("/health").status_code
-        seen["models"] = [card["id"] for card in client.get("/v1/models", headers=good).json()["data"]]
+        cards = client.get("/v1/models", headers=good).json()["data"]
+        seen["models"] = [(card["id"], card["parent"]) for card in cards]
         seen["unknown model"] = client.post(
             "/v1/completions", headers=good, json={"model": "third", "prompt": "x", "max_tokens": 1}
         ).status_code
@@ -210,15 +225,18 @@ def same_text(detok: str | None, vllm: str | None) -> bool:
 
 def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     model = model_with_sampling_defaults()
-    with vllm_server(*SHARED_FLAGS, model=model) as server:
+    flags = shared_flags()
+    with vllm_server(*flags, model=model) as server:
         expected = answers(server.url)
-    service = detok_vllm(engine_flags=SHARED_FLAGS, model=model)
+    service = detok_vllm(engine_flags=flags, model=model)
     try:
         got = answers(service.url)
     finally:
         service.stop()
     assert (expected["no key"], expected["wrong key"], expected["health without key"]) == (401, 401, 200)
-    assert expected["models"] == ["first", "second"]
+    assert expected["models"] == [("first", None), ("second", None), ("adapter", "first")]
+    on_adapter = next(index for index, (_, body) in enumerate(SAME_REQUESTS) if body.get("model") == "adapter")
+    assert expected[f"request {on_adapter}"]["model"] == "adapter"
     assert expected["request 0"]["usage"]["completion_tokens"] == 16
     assert expected["request 2"]["choices"][0]["finish_reason"] == "length"
     assert expected["request 2"]["usage"]["completion_tokens"] < 256

@@ -75,6 +75,33 @@ def model_with_sampling_defaults() -> Path:
     return directory
 
 
+# a PEFT LoRA adapter for the model (rank 8 on every layer's attention output), random, made with vLLM's torch
+_MAKE_ADAPTER = """
+import json, sys, torch
+from safetensors.torch import save_file
+config = json.load(open(sys.argv[1] + "/config.json"))
+hidden, width = config["hidden_size"], config["num_attention_heads"] * config["head_dim"]
+generator = torch.Generator().manual_seed(0)
+tensors = {}
+for layer in range(config["num_hidden_layers"]):
+    name = f"base_model.model.model.layers.{layer}.self_attn.o_proj"
+    tensors[name + ".lora_A.weight"] = torch.randn(8, width, generator=generator).to(torch.bfloat16)
+    tensors[name + ".lora_B.weight"] = torch.randn(hidden, 8, generator=generator).to(torch.bfloat16)
+save_file(tensors, sys.argv[2] + "/adapter_model.safetensors")
+adapter = {"r": 8, "lora_alpha": 16, "target_modules": ["o_proj"], "peft_type": "LORA", "bias": "none",
+           "task_type": "CAUSAL_LM", "base_model_name_or_path": sys.argv[1]}
+json.dump(adapter, open(sys.argv[2] + "/adapter_config.json", "w"))
+"""
+
+
+@cache
+def lora_adapter() -> Path:
+    """A LoRA adapter directory for the model (vLLM's `--lora-modules NAME=PATH`)."""
+    directory = Path(tempfile.mkdtemp(prefix="detok-vllm-lora-"))
+    subprocess.run([str(require_venv()), "-c", _MAKE_ADAPTER, str(model_dir()), str(directory)], check=True)
+    return directory
+
+
 def detok_vllm(
     *extra: str, workers: int = 2, engine_flags: tuple[str, ...] = (), model: Path | None = None
 ) -> ServeProcess:

@@ -38,7 +38,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
-from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
+from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, load_loras, output_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -202,7 +202,10 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     async def main() -> int:
         client = EngineCoreClient.make_async_mp_client(vllm_config, Executor.get_class(vllm_config), log_stats=False)
         try:
-            requests = RequestBuilder(InputProcessor(vllm_config, renderer_from_config(vllm_config)), model_config)
+            loras = await load_loras(client, args.lora_modules)
+            requests = RequestBuilder(
+                InputProcessor(vllm_config, renderer_from_config(vllm_config)), model_config, loras
+            )
             link = EngineLink(
                 config,
                 eos_ids=eos_ids,

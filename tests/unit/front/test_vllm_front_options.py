@@ -13,6 +13,7 @@ import pytest
 from helpers.front_harness import running_front
 
 from detok_worker.bus.messages import Submit
+from detok_worker.config import ConfigError, load_config
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
@@ -162,3 +163,26 @@ def test_requests_are_not_logged_by_default(qwen3: Any, caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="detok.requests"), running_front(qwen3) as front:
         assert httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).is_success
     assert not [record for record in caplog.records if record.name == "detok.requests"]
+
+
+def test_a_lora_adapter_is_a_model_whose_requests_run_on_it(qwen3: Any) -> None:
+    options = {"engine.source": "vllm", "engine.model": "m", "front.model_name": "base"}
+    with running_front(qwen3, **options, **{"front.lora_adapters": {"adapter": "/adapters/a"}}) as front:
+        cards = httpx.get(f"{front.url}/v1/models").json()["data"]
+        card = httpx.get(f"{front.url}/v1/models/adapter").json()
+        body = {"prompt": "Hi", "max_tokens": 2}
+        on_adapter = httpx.post(f"{front.url}/v1/completions", json={**body, "model": "adapter"}, timeout=30)
+        on_base = httpx.post(f"{front.url}/v1/completions", json={**body, "model": "base"}, timeout=30)
+        loras = [next_submit(front).params.lora for _ in range(2)]
+    assert [(c["id"], c["root"], c["parent"]) for c in cards] == [
+        ("base", "base", None),
+        ("adapter", "/adapters/a", "base"),
+    ]
+    assert card["id"] == "adapter" and card["parent"] == "base"
+    assert on_adapter.json()["model"] == "adapter" and on_base.json()["model"] == "base"
+    assert loras == ["adapter", ""]
+
+
+def test_lora_adapters_need_the_vllm_source() -> None:
+    with pytest.raises(ConfigError, match="front.lora_adapters"):
+        load_config(None, {"front.lora_adapters": {"adapter": "/adapters/a"}})

