@@ -68,7 +68,9 @@ class Front:
         self.dispatcher.metrics.also_flush(self.tokenizer)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self.intake = RequestIntake(config.front)
-        self.generation = Generation(self.tokenizer, self.limits, self.parsers, self.dispatcher, self.intake)
+        self.generation = Generation(
+            self.tokenizer, self.limits, self.parsers, self.dispatcher, self.intake, lambda: self.max_model_len
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:

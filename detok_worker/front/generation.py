@@ -58,12 +58,15 @@ class Generation:
         parsers: ParserChoice,
         dispatcher: Dispatcher,
         intake: RequestIntake,
+        context_length: Callable[[], int | None] = lambda: None,
     ) -> None:
+        """`context_length`: the model's max_model_len as the front knows it now (None: not known)."""
         self.tokenizer = tokenizer
         self.limits = limits
         self.parsers = parsers
         self.dispatcher = dispatcher
         self.intake = intake
+        self.context_length = context_length
         self.draining = False  # set on SIGTERM (Front.drain): new requests get 503, live ones may finish
         self.open_event_streams = 0
 
@@ -100,9 +103,9 @@ class Generation:
             params = msgspec.structs.replace(params, lora=model)
         size = prompt_chars(body)
         if size is not None and size <= INLINE_PROMPT_CHARS:
-            ids = truncate_prompt(prompt_ids(body), body)
+            ids = truncate_prompt(prompt_ids(body), body, self.context_length())
         else:  # chat template + tokenizing of a long prompt: off the loop
-            ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body)
+            ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body, self.context_length())
         echo = None
         if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)

@@ -9,7 +9,7 @@ gets the 400 that names the field rather than a type error.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -58,7 +58,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     ignore_eos: bool | None = None
     add_special_tokens: bool | None = None  # None = the endpoint's default (vLLM's)
     spaces_between_special_tokens: bool | None = None  # null = true
-    truncate_prompt_tokens: int | None = None  # keep the last k prompt ids
+    truncate_prompt_tokens: int | None = None  # keep k prompt ids (-1: as many as the context holds)
+    truncation_side: Literal["left", "right"] | None = None  # which end truncate_prompt_tokens cuts (null: left)
     request_id: str | None = None  # like the X-Request-Id header
     # completions: top candidates per token (int); chat: bool (with top_logprobs). Checked in sampling.py.
     logprobs: Any = None

@@ -333,8 +333,9 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
     _check_unsupported(request, limits.engine_source)
-    if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens < 1:
-        raise bad_request("truncate_prompt_tokens must be at least 1", "truncate_prompt_tokens")
+    truncate = request.truncate_prompt_tokens
+    if truncate is not None and truncate < 1 and truncate != -1:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1", "truncate_prompt_tokens")
     sampling = sampling_params(request, limits.vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
@@ -371,7 +372,24 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)
 
 
-def truncate_prompt(ids: list[int], request: CompletionRequest | ChatCompletionRequest) -> list[int]:
-    """vLLM's truncate_prompt_tokens: keep the last k prompt ids."""
+def truncate_prompt(
+    ids: list[int], request: CompletionRequest | ChatCompletionRequest, max_model_len: int | None
+) -> list[int]:
+    """vLLM's truncate_prompt_tokens: keep k prompt ids, the last ones (truncation_side "left", vLLM's default for
+    generation) or the first ("right"); -1: as many as the context holds (`max_model_len`), less one when the
+    request asks for output tokens (vLLM's max_truncation_tokens)."""
     keep = request.truncate_prompt_tokens
-    return ids[-keep:] if keep is not None and len(ids) > keep else ids
+    if keep is None:
+        return ids
+    if keep == -1:
+        if not max_model_len:
+            message = "truncate_prompt_tokens -1 needs the context length, which this server does not know"
+            raise bad_request(message, "truncate_prompt_tokens")
+        asks_output = isinstance(request, CompletionRequest) or request.max_tokens is not None
+        keep = max_model_len - 1 if asks_output or request.max_completion_tokens is not None else max_model_len
+    elif max_model_len and keep > max_model_len:
+        message = f"truncate_prompt_tokens={keep} cannot be greater than max_model_len={max_model_len}"
+        raise bad_request(message, "truncate_prompt_tokens")
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if request.truncation_side == "right" else ids[-keep:]

@@ -46,8 +46,9 @@ OPENAI_COMPLETION_FIELDS = typed_dict_fields(completion_create_params)
 VLLM_FIELDS = {
     "top_k", "min_p", "repetition_penalty", "length_penalty", "use_beam_search", "best_of", "stop_token_ids",
     "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens", "spaces_between_special_tokens",
-    "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids", "bad_words", "add_special_tokens",
-    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+    "truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "allowed_token_ids", "bad_words",
+    "add_special_tokens", "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs", "priority", "request_id",
     "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
     "vllm_xargs", "echo",
@@ -228,6 +229,11 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         Engine(lambda p: p.detok.spaces_between_special_tokens is False and p.detok.skip_special_tokens is False),
     ),
     "truncate_prompt_tokens": ({"truncate_prompt_tokens": 2}, Prompt(lambda t, s: len(s.prompt_ids) == 2)),
+    "truncation_side": (
+        {"truncate_prompt_tokens": 1, "truncation_side": "right"},
+        # the prompt's first id: "Hello" (completions) or the chat template's <|im_start|>
+        Prompt(lambda t, s: s.prompt_ids in ([9707], [151644])),
+    ),
     "request_id": ({"request_id": "my id/1"}, Response(lambda r: "-my_id_1-" in r.json()["id"])),
     "best_of": ({"best_of": 2}, REFUSED),
     "use_beam_search": ({"use_beam_search": True}, REFUSED),

@@ -186,3 +186,20 @@ def test_a_lora_adapter_is_a_model_whose_requests_run_on_it(qwen3: Any) -> None:
 def test_lora_adapters_need_the_vllm_source() -> None:
     with pytest.raises(ConfigError, match="front.lora_adapters"):
         load_config(None, {"front.lora_adapters": {"adapter": "/adapters/a"}})
+
+
+def test_truncating_to_the_context_leaves_one_id_for_the_output_when_the_request_asks_for_output(qwen3: Any) -> None:
+    prompt = list(range(1000, 1010))
+    with running_front(qwen3, **{"front.max_model_len": 6}) as front:
+        url = f"{front.url}/v1/completions"
+        assert httpx.post(url, json={"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": -1}).is_success
+        kept = next_submit(front).prompt_ids
+        right = {"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 3, "truncation_side": "right"}
+        assert httpx.post(url, json=right).is_success
+        first = next_submit(front).prompt_ids
+        too_many = httpx.post(url, json={"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 7})
+        zero = httpx.post(url, json={"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 0})
+    assert kept == prompt[-5:]  # max_model_len 6, one id kept free for the output
+    assert first == prompt[:3]
+    assert (too_many.status_code, too_many.json()["error"]["param"]) == (400, "truncate_prompt_tokens")
+    assert (zero.status_code, zero.json()["error"]["param"]) == (400, "truncate_prompt_tokens")
