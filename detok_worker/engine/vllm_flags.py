@@ -84,6 +84,17 @@ def _lora_adapters(value: list[Any], _args: argparse.Namespace) -> Overrides:
     return {"front.lora_adapters": {module.name: module.path for module in value}}
 
 
+def _tokenizer_revision(_value: str, args: argparse.Namespace) -> Overrides:
+    """The tokenizer's Hub revision, as vLLM picks it: --tokenizer-revision, else --revision."""
+    return {"tokenizer.revision": args.tokenizer_revision or args.revision}
+
+
+def _tokenizer_mode(value: str, _args: argparse.Namespace) -> Overrides:
+    if value not in ("auto", "hf"):
+        raise ConfigError(f"--tokenizer-mode {value}: detok picks the tokenizer's kind from its files (auto)")
+    return {}
+
+
 def _nothing(_value: Any, _args: argparse.Namespace) -> Overrides:
     return {}
 
@@ -130,6 +141,9 @@ FRONT_ENGINE_FLAGS: dict[str, Flag] = {
     "max_logprobs": _max_logprobs,  # vLLM's input processing refuses more than this per request
     "tokenizer": _to("tokenizer.path"),
     "enable_log_requests": _to("front.log_requests"),
+    "revision": _tokenizer_revision,
+    "tokenizer_revision": _tokenizer_revision,
+    "tokenizer_mode": _tokenizer_mode,
 }
 _NO_MULTIMODAL = "detok serves text only: no multimodal input"
 _NO_ENDPOINT = "detok serves no such endpoint"
@@ -178,6 +192,8 @@ REFUSED: dict[str, str] = {
 # engine flags detok refuses: what they ask of the server is not done by detok
 REFUSED_ENGINE_FLAGS: dict[str, str] = {
     "tokens_only": _NO_ENDPOINT + " (the tokens-in, tokens-out API)",
+    "stream_interval": "detok streams every engine step's text as it comes (--stream-interval 1)",
+    "otlp_traces_endpoint": "detok exports no OpenTelemetry traces",
 }
 
 

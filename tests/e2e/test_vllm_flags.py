@@ -58,6 +58,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
         "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
+        "--revision", "main", "--tokenizer-revision", "v2",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -69,6 +70,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert config["access_log"] is False
     assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
     assert front["tokenizer"]["chat_template"] == "/t.jinja"
+    assert front["tokenizer"]["revision"] == "v2"  # --tokenizer-revision over --revision, as vLLM
     assert config["chat_template_kwargs"] == {"enable_thinking": False}
     assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")
@@ -101,9 +103,11 @@ def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> Non
     [
         (("--root-path", "/api"), "--root-path"),
         (("--middleware", "my.module:mw"), "--middleware"),
-        (("--lora-modules", "a=/x"), "--lora-modules"),
+        (("--enable-prompt-tokens-details",), "--enable-prompt-tokens-details"),
         (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
         (("--return-tokens-as-token-ids",), "--return-tokens-as-token-ids"),
+        (("--stream-interval", "4"), "--stream-interval"),
+        (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
     ],
 )
 def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple[str, ...], named: str) -> None:
