@@ -387,6 +387,9 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     served_model_name: str = ""  # the model name the engine serves ("" = it names none): the front serves it too
     max_model_len: int = 0  # the engine's context length (0 = not reported): the front reports it
     engine_version: str = ""  # the real engine's version (vLLM's), which /version reports ("" = none)
+    # the model's vocabulary size when larger than the tokenizer's (0 = not reported): sampling fields may name
+    # any id below it (allowed_token_ids, logit_bias), as the engine samples them
+    vocab_size: int = 0
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

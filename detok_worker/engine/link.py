@@ -96,6 +96,7 @@ class EngineLink:
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.engine_version = engine_version
+        self.vocab_size = vocab_size
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -302,6 +303,7 @@ class EngineLink:
             served_model_name=self.served_model_name,
             max_model_len=self.max_model_len,
             engine_version=self.engine_version,
+            vocab_size=self.vocab_size,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -79,6 +79,7 @@ class Dispatcher:
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self.engine_version = ""  # the real engine's version, once its EngineStats gave one
+        self.engine_vocab_size = 0  # the model's vocabulary size, once its EngineStats gave one
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
@@ -281,6 +282,8 @@ class Dispatcher:
                 self.engine_max_model_len = message.max_model_len
             if message.engine_version:
                 self.engine_version = message.engine_version
+            if message.vocab_size:
+                self.engine_vocab_size = message.vocab_size
         elif isinstance(message, PromptLogprobs):
             stream = self._prompt_waiting.pop(message.rid, None)
             if stream is not None:

@@ -95,7 +95,7 @@ class Generation:
         self.intake.authorize(request)
         body = with_priority_header(decode(await self.intake.read_body(request)), request.headers)
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
-        checked = check_generation(body, self.limits)
+        checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size)
         params = (
             self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
         )

@@ -327,8 +327,11 @@ class CheckedParams:
     echo: bool
 
 
-def check_generation(request: CompletionRequest | ChatCompletionRequest, limits: Limits) -> CheckedParams:
-    """Validate everything but the prompt; build the engine's RequestParams."""
+def check_generation(
+    request: CompletionRequest | ChatCompletionRequest, limits: Limits, model_vocab_size: int = 0
+) -> CheckedParams:
+    """Validate everything but the prompt; build the engine's RequestParams. `model_vocab_size`: the model's
+    vocabulary size where the engine reported one larger than the tokenizer's (its ids may be sampled)."""
     n = _check_n(request, limits)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
@@ -336,7 +339,8 @@ def check_generation(request: CompletionRequest | ChatCompletionRequest, limits:
     truncate = request.truncate_prompt_tokens
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1", "truncate_prompt_tokens")
-    sampling = sampling_params(request, limits.vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
+    vocab_size = max(limits.vocab_size, model_vocab_size)
+    sampling = sampling_params(request, vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens, engine_max_tokens = _max_tokens(request, limits, override, echo)

@@ -40,10 +40,12 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
 def test_new_fields_travel_last() -> None:
     sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1)
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False)
-    params = RequestParams(3, detok, sampling=sampling, priority=-2, cache_salt="s1", engine_max_tokens=True)
+    params = RequestParams(
+        3, detok, sampling=sampling, priority=-2, cache_salt="s1", engine_max_tokens=True, lora="adapter"
+    )
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
-    assert raw[3][-3:] == [-2, "s1", True]  # RequestParams: ..., priority, cache_salt, engine_max_tokens
+    assert raw[3][-4:] == [-2, "s1", True, "adapter"]  # RequestParams: ..., cache_salt, engine_max_tokens, lora
     assert raw[3][1][-2:] == [True, False]  # DetokParams: ..., return_token_ids, spaces_between_special_tokens
     assert raw[3][3][-3:] == [[5, 9], ["no"], -1]  # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -203,3 +204,21 @@ def test_truncating_to_the_context_leaves_one_id_for_the_output_when_the_request
     assert first == prompt[:3]
     assert (too_many.status_code, too_many.json()["error"]["param"]) == (400, "truncate_prompt_tokens")
     assert (zero.status_code, zero.json()["error"]["param"]) == (400, "truncate_prompt_tokens")
+
+
+def test_sampling_fields_may_name_the_models_ids_past_the_tokenizers(qwen3: Any) -> None:
+    """Qwen3's model has 151,936 ids, its tokenizer 151,669: vLLM samples and takes all of the model's."""
+    options = {"engine.source": "vllm", "engine.model": "m"}
+    body = {"prompt": "Hi", "max_tokens": 1, "allowed_token_ids": [151_700], "logit_bias": {"151800": 5}}
+    with running_front(qwen3, **options) as front:
+        before = httpx.post(f"{front.url}/v1/completions", json=body, timeout=30)
+        front.engine.vocab_size = 151_936
+        deadline = time.monotonic() + 10
+        while front.server.front.dispatcher.engine_vocab_size != 151_936 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the next EngineStats carry it
+        after = httpx.post(f"{front.url}/v1/completions", json=body, timeout=30)
+        beyond = httpx.post(f"{front.url}/v1/completions", json={**body, "allowed_token_ids": [151_936]}, timeout=30)
+        sampling = next_submit(front).params.sampling
+    assert before.status_code == 400
+    assert after.status_code == 200 and sampling.allowed_token_ids == [151_700] and sampling.logit_bias == {151_800: 5}
+    assert (beyond.status_code, beyond.json()["error"]["param"]) == (400, "allowed_token_ids")
