@@ -192,7 +192,6 @@ REFUSED: dict[str, str] = {
 # engine flags detok refuses: what they ask of the server is not done by detok
 REFUSED_ENGINE_FLAGS: dict[str, str] = {
     "tokens_only": _NO_ENDPOINT + " (the tokens-in, tokens-out API)",
-    "stream_interval": "detok streams every engine step's text as it comes (--stream-interval 1)",
     "otlp_traces_endpoint": "detok exports no OpenTelemetry traces",
 }
 

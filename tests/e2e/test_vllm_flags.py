@@ -121,10 +121,11 @@ def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple
 
 def shared_flags() -> tuple[str, ...]:
     """The same flags to both servers: two keys, two served names, a LoRA adapter, a short context (chat's default
-    max_tokens is the rest of it)."""
+    max_tokens is the rest of it), streams sent every 4 ids."""
     return (
         "--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256",
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={lora_adapter()}",
+        "--stream-interval", "4",
     )  # fmt: skip
 
 
@@ -182,15 +183,17 @@ def streamed(lines: list[str]) -> dict[str, Any]:
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     texts: dict[int, str] = {}
     finishes: dict[int, str] = {}
+    pieces: dict[int, int] = {}
     for chunk in chunks:
         for choice in chunk["choices"]:
             delta = choice.get("delta")
             piece = choice.get("text") if delta is None else delta.get("content")
             texts[choice["index"]] = texts.get(choice["index"], "") + (piece or "")
+            pieces[choice["index"]] = pieces.get(choice["index"], 0) + bool(piece)
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
     usage = [given(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
-    return {"texts": texts, "finishes": finishes, "usage": usage, "done": lines[-1] == "data: [DONE]"}
+    return {"texts": texts, "pieces": pieces, "finishes": finishes, "usage": usage, "done": lines[-1] == "data: [DONE]"}
 
 
 def answers(url: str) -> dict[str, Any]:
@@ -253,6 +256,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             for index, text in value["texts"].items():
                 assert same_text(mine["texts"][index], text), f"{key} choice {index}: {mine['texts'][index]!r}"
             assert (mine["finishes"], mine["usage"], mine["done"]) == (value["finishes"], value["usage"], True), key
+            assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
         elif isinstance(value, dict) and "choices" in value:
             mine = got[key]
             for theirs, ours in zip(value["choices"], mine["choices"], strict=True):

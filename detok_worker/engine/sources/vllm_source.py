@@ -38,6 +38,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
+from detok_worker.engine.stream_interval import StreamInterval
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, load_loras, output_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
@@ -52,8 +53,12 @@ SUBMIT_SLICE_S = 0.02
 
 
 class VllmSource:
-    def __init__(self, link: EngineLink, client: EngineCoreClient, requests: RequestBuilder) -> None:
+    def __init__(
+        self, link: EngineLink, client: EngineCoreClient, requests: RequestBuilder, stream_interval: int = 1
+    ) -> None:
+        """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's)."""
         self.link = link
+        self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
         self.client = client
         self.requests = requests
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
@@ -90,6 +95,8 @@ class VllmSource:
                     self.on_engine.difference_update(stopped)
                     for rid in stopped:
                         self.prompt_rows.pop(rid, None)
+                        if self.interval is not None:
+                            self.interval.forget(rid)
                     await self.client.abort_requests_async(stopped)
                 if link.scheduler.has_work():
                     link.step()
@@ -125,6 +132,7 @@ class VllmSource:
         client = self.client
         on_engine = self.on_engine
         prompt_rows = self.prompt_rows
+        interval = self.interval
         while True:
             try:
                 step = await client.get_output_async()
@@ -145,9 +153,17 @@ class VllmSource:
                     if finish is None:
                         if reason != FinishReason.ABORT:  # an abort is ours (stop string, client gone)
                             link.fail(rid, f"the vLLM engine core ended the request: {reason}")
+                        if interval is not None:
+                            interval.forget(rid)
                         continue
+                ids = output.new_token_ids
                 logprobs = output_logprobs(output) if output.new_logprobs is not None else None
-                if not link.push(rid, output.new_token_ids, finish, logprobs) and finish is None and rid in on_engine:
+                if interval is not None:
+                    taken = interval.take(rid, ids, logprobs, finish is not None)
+                    if taken is None:
+                        continue
+                    ids, logprobs = taken
+                if not link.push(rid, ids, finish, logprobs) and finish is None and rid in on_engine:
                     on_engine.discard(rid)
                     gone.append(rid)
             link.step()
@@ -157,6 +173,8 @@ class VllmSource:
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
                 for rid in gone:
                     prompt_rows.pop(rid, None)
+                    if interval is not None:
+                        interval.forget(rid)
                 await client.abort_requests_async(gone)
 
     def _prompt_logprobs(self, output: EngineCoreOutput) -> None:
@@ -222,7 +240,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 model_config.served_model_name,
                 time.monotonic() - started,
             )
-            source = VllmSource(link, client, requests)
+            source = VllmSource(link, client, requests, vllm_config.scheduler_config.stream_interval)
             try:
                 with stop_on_signals(source.request_stop):
                     await source.run()
