@@ -159,6 +159,10 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     force_include_usage: bool = False  # usage in every stream, stream_options or not (--enable-force-include-usage)
     openapi: bool = True  # serve /openapi.json (false: vLLM's --disable-fastapi-docs)
     uvicorn_log_level: UvicornLogLevel = ""  # uvicorn's own loggers; "" = logging.level
+    access_log_skip_paths: list[str] = []  # paths whose requests the access log leaves out (e.g. /health, /metrics)
+    # chat requests with tool_choice "none" render no tools into the prompt (vLLM's
+    # --exclude-tools-when-tool-choice-none)
+    exclude_tools_when_tool_choice_none: bool = False
     access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
     # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
     processes: AtLeastOne = 1

@@ -132,6 +132,10 @@ HONOURED: dict[str, Flag] = {
     "disable_fastapi_docs": lambda value, _args: {"front.openapi": not value},
     "enable_force_include_usage": _to("front.force_include_usage"),
     "uvicorn_log_level": _to("front.uvicorn_log_level"),
+    "disable_access_log_for_endpoints": lambda value, _args: {
+        "front.access_log_skip_paths": [path.strip() for path in value.split(",") if path.strip()]
+    },
+    "exclude_tools_when_tool_choice_none": _to("front.exclude_tools_when_tool_choice_none"),
     "enable_request_id_headers": _nothing,  # detok's responses always carry X-Request-Id
 }
 # engine flags the front honours too (they also go to the engine core)
@@ -157,7 +161,6 @@ REFUSED: dict[str, str] = {
     "trust_request_mm_kwargs": _NO_MULTIMODAL,
     "response_role": "detok answers with the role 'assistant' only",
     "return_tokens_as_token_ids": "detok does not write logprob tokens as 'token_id:N'",
-    "exclude_tools_when_tool_choice_none": "detok always renders the request's tools into the prompt",
     "tool_parser_plugin": "detok loads no parser plugins",
     "tool_strict_level": "detok does not constrain tool calls with structural tags",
     "tool_server": "detok runs no built-in tools",
@@ -180,7 +183,6 @@ REFUSED: dict[str, str] = {
     "dp_supervisor_probe_timeout_s": "detok has no multi-port external load balancing mode",
     "dp_supervisor_probe_failure_threshold": "detok has no multi-port external load balancing mode",
     "uds": "detok's front listens on TCP only",
-    "disable_access_log_for_endpoints": "detok's access log is on or off for every endpoint (front.access_log)",
     "enable_ssl_refresh": "detok does not reload TLS certificates while it runs",
     "root_path": "detok does not serve under a path prefix",
     "middleware": "detok runs no ASGI middleware from import paths",

@@ -259,7 +259,9 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
     ]
     if config.front.openapi:
         routes.append(Route("/openapi.json", front.openapi, methods=["GET"]))
-    observer = RequestObserver(front.dispatcher.metrics, config.front.access_log)
+    observer = RequestObserver(
+        front.dispatcher.metrics, config.front.access_log, frozenset(config.front.access_log_skip_paths)
+    )
     app = FrontApp(
         routes=routes,
         middleware=middleware_for(config, observer),

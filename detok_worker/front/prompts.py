@@ -142,10 +142,11 @@ def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]
 def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
     messages = _template_messages(request.messages)
     check_prompt_chars(sum(len(message["content"]) for message in messages), limits, "messages")
+    excluded = request.tool_choice == "none" and limits.exclude_tools_when_tool_choice_none
     try:
         text = tokenizer.apply_chat_template(
             messages,
-            tools=request.tools,
+            tools=None if excluded else request.tools,
             documents=request.documents,
             add_generation_prompt=request.add_generation_prompt is not False,  # null = the default, true
             continue_final_message=bool(request.continue_final_message),

@@ -54,9 +54,11 @@ class RequestObserver:
     RequestLogMiddleware calls it for the routes behind Starlette's stack, direct_route.py for the generation
     routes."""
 
-    def __init__(self, metrics: FrontMetrics, log_requests: bool) -> None:
+    def __init__(self, metrics: FrontMetrics, log_requests: bool, skip_paths: frozenset[str] = frozenset()) -> None:
+        """`skip_paths`: paths the access log leaves out (their metrics are recorded all the same)."""
         self.metrics = metrics
         self.log_requests = log_requests
+        self.skip_paths = skip_paths
         if log_requests:  # the access log is its own switch: --log-level WARNING does not silence it
             access_log.setLevel(logging.INFO)
 
@@ -71,7 +73,7 @@ class RequestObserver:
         if stream is not None:
             ttft = stream.ttft_s(started)
             self.metrics.generation(endpoint, ttft, stream.mean_itl_s())
-        if self.log_requests:
+        if self.log_requests and scope["path"] not in self.skip_paths:
             access_log.info(access_line(scope, status, duration, stream, ttft))
 
 

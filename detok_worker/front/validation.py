@@ -47,6 +47,7 @@ class Limits:
     lora_adapters: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
     force_include_usage: bool = False  # front.force_include_usage
+    exclude_tools_when_tool_choice_none: bool = False  # front.exclude_tools_when_tool_choice_none
     # front.chat_template_kwargs: under each request's own
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
@@ -71,6 +72,7 @@ class Limits:
             lora_adapters=MappingProxyType(dict(config.front.lora_adapters)),
             completions_max_tokens_default=config.front.completions_max_tokens_default,
             force_include_usage=config.front.force_include_usage,
+            exclude_tools_when_tool_choice_none=config.front.exclude_tools_when_tool_choice_none,
             chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
             engine_source=config.engine.source,
             added_tokens_known=added_token_contents(tokenizer) is not None,

@@ -58,7 +58,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
         "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
-        "--revision", "main", "--tokenizer-revision", "v2",
+        "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
+        "--exclude-tools-when-tool-choice-none",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -71,6 +72,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
     assert front["tokenizer"]["chat_template"] == "/t.jinja"
     assert front["tokenizer"]["revision"] == "v2"  # --tokenizer-revision over --revision, as vLLM
+    assert config["access_log_skip_paths"] == ["/health", "/metrics"]
+    assert config["exclude_tools_when_tool_choice_none"] is True
     assert config["chat_template_kwargs"] == {"enable_thinking": False}
     assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")

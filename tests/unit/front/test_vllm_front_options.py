@@ -222,3 +222,31 @@ def test_sampling_fields_may_name_the_models_ids_past_the_tokenizers(qwen3: Any)
     assert before.status_code == 400
     assert after.status_code == 200 and sampling.allowed_token_ids == [151_700] and sampling.logit_bias == {151_800: 5}
     assert (beyond.status_code, beyond.json()["error"]["param"]) == (400, "allowed_token_ids")
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_tools_are_left_out_of_the_prompt_when_tool_choice_is_none_if_asked(qwen3: Any) -> None:
+    prompts = []
+    body = {**CHAT, "max_tokens": 1, "tools": [WEATHER_TOOL], "tool_choice": "none"}
+    for exclude in (False, True):
+        with running_front(qwen3, **{"front.exclude_tools_when_tool_choice_none": exclude}) as front:
+            assert httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30).is_success
+            auto = {**body, "tool_choice": "auto"}
+            assert httpx.post(f"{front.url}/v1/chat/completions", json=auto, timeout=30).is_success
+            prompts.append([qwen3.decode(next_submit(front).prompt_ids) for _ in range(2)])
+    (kept_none, kept_auto), (left_none, left_auto) = prompts
+    assert "get_weather" in kept_none and "get_weather" in kept_auto and "get_weather" in left_auto
+    assert "get_weather" not in left_none
+
+
+def test_the_access_log_leaves_out_the_paths_asked(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
+    options = {"front.access_log_skip_paths": ["/health"]}
+    with caplog.at_level(logging.INFO, logger="detok.access"), running_front(qwen3, **options) as front:
+        httpx.get(f"{front.url}/health")
+        httpx.get(f"{front.url}/v1/models")
+    paths = [
+        record.getMessage().split(" path=")[1].split()[0] for record in caplog.records if record.name == "detok.access"
+    ]
+    assert "/v1/models" in paths and "/health" not in paths
