@@ -159,6 +159,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     force_include_usage: bool = False  # usage in every stream, stream_options or not (--enable-force-include-usage)
     openapi: bool = True  # serve /openapi.json (false: vLLM's --disable-fastapi-docs)
     uvicorn_log_level: UvicornLogLevel = ""  # uvicorn's own loggers; "" = logging.level
+    server_load: bool = False  # GET /load counts the generation requests in flight (else it says 0)
     access_log_skip_paths: list[str] = []  # paths whose requests the access log leaves out (e.g. /health, /metrics)
     # chat requests with tool_choice "none" render no tools into the prompt (vLLM's
     # --exclude-tools-when-tool-choice-none)

@@ -136,6 +136,7 @@ HONOURED: dict[str, Flag] = {
         "front.access_log_skip_paths": [path.strip() for path in value.split(",") if path.strip()]
     },
     "exclude_tools_when_tool_choice_none": _to("front.exclude_tools_when_tool_choice_none"),
+    "enable_server_load_tracking": _to("front.server_load"),
     "enable_request_id_headers": _nothing,  # detok's responses always carry X-Request-Id
 }
 # engine flags the front honours too (they also go to the engine core)
@@ -166,7 +167,6 @@ REFUSED: dict[str, str] = {
     "tool_server": "detok runs no built-in tools",
     "enable_prompt_tokens_details": "detok does not report usage.prompt_tokens_details",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
-    "enable_server_load_tracking": "detok does not track server load for /load",
     "sse_keep_alive_interval": "detok sends no SSE keep-alive comments",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",
     "enable_log_outputs": "detok does not log model outputs",

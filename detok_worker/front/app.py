@@ -68,6 +68,7 @@ class Front:
         self.dispatcher.metrics.also_flush(self.tokenizer)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self.intake = RequestIntake(config.front)
+        self.observer: RequestObserver | None = None  # create_app's, which counts the load
         self.generation = Generation(
             self.tokenizer, self.limits, self.parsers, self.dispatcher, self.intake, lambda: self.max_model_len
         )
@@ -158,6 +159,10 @@ class Front:
         healthy = self.dispatcher.healthy() and not self.generation.draining
         return Response(status_code=200 if healthy else 503)
 
+    async def load(self, request: Request) -> Response:
+        """vLLM's /load: the generation requests in flight in this front (front.server_load; else 0)."""
+        return json_response({"server_load": self.observer.load if self.observer is not None else 0})
+
     async def invocations(self, request: Request) -> Response:
         """SageMaker's inference route (vLLM's /invocations): a chat completion when the body has messages, else
         a completion. The same API key as /v1."""
@@ -195,6 +200,10 @@ class Front:
         """Prometheus text format; like /health it needs no API key (scrapers rarely carry one)."""
         self.dispatcher.flush_counters()
         return Response(await self.intake.off_loop(render_latest), media_type=METRICS_CONTENT_TYPE)
+
+
+# the generation routes whose requests in flight are the server's load (vLLM counts its generation routes)
+LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
 
 
 def detok_version() -> str:
@@ -253,6 +262,7 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/version", front.version, methods=["GET"]),
         Route("/health", front.health, methods=["GET"]),
         Route("/ping", front.ping, methods=["GET", "POST"]),
+        Route("/load", front.load, methods=["GET"]),
         Route("/invocations", front.invocations, methods=["POST"]),
         Route("/stats", front.stats, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
@@ -260,8 +270,12 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
     if config.front.openapi:
         routes.append(Route("/openapi.json", front.openapi, methods=["GET"]))
     observer = RequestObserver(
-        front.dispatcher.metrics, config.front.access_log, frozenset(config.front.access_log_skip_paths)
+        front.dispatcher.metrics,
+        config.front.access_log,
+        frozenset(config.front.access_log_skip_paths),
+        LOAD_PATHS if config.front.server_load else frozenset(),
     )
+    front.observer = observer
     app = FrontApp(
         routes=routes,
         middleware=middleware_for(config, observer),

@@ -19,7 +19,6 @@ Other paths and methods, and every request while CORS is on (its middleware must
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from starlette._utils import get_route_path
@@ -50,7 +49,7 @@ class DirectRoutes:
         return self._routes.get(get_route_path(scope))
 
     async def serve(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
+        started = self._observer.begin(scope)
         header = tag_request_id(scope)
         status = 0
 

@@ -54,18 +54,35 @@ class RequestObserver:
     RequestLogMiddleware calls it for the routes behind Starlette's stack, direct_route.py for the generation
     routes."""
 
-    def __init__(self, metrics: FrontMetrics, log_requests: bool, skip_paths: frozenset[str] = frozenset()) -> None:
-        """`skip_paths`: paths the access log leaves out (their metrics are recorded all the same)."""
+    def __init__(
+        self,
+        metrics: FrontMetrics,
+        log_requests: bool,
+        skip_paths: frozenset[str] = frozenset(),
+        load_paths: frozenset[str] = frozenset(),
+    ) -> None:
+        """`skip_paths`: paths the access log leaves out (their metrics are recorded all the same); `load_paths`:
+        the paths whose requests in flight `load` counts (vLLM's server load, /load)."""
         self.metrics = metrics
         self.log_requests = log_requests
         self.skip_paths = skip_paths
+        self.load_paths = load_paths
+        self.load = 0
         if log_requests:  # the access log is its own switch: --log-level WARNING does not silence it
             access_log.setLevel(logging.INFO)
+
+    def begin(self, scope: Scope) -> float:
+        """A request reached the app; returns the time observe() takes as its start."""
+        if scope["path"] in self.load_paths:
+            self.load += 1
+        return time.monotonic()
 
     def observe(self, scope: Scope, status: int, started: float) -> None:
         """`status`: the response's, 500 for an unhandled error before any response, NO_RESPONSE when none was
         sent; `started`: time.monotonic() when the request reached the app."""
         duration = time.monotonic() - started
+        if scope["path"] in self.load_paths:
+            self.load -= 1
         endpoint = getattr(scope.get("route"), "path", UNMATCHED)
         self.metrics.response(endpoint, status, duration)
         stream = stream_of(scope)
@@ -86,7 +103,7 @@ class RequestLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.monotonic()
+        started = self.observer.begin(scope)
         status = 0
 
         async def send_observed(message: Message) -> None:

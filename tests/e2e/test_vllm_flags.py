@@ -59,7 +59,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
         "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
-        "--exclude-tools-when-tool-choice-none",
+        "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -74,6 +74,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert front["tokenizer"]["revision"] == "v2"  # --tokenizer-revision over --revision, as vLLM
     assert config["access_log_skip_paths"] == ["/health", "/metrics"]
     assert config["exclude_tools_when_tool_choice_none"] is True
+    assert config["server_load"] is True
     assert config["chat_template_kwargs"] == {"enable_thinking": False}
     assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -250,3 +251,22 @@ def test_the_access_log_leaves_out_the_paths_asked(qwen3: Any, caplog: pytest.Lo
         record.getMessage().split(" path=")[1].split()[0] for record in caplog.records if record.name == "detok.access"
     ]
     assert "/v1/models" in paths and "/health" not in paths
+
+
+def test_load_counts_the_generation_requests_in_flight_when_asked(qwen3: Any) -> None:
+    """A request the engine gives nothing holds until its deadline (front.request_timeout_s): in flight meanwhile."""
+    for tracking in (True, False):
+        options = {"front.server_load": tracking, "front.request_timeout_s": 2.0}
+        with running_front(qwen3, **options) as front:
+            front.set_plan(lambda submit: [])
+            url = f"{front.url}/load"
+            idle = httpx.get(url).json()["server_load"]
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(httpx.post, f"{front.url}/v1/completions", json={"prompt": "Hi"}, timeout=30)
+                deadline = time.monotonic() + 1.5
+                busy = 0
+                while not busy and time.monotonic() < deadline:
+                    busy = httpx.get(url).json()["server_load"]
+                status = waiting.result().status_code
+            after = httpx.get(url).json()["server_load"]
+        assert (idle, busy, status, after) == (0, 1 if tracking else 0, 504, 0)
