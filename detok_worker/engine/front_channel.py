@@ -38,6 +38,7 @@ class BusNews:
 
     submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
     stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
+    finished: set[str] = field(default_factory=set)  # those of them a worker ended (a stop string or token)
 
 
 class FrontChannel:

@@ -48,7 +48,6 @@ class Limits:
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
     force_include_usage: bool = False  # front.force_include_usage
     exclude_tools_when_tool_choice_none: bool = False  # front.exclude_tools_when_tool_choice_none
-    # front.chat_template_kwargs: under each request's own
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
@@ -391,8 +390,8 @@ def truncate_prompt(
         if not max_model_len:
             message = "truncate_prompt_tokens -1 needs the context length, which this server does not know"
             raise bad_request(message, "truncate_prompt_tokens")
-        asks_output = isinstance(request, CompletionRequest) or request.max_tokens is not None
-        keep = max_model_len - 1 if asks_output or request.max_completion_tokens is not None else max_model_len
+        asks_output = isinstance(request, CompletionRequest) or request.max_tokens or request.max_completion_tokens
+        keep = max_model_len - 1 if asks_output else max_model_len
     elif max_model_len and keep > max_model_len:
         message = f"truncate_prompt_tokens={keep} cannot be greater than max_model_len={max_model_len}"
         raise bad_request(message, "truncate_prompt_tokens")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from helpers.vllm_cpu import (
     require_venv,
     vllm_server,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -225,7 +227,43 @@ def answers(url: str) -> dict[str, Any]:
             response = client.post(path, headers=good, json={**body, "return_token_ids": True})
             assert response.status_code == 200, response.text
             seen[f"request {index}"] = summary(response.json())
+        seen["metrics"] = settled_metrics(client)
     return seen
+
+
+def settled_metrics(client: httpx.Client) -> dict[str, Any]:
+    """The metrics once two scrapes half a second apart agree: a server records a step's stats just after it sends
+    the step's text on, so the last response can reach the client first."""
+    last = None
+    deadline = time.monotonic() + 10
+    while True:
+        now = vllm_metrics(client.get("/metrics").text)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.5)
+
+
+COUNTED = ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success")
+
+
+def vllm_metrics(text: str) -> dict[str, Any]:
+    """The `vllm:` families as compared: each one's type and label names; the counters that count the same thing
+    in both servers (tokens in and out, requests by how they ended); the running and waiting gauges."""
+    families = {}
+    counts = {}
+    gauges = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("vllm:") or family.name.endswith("_created"):
+            continue  # _created: prometheus_client's creation times, absent in multiprocess mode (vLLM's too)
+        labels = sorted({name for sample in family.samples for name in sample.labels if name != "le"})
+        families[family.name] = (family.type, labels)
+        for sample in family.samples:
+            if family.name in COUNTED and sample.name.endswith("_total"):
+                counts[(sample.name, sample.labels.get("finished_reason"))] = sample.value
+            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                gauges[family.name] = sample.value
+    return {"families": families, "counts": counts, "idle gauges": gauges}
 
 
 def same_text(detok: str | None, vllm: str | None) -> bool:
@@ -254,6 +292,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
     for key, value in expected.items():
+        if key == "metrics":
+            continue
         if isinstance(value, dict) and "texts" in value:  # a stream
             mine = got[key]
             assert mine["texts"].keys() == value["texts"].keys(), key
@@ -270,6 +310,18 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
         else:
             assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"
     assert got["unknown model"] == expected["unknown model"] == 404
+    metrics, theirs = got.pop("metrics"), expected["metrics"]
+    missing = {name: kind for name, kind in theirs["families"].items() if metrics["families"].get(name) != kind}
+    assert not missing, f"vLLM's families that detok lacks or types or labels differently: {missing}"
+    assert metrics["counts"] == theirs["counts"] and theirs["counts"][("vllm:generation_tokens_total", None)] > 0
+    assert (
+        metrics["idle gauges"]
+        == theirs["idle gauges"]
+        == {
+            "vllm:num_requests_running": 0.0,
+            "vllm:num_requests_waiting": 0.0,
+        }
+    )
 
 
 def test_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
@@ -288,3 +340,16 @@ def test_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
     assert code == 0, log[-3000:]
     assert "did not exit in time" not in log
     assert not [pid for pid in [*engine, *cores] if pid_alive(pid)]
+
+
+def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
+    service = detok_vllm(engine_flags=("--disable-log-stats",))
+    try:
+        with httpx.Client(base_url=service.url, timeout=120) as client:
+            assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).status_code == 200
+            text = client.get("/metrics").text
+    finally:
+        service.stop()
+        service.cleanup()
+    assert "detok_front_tokens_total" in text  # detok's own families stay
+    assert not [line for line in text.splitlines() if line.startswith("vllm:")]

@@ -40,6 +40,7 @@ from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, load_loras, output_logprobs
+from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -54,9 +55,17 @@ SUBMIT_SLICE_S = 0.02
 
 class VllmSource:
     def __init__(
-        self, link: EngineLink, client: EngineCoreClient, requests: RequestBuilder, stream_interval: int = 1
+        self,
+        link: EngineLink,
+        client: EngineCoreClient,
+        requests: RequestBuilder,
+        stream_interval: int = 1,
+        stats: VllmStats | None = None,
     ) -> None:
-        """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's)."""
+        """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's). `stats`: vLLM's
+        metrics and stats log (None: --disable-log-stats)."""
+        self.stats = stats
+        self.ended: dict[str, FinishReason] = {}  # rids ended in detok since the last step, for the stats
         self.link = link
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
         self.client = client
@@ -81,6 +90,7 @@ class VllmSource:
         for fd in fds:
             loop.add_reader(fd, bus.set)
         outputs = asyncio.create_task(self._read_outputs())
+        stats_log = asyncio.create_task(self.stats.log_periodically()) if self.stats is not None else None
         try:
             while not self.stopping and not outputs.done():
                 news = link.poll(0)
@@ -91,6 +101,9 @@ class VllmSource:
                         break
                     await self._start(submit)
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
+                if stopped and self.stats is not None:
+                    for rid in stopped:  # as vLLM counts them: its stop-string check ends a request with STOP
+                        self.ended[rid] = FinishReason.STOP if rid in news.finished else FinishReason.ABORT
                 if stopped:
                     self.on_engine.difference_update(stopped)
                     for rid in stopped:
@@ -108,7 +121,9 @@ class VllmSource:
                 bus.clear()
         finally:
             outputs.cancel()
-            await asyncio.gather(outputs, return_exceptions=True)
+            if stats_log is not None:
+                stats_log.cancel()
+            await asyncio.gather(outputs, *([stats_log] if stats_log is not None else []), return_exceptions=True)
             for fd in fds:
                 loop.remove_reader(fd)
 
@@ -123,6 +138,8 @@ class VllmSource:
             link.fail(submit.rid, str(exc), param=exc.param)
             return
         self.on_engine.add(submit.rid)
+        if self.stats is not None:
+            self.stats.added(request, submit.sent_ns / 1e9 if submit.sent_ns else time.time())
         if submit.params.sampling.prompt_logprobs is not None:
             self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
         await self.client.add_request_async(request)
@@ -167,6 +184,11 @@ class VllmSource:
                     on_engine.discard(rid)
                     gone.append(rid)
             link.step()
+            if self.stats is not None:
+                for rid in gone:  # its worker ended it first (a stop string or token)
+                    self.ended[rid] = FinishReason.STOP
+                self.stats.step(step, self.ended)
+                self.ended = {}
             # the step used the bus sockets, which can take the edge off their file descriptors: the bus loop
             # looks again rather than wait for a signal that may not come
             self.bus.set()
@@ -218,7 +240,10 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     eos_ids = set(tokenizer.eos_token_ids) | set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     async def main() -> int:
-        client = EngineCoreClient.make_async_mp_client(vllm_config, Executor.get_class(vllm_config), log_stats=False)
+        log_stats = not args.disable_log_stats
+        client = EngineCoreClient.make_async_mp_client(
+            vllm_config, Executor.get_class(vllm_config), log_stats=log_stats
+        )
         try:
             loras = await load_loras(client, args.lora_modules)
             requests = RequestBuilder(
@@ -240,7 +265,8 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 model_config.served_model_name,
                 time.monotonic() - started,
             )
-            source = VllmSource(link, client, requests, vllm_config.scheduler_config.stream_interval)
+            stats = VllmStats(vllm_config) if log_stats else None
+            source = VllmSource(link, client, requests, vllm_config.scheduler_config.stream_interval, stats)
             try:
                 with stop_on_signals(source.request_stop):
                     await source.run()
