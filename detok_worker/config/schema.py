@@ -129,6 +129,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     request_timeout_s: NonNegativeFloat = 600.0  # 0 = none
     # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
+    # the chat answer's field for the reasoning: detok's reasoning_content, or vLLM 0.32's reasoning (the default on
+    # source = vllm)
+    reasoning_field: Literal["reasoning_content", "reasoning"] = "reasoning_content"
     tool_call_parser: str = "auto"
     # chat template arguments of every request, under the request's own chat_template_kwargs (vLLM's
     # --default-chat-template-kwargs), e.g. {enable_thinking = false}

@@ -249,6 +249,7 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
     defaults: Overrides = {
         "front.reasoning_parser": "none",
         "front.tool_call_parser": "none",
+        "front.reasoning_field": "reasoning",
         "front.request_timeout_s": 0.0,
         "front.max_tokens_default": 0,
         "front.completions_max_tokens_default": COMPLETIONS_MAX_TOKENS,

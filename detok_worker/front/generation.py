@@ -117,7 +117,8 @@ class Generation:
         self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         token_ids = TokenIds(ids) if body.return_token_ids else None
-        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids)
+        chat = {"reasoning_field": self.reasoning_field(body)} if isinstance(body, ChatCompletionRequest) else {}
+        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids, **chat)
         if body.stream:
             watch = await self._first_output(request, choices)
             if isinstance(watch, APIError):
@@ -130,6 +131,10 @@ class Generation:
         # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
         echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
         return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
+
+    def reasoning_field(self, body: ChatCompletionRequest) -> str:
+        """Where a chat answer carries its reasoning: front.reasoning_field, or nowhere (include_reasoning false)."""
+        return "" if body.include_reasoning is False else self.intake.config.reasoning_field
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
         """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""

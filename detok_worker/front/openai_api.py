@@ -99,6 +99,7 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fiel
     documents: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # null = true
+    include_reasoning: bool | None = None  # vLLM's: false leaves the parsed reasoning out of the answer
     continue_final_message: bool | None = None
     reasoning_effort: str | None = None
     top_logprobs: int | None = None
@@ -217,7 +218,9 @@ class ToolCallOut(msgspec.Struct):
 class ChatMessageOut(msgspec.Struct):
     content: str | None
     role: str = "assistant"
-    reasoning_content: str | None | UnsetType = UNSET  # set when the request has a reasoning parser
+    # the reasoning, with a reasoning parser: in the field front.reasoning_field names (vLLM 0.32's is `reasoning`)
+    reasoning_content: str | None | UnsetType = UNSET
+    reasoning: str | None | UnsetType = UNSET
     tool_calls: list[ToolCallOut] | UnsetType = UNSET  # set when the request has a tool-call parser
 
 
@@ -245,6 +248,7 @@ class ChatDelta(msgspec.Struct):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
     tool_calls: list[ToolCallOut] | UnsetType = UNSET
 
 

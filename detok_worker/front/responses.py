@@ -275,8 +275,11 @@ class ChatFormatter(FormatterBase):
     `token_ids`, return_token_ids, the prompt's ids: vLLM puts them on the response, and each choice's output ids on
     the choice; streamed, each chunk's output ids)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, reasoning_field: str = "reasoning_content", **kwargs: Any) -> None:
+        """`reasoning_field`: the field that carries the reasoning ("reasoning_content", or vLLM 0.32's "reasoning";
+        "" = none: the request asked include_reasoning false)."""
         super().__init__(*args, **kwargs)
+        self.reasoning_field = reasoning_field
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
@@ -310,8 +313,8 @@ class ChatFormatter(FormatterBase):
         if isinstance(text, str):
             return self._chunk(ChatChunkChoice(index, ChatDelta(content=text), logprobs=chosen, token_ids=ids), stream)
         delta = ChatDelta()
-        if text.reasoning:
-            delta.reasoning_content = text.reasoning
+        if text.reasoning and self.reasoning_field:
+            setattr(delta, self.reasoning_field, text.reasoning)
         if text.content:
             delta.content = text.content
         if text.tool_calls:
@@ -373,7 +376,10 @@ class ChatFormatter(FormatterBase):
             )
             for call in total.tool_calls
         ]
-        return ChatMessageOut(total.content or None, reasoning_content=total.reasoning or None, tool_calls=calls)
+        message = ChatMessageOut(total.content or None, tool_calls=calls)
+        if self.reasoning_field:
+            setattr(message, self.reasoning_field, total.reasoning or None)
+        return message
 
 
 def _finish_reason(stream: RequestStream) -> str | None:

@@ -4,9 +4,11 @@ tool_calls come out split, streamed and whole alike."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
@@ -30,16 +32,42 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = load_fixture_tokenizer("qwen3")
     tail, ids = case_ids(tokenizer, CASE)
     path: Path = tmp_path_factory.mktemp("trace") / "qwen3_tool.trace"
     with TraceWriter(path, make_header(tokenizer, "test")) as writer:
         writer.request("rec-1", tail, RequestParams(max_tokens=200), t_ns=0)
         writer.tokens("rec-1", ids, "stop", t_ns=1)
-    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(path), "--replay-speed", "0")
+    return path
+
+
+@pytest.fixture(scope="module")
+def client(trace: Path) -> Iterator[openai.OpenAI]:
+    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0")
     with serving(serve):
         yield openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
+
+
+def test_the_reasoning_goes_in_the_field_asked_or_nowhere(trace: Path) -> None:
+    """front.reasoning_field = reasoning (vLLM 0.32's name, the default on --source vllm); include_reasoning false
+    (vLLM's request field) leaves the reasoning out."""
+    serve = ServeProcess(
+        "--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0",
+        "--set", "front.reasoning_field=reasoning",
+    )  # fmt: skip
+    with serving(serve), httpx.Client(base_url=serve.url, timeout=60) as http:
+        body = {"messages": MESSAGES, "tools": TOOLS}
+        message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        left_out = http.post("/v1/chat/completions", json={**body, "include_reasoning": False}).json()
+    assert message["reasoning"] == CASE.reasoning and "reasoning_content" not in message
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert "".join(delta.get("reasoning", "") for delta in deltas) == CASE.reasoning
+    assert not any("reasoning_content" in delta for delta in deltas)
+    shown = left_out["choices"][0]["message"]
+    assert shown["content"] == CASE.content and "reasoning" not in shown and "reasoning_content" not in shown
 
 
 def test_whole_response_is_split(client: openai.OpenAI) -> None:

@@ -85,6 +85,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
 def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
     config = effective_config()["front"]
     assert (config["reasoning_parser"], config["tool_call_parser"]) == ("none", "none")
+    assert config["reasoning_field"] == "reasoning"  # vLLM 0.32's name
     assert config["request_timeout_s"] == 0.0
     assert (config["max_tokens_default"], config["completions_max_tokens_default"]) == (0, 16)
     assert config["api_keys"] == [] and config["cors_allowed_origins"] == []

@@ -55,7 +55,7 @@ VLLM_FIELDS = {
 }  # fmt: skip
 VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
-    "mm_processor_kwargs",
+    "mm_processor_kwargs", "include_reasoning",
 }  # fmt: skip
 VLLM_COMPLETION_FIELDS = {"prompt_embeds"}
 
@@ -276,6 +276,11 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         template_kwarg("enable_thinking", False),
     ),
     "add_generation_prompt": ({"add_generation_prompt": False}, template_kwarg("add_generation_prompt", False)),
+    # the Qwen3 front parses reasoning: its answers carry the (here empty) reasoning field unless asked not to
+    "include_reasoning": (
+        {"include_reasoning": False},
+        Response(lambda r: "reasoning_content" not in r.json()["choices"][0]["message"]),
+    ),
     "continue_final_message": (
         {
             "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
