@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from detok_worker.bus.messages import MAX_TOP_LOGPROBS
@@ -234,6 +234,10 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
         args = parser.parse_args(["--model", model, *vllm_args])
     except SystemExit as exc:  # argparse has printed why
         raise ConfigError(f"vLLM's parser refused the flags after -- (exit {exc.code})") from None
+    try:
+        validate_parsed_serve_args(args)  # vLLM's own start-up checks of the serve flags
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"vllm serve flags: {exc}") from exc
     given = given_flags(parser, args)
     refusals = {**REFUSED, **REFUSED_ENGINE_FLAGS}
     refused = [f"--{dest.replace('_', '-')}: {refusals[dest]}" for dest in given if dest in refusals]

@@ -57,7 +57,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--api-key", "k1", "k2", "--served-model-name", "a", "b", "--port", "8123", "--host", "0.0.0.0",
         "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
         "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
-        "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "/t.jinja",
+        "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "{{ messages }}",
         "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
         "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
@@ -72,7 +72,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert (config["cors_allowed_methods"], config["cors_allowed_headers"]) == (["*"], ["*"])  # vLLM's defaults
     assert config["access_log"] is False
     assert (config["ssl_keyfile"], config["ssl_certfile"]) == ("/k.pem", "/c.pem")
-    assert front["tokenizer"]["chat_template"] == "/t.jinja"
+    assert front["tokenizer"]["chat_template"] == "{{ messages }}"
     assert front["tokenizer"]["revision"] == "v2"  # --tokenizer-revision over --revision, as vLLM
     assert config["access_log_skip_paths"] == ["/health", "/metrics"]
     assert config["exclude_tools_when_tool_choice_none"] is True
@@ -111,9 +111,9 @@ def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> Non
         (("--root-path", "/api"), "--root-path"),
         (("--middleware", "my.module:mw"), "--middleware"),
         (("--enable-prompt-tokens-details",), "--enable-prompt-tokens-details"),
+        (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
         (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
         (("--return-tokens-as-token-ids",), "--return-tokens-as-token-ids"),
-        (("--stream-interval", "4"), "--stream-interval"),
         (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
     ],
 )
