@@ -45,7 +45,10 @@ def relay(engine: EngineServer, *extra: str) -> ServeProcess:
 
 
 def healthy(service: ServeProcess) -> ServeProcess:
+    """Healthy with both workers registered with the engine: /health says 200 from the first one on, and a test
+    that fills each worker's stop budget needs both."""
     wait_for(lambda: service.health() == 200, 30, what="a healthy service")
+    wait_for(lambda: len(service.stats()["engine"]["workers"]) == 2, 30, what="both workers with the engine")
     return service
 
 
