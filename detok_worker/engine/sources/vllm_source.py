@@ -224,6 +224,16 @@ class VllmSource:
         self.stopping = True
 
 
+def log_vllm_through_detok() -> None:
+    """From now on vLLM's log records of this process (its stats line among them) go to this process's log, in
+    detok's format, instead of vLLM's own handler on stdout. Called once the engine core runs: its process keeps
+    vLLM's logging as vLLM sets it up."""
+    vllm_logger = logging.getLogger("vllm")
+    for handler in list(vllm_logger.handlers):
+        vllm_logger.removeHandler(handler)
+    vllm_logger.propagate = True
+
+
 def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     """Start vLLM's engine core from engine.model and engine.vllm_args, serve the bus until SIGINT/SIGTERM or the
     engine core's death (exit code 1)."""
@@ -242,6 +252,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
         client = EngineCoreClient.make_async_mp_client(
             vllm_config, Executor.get_class(vllm_config), log_stats=log_stats
         )
+        log_vllm_through_detok()
         try:
             loras = await load_loras(client, args.lora_modules)
             requests = RequestBuilder(
