@@ -15,21 +15,65 @@ How a request's end counts, as in vLLM's own front end:
 - its client goes away (an abort): vLLM forgets the request, so it is no finished request (no `request_success`, no
   latency histograms); the ids it got so far count as generated.
 
-Work is per engine step and per request output, as in vLLM's own front end; nothing per token.
+Work is per engine step and per request output, as in vLLM's own front end. vLLM observes one inter-token latency
+per output of each step; in prometheus_client's multiprocess mode (detok's) each observation is a write to a
+memory-mapped file, so vLLM's histograms are made here as `StepHistogram`s: vLLM's own PrometheusStatLogger defines
+them (names, labels, buckets), their observations are counted in plain numbers and written once per step.
 """
 
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
+from typing import ClassVar
 
 import vllm.envs as envs
+from prometheus_client import Histogram
 from vllm.config import VllmConfig
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from vllm.v1.engine.parallel_sampling import ParentRequest
-from vllm.v1.metrics.loggers import StatLoggerManager
+from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
 
 from detok_worker.bus.messages import FINISH_ERROR, Finish
+
+
+class StepHistogram(Histogram):
+    """A Prometheus histogram whose observations wait in plain numbers until `flush_all()` (once per engine step)."""
+
+    dirty: ClassVar[list[StepHistogram]] = []  # the histograms observed since the last flush
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._pending = [0] * len(self._upper_bounds)
+        self._pending_sum = 0.0
+        self._observed = False
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._raise_if_not_observable()
+        self._pending[bisect_left(self._upper_bounds, amount)] += 1  # the first bucket whose bound is >= amount
+        self._pending_sum += amount
+        if not self._observed:
+            self._observed = True
+            StepHistogram.dirty.append(self)
+
+    @classmethod
+    def flush_all(cls) -> None:
+        for histogram in cls.dirty:
+            histogram._sum.inc(histogram._pending_sum)
+            for bucket, count in zip(histogram._buckets, histogram._pending, strict=True):
+                if count:
+                    bucket.inc(count)
+            histogram._pending = [0] * len(histogram._pending)
+            histogram._pending_sum = 0.0
+            histogram._observed = False
+        cls.dirty.clear()
+
+
+class StepPrometheusStatLogger(PrometheusStatLogger):
+    """vLLM's Prometheus logger, its histograms written once per step (StepHistogram)."""
+
+    _histogram_cls = StepHistogram
 
 
 class _Request:
@@ -52,7 +96,9 @@ class VllmStats:
 
     def __init__(self, vllm_config: VllmConfig, engine_indexes: list[int]) -> None:
         """`engine_indexes`: the engine cores (data parallel ranks) the client runs, as vLLM's AsyncLLM passes them."""
-        self.loggers = StatLoggerManager(vllm_config, engine_idxs=engine_indexes)
+        self.loggers = StatLoggerManager(
+            vllm_config, engine_idxs=engine_indexes, custom_stat_loggers=[StepPrometheusStatLogger]
+        )
         self.loggers.log_engine_initialized()
         self.lora_states = LoRARequestStates(log_stats=True)
         self.requests: dict[str, _Request] = {}
@@ -80,6 +126,7 @@ class VllmStats:
         self.loggers.record(
             scheduler_stats=outputs.scheduler_stats, iteration_stats=stats, engine_idx=outputs.engine_index
         )
+        StepHistogram.flush_all()
 
     def ended(self, rids: list[str], finishes: dict[str, Finish]) -> None:
         """Requests detok ended: a worker's Finish in `finishes` (a stop string, or an id it could not decode), else
@@ -105,6 +152,7 @@ class VllmStats:
                 self._finished(stats, rid, entry, reason)
         for engine, stats in per_engine.items():
             self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
+        StepHistogram.flush_all()
 
     async def log_periodically(self) -> None:
         """vLLM's stats line (throughput, running and waiting requests, KV cache use) every VLLM_LOG_STATS_INTERVAL

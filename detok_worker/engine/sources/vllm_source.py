@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 
+import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.renderers import renderer_from_config
@@ -253,6 +254,9 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
             vllm_config, Executor.get_class(vllm_config), log_stats=log_stats
         )
         log_vllm_through_detok()
+        # vLLM's environment variables read once from here on, as its engine core does once it runs: vLLM's stat
+        # classes look one up for every request output of every step
+        envs.enable_envs_cache()
         try:
             loras = await load_loras(client, args.lora_modules)
             requests = RequestBuilder(
