@@ -31,8 +31,10 @@ PLAIN = [
 WATCHED = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}  # /metrics read while it runs
 WATCH_AFTER_EVENTS = 5
 STOPPED = [{"prompt": f"Tale {seed} begins", "max_tokens": 48, "temperature": 1.0, "seed": seed} for seed in range(10)]
-LEFT = [{"prompt": f"Long story {seed}", "max_tokens": 400, "temperature": 1.0, "seed": seed} for seed in range(8)]
-LEFT_AFTER_EVENTS = 3  # a leaving client reads this many text events, then closes its connection
+# a leaving client reads LEFT_AFTER_EVENTS text events, then closes its connection; its max_tokens is more than its
+# engine makes in the seconds a server may take to see it gone on a busy machine
+LEFT = [{"prompt": f"Long story {seed}", "max_tokens": 1500, "temperature": 1.0, "seed": seed} for seed in range(8)]
+LEFT_AFTER_EVENTS = 3
 # vLLM's stats line every second instead of every 10 (VLLM_LOG_STATS_INTERVAL): a short run logs it too
 LOG_EVERY_SECOND = {"VLLM_LOG_STATS_INTERVAL": "1"}
 STATS_LINE = "Avg prompt throughput"
