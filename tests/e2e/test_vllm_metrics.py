@@ -139,7 +139,9 @@ async def wait_idle(scrape_now: Callable[[], dict[str, Any]], timeout: float = 3
 
 
 async def load(url: str, run: Run, scrape_now: Callable[[], dict[str, Any]]) -> None:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    # no idle connection kept between phases: a server closes one after its keep-alive timeout, and a request sent
+    # on it just then fails
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         # the texts the stop-string streams have without a stop: their stops are taken from them
         references = await asyncio.gather(*(stream(client, body) for body in STOPPED))
