@@ -216,7 +216,7 @@ class Bench:
         self.args = args
         self.model = model
         self.workdir = workdir
-        self.flags = engine_flags(args.max_num_seqs, args.max_num_batched_tokens)
+        self.flags = engine_flags(args.max_num_seqs, args.max_num_batched_tokens) + args.engine_flag
         self.decoder = Tokenizer.from_file(str(model / "tokenizer.json"))
         self.reference: Reference = {} if "vllm" in args.systems else load_reference(args.max_tokens, args.vocab)
         self.rows: list[dict[str, Any]] = []
@@ -308,6 +308,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--vocab", choices=("model", "tokenizer"), default="model",
         help="the model's vocabulary: Qwen3's 151936 ids (the tests' config) or the tokenizer's 151669",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-flag", action="append", default=[], metavar="FLAG",
+        help="one more `vllm serve` flag for every system, e.g. --engine-flag=--disable-log-stats (repeatable)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run's streams may take")
     parser.add_argument("--profile", action="store_true", help="py-spy detok-vllm's front and engine in one more run")

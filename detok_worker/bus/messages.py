@@ -246,11 +246,14 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, gc=False):
 
 
 class Finish(msgspec.Struct, tag="finish", array_like=True, gc=False):
-    """A worker found a stop (string or token) or a bad token id: the engine stops generating the rid."""
+    """A worker found a stop (string or token) or a bad token id: the engine stops generating the rid. n_tokens: the
+    generated ids the rid kept (its client's completion tokens; ids the engine made past the stop are not among
+    them), -1 when not said."""
 
     rid: str
     reason: str
     stop_reason: str | int | None = None
+    n_tokens: int = -1
 
 
 class Goodbye(msgspec.Struct, tag="goodbye", array_like=True, gc=False):

@@ -19,7 +19,17 @@ from typing import Any
 import zmq
 
 from detok_worker.bus.codec import FrameDecoder, encode
-from detok_worker.bus.messages import Abort, Delivered, FrontHello, Open, PromptLogprobs, Reject, Submit, ToEngine
+from detok_worker.bus.messages import (
+    Abort,
+    Delivered,
+    Finish,
+    FrontHello,
+    Open,
+    PromptLogprobs,
+    Reject,
+    Submit,
+    ToEngine,
+)
 from detok_worker.bus.sockets import recv_single_frame
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.trace.format import TraceWriter
@@ -38,7 +48,7 @@ class BusNews:
 
     submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
     stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
-    finished: set[str] = field(default_factory=set)  # those of them a worker ended (a stop string or token)
+    finishes: dict[str, Finish] = field(default_factory=dict)  # those of them a worker ended, with its Finish
 
 
 class FrontChannel:

@@ -1,30 +1,85 @@
 """vLLM's metrics and its periodic stats log line from the vLLM source, through vLLM's own classes: the engine core
 runs with stats on (unless `--disable-log-stats`), each engine step's scheduler stats and its outputs go into vLLM's
-`IterationStats` / `RequestStateStats` as vLLM's output processor puts them there, and vLLM's `StatLoggerManager`
-(its `PrometheusStatLogger` and `LoggingStatLogger`) records them. So the `vllm:*` families have vLLM's names,
-types, labels and buckets for the installed vLLM. In `detok serve` every process writes its Prometheus values to
-the shared multiprocess directory, so the front's /metrics shows these beside detok's own families.
+`IterationStats` / `RequestStateStats` as vLLM's output processor puts them there (`vllm/v1/engine/
+output_processor.py`, `async_llm.py`), and vLLM's `StatLoggerManager` (its `PrometheusStatLogger` and
+`LoggingStatLogger`) records them. So the `vllm:*` families have vLLM's names, types, labels and buckets for the
+installed vLLM. In `detok serve` every process writes its Prometheus values to the shared multiprocess directory, so
+the front's /metrics shows these beside detok's own families.
 
-Work is per engine step and per request output, as in vLLM's own front end; nothing per token.
+How a request's end counts, as in vLLM's own front end:
+- the engine core ends it (EOS, max_tokens, a stop token, its own abort or error): that finish reason;
+- a worker finds a stop string (vLLM's own output processor would have): "stop", with the ids the worker kept
+  (Finish.n_tokens). The engine generates on until that Finish reaches it, and vLLM never counts a request's ids past
+  its stop, so the ids of a request with stop strings go to `vllm:generation_tokens` when it ends (at most as many as
+  it kept): a counter cannot take back what it counted early;
+- its client goes away (an abort): vLLM forgets the request, so it is no finished request (no `request_success`, no
+  latency histograms); the ids it got so far count as generated.
+
+Work is per engine step and per request output, as in vLLM's own front end. vLLM observes one inter-token latency
+per output of each step; in prometheus_client's multiprocess mode (detok's) each observation is a write to a
+memory-mapped file, so vLLM's histograms are made here as `StepHistogram`s: vLLM's own PrometheusStatLogger defines
+them (names, labels, buckets), their observations are counted in plain numbers and written once per step.
 """
 
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
+from typing import ClassVar
 
+import vllm.envs as envs
+from prometheus_client import Histogram
 from vllm.config import VllmConfig
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
-from vllm.v1.metrics.loggers import StatLoggerManager
+from vllm.v1.engine.parallel_sampling import ParentRequest
+from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
 
-# vLLM logs its stats line every VLLM_LOG_STATS_INTERVAL seconds (its default)
-LOG_INTERVAL_S = 10.0
+from detok_worker.bus.messages import FINISH_ERROR, Finish
+
+
+class StepHistogram(Histogram):
+    """A Prometheus histogram whose observations wait in plain numbers until `flush_all()` (once per engine step)."""
+
+    dirty: ClassVar[list[StepHistogram]] = []  # the histograms observed since the last flush
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._pending = [0] * len(self._upper_bounds)
+        self._pending_sum = 0.0
+        self._observed = False
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._raise_if_not_observable()
+        self._pending[bisect_left(self._upper_bounds, amount)] += 1  # the first bucket whose bound is >= amount
+        self._pending_sum += amount
+        if not self._observed:
+            self._observed = True
+            StepHistogram.dirty.append(self)
+
+    @classmethod
+    def flush_all(cls) -> None:
+        for histogram in cls.dirty:
+            histogram._sum.inc(histogram._pending_sum)
+            for bucket, count in zip(histogram._buckets, histogram._pending, strict=True):
+                if count:
+                    bucket.inc(count)
+            histogram._pending = [0] * len(histogram._pending)
+            histogram._pending_sum = 0.0
+            histogram._observed = False
+        cls.dirty.clear()
+
+
+class StepPrometheusStatLogger(PrometheusStatLogger):
+    """vLLM's Prometheus logger, its histograms written once per step (StepHistogram)."""
+
+    _histogram_cls = StepHistogram
 
 
 class _Request:
-    __slots__ = ("stats", "prompt_len", "max_tokens", "lora", "prefilling", "cached_tokens")
+    __slots__ = ("stats", "prompt_len", "max_tokens", "lora", "prefilling", "cached_tokens", "deferred", "engine")
 
-    def __init__(self, request: EngineCoreRequest, arrival_time: float) -> None:
+    def __init__(self, request: EngineCoreRequest, arrival_time: float, deferred: bool) -> None:
         self.stats = RequestStateStats(arrival_time=arrival_time)
         self.prompt_len = len(request.prompt_token_ids or ())
         params = request.sampling_params
@@ -32,43 +87,78 @@ class _Request:
         self.lora = request.lora_request.lora_name if request.lora_request is not None else None
         self.prefilling = True
         self.cached_tokens = 0
+        self.deferred = deferred  # a worker may end it: its ids are counted when it ends
+        self.engine = 0  # the engine core (data parallel rank) whose outputs it had
 
 
 class VllmStats:
     """The stats of one vLLM source: its requests' running stats, each step recorded by vLLM's loggers."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        self.loggers = StatLoggerManager(vllm_config, engine_idxs=[0])
+    def __init__(self, vllm_config: VllmConfig, engine_indexes: list[int]) -> None:
+        """`engine_indexes`: the engine cores (data parallel ranks) the client runs, as vLLM's AsyncLLM passes them."""
+        self.loggers = StatLoggerManager(
+            vllm_config, engine_idxs=engine_indexes, custom_stat_loggers=[StepPrometheusStatLogger]
+        )
         self.loggers.log_engine_initialized()
         self.lora_states = LoRARequestStates(log_stats=True)
         self.requests: dict[str, _Request] = {}
 
-    def added(self, request: EngineCoreRequest, arrival_time: float) -> None:
-        self.requests[request.request_id] = entry = _Request(request, arrival_time)
+    def added(self, request: EngineCoreRequest, arrival_time: float, *, deferred: bool) -> None:
+        """A request added to the engine core; `deferred`: it has stop strings, which a worker may find first."""
+        self.requests[request.request_id] = entry = _Request(request, arrival_time, deferred)
         self.lora_states.request_waiting(request.request_id, entry.lora)
 
-    def step(self, outputs: EngineCoreOutputs, ended: dict[str, FinishReason]) -> None:
-        """One engine step: its outputs, and the requests that ended in detok since the last step (a stop string
-        found by a worker: STOP, as vLLM's own stop-string check ends them; a client gone: ABORT)."""
-        stats = IterationStats() if outputs.outputs or ended else None
+    def step(self, outputs: EngineCoreOutputs) -> None:
+        """One engine step: the outputs of the requests still running in detok (one ended in detok, by a worker's stop
+        or its client, was taken out by `ended` before: vLLM ignores a request's outputs after it ends), then the
+        step's scheduler stats."""
+        stats = IterationStats() if outputs.outputs else None
         if stats is not None:
-            for rid, reason in ended.items():  # first: the engine core's ABORT output for them may be in this step
-                self._finished(stats, rid, reason)
             timestamp = outputs.timestamp
+            engine = outputs.engine_index
+            requests = self.requests
             for output in outputs.outputs:
-                entry = self.requests.get(output.request_id)
+                entry = requests.get(output.request_id)
                 if entry is not None:
+                    entry.engine = engine
                     self._output(stats, entry, output, timestamp)
         self.lora_states.update_scheduler_stats(outputs.scheduler_stats)
         self.loggers.record(
             scheduler_stats=outputs.scheduler_stats, iteration_stats=stats, engine_idx=outputs.engine_index
         )
+        StepHistogram.flush_all()
+
+    def ended(self, rids: list[str], finishes: dict[str, Finish]) -> None:
+        """Requests detok ended: a worker's Finish in `finishes` (a stop string, or an id it could not decode), else
+        its client left or detok failed it (see the module doc). Recorded at once: the engine may have no further
+        step to record them with."""
+        per_engine: dict[int, IterationStats] = {}
+        for rid in rids:
+            entry = self.requests.pop(rid, None)
+            if entry is None:
+                continue
+            stats = per_engine.get(entry.engine)
+            if stats is None:
+                stats = per_engine[entry.engine] = IterationStats()
+            finish = finishes.get(rid)
+            if finish is not None and finish.n_tokens >= 0:
+                entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
+            if entry.deferred:
+                stats.num_generation_tokens += entry.stats.num_generation_tokens
+            if finish is None:
+                self.lora_states.request_finished(rid, entry.lora)
+            else:
+                reason = FinishReason.ERROR if finish.reason == FINISH_ERROR else FinishReason.STOP
+                self._finished(stats, rid, entry, reason)
+        for engine, stats in per_engine.items():
+            self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
+        StepHistogram.flush_all()
 
     async def log_periodically(self) -> None:
-        """vLLM's stats line (throughput, running and waiting requests, KV cache use) every LOG_INTERVAL_S, idle or
-        not, as vLLM's server logs it."""
+        """vLLM's stats line (throughput, running and waiting requests, KV cache use) every VLLM_LOG_STATS_INTERVAL
+        seconds, as vLLM's server logs it (at debug level while the engine is idle, as vLLM does)."""
         while True:
-            await asyncio.sleep(LOG_INTERVAL_S)
+            await asyncio.sleep(envs.VLLM_LOG_STATS_INTERVAL)
             self.loggers.log()
 
     def _output(self, stats: IterationStats, entry: _Request, output: EngineCoreOutput, timestamp: float) -> None:
@@ -77,13 +167,15 @@ class VllmStats:
             if output.prefill_stats is not None:
                 entry.cached_tokens = output.prefill_stats.num_cached_tokens
             entry.prefilling = False
+        if entry.deferred:
+            stats.num_generation_tokens -= len(output.new_token_ids)
         if output.finish_reason is not None:
-            self._finished(stats, output.request_id, output.finish_reason)
+            del self.requests[output.request_id]
+            if entry.deferred:
+                stats.num_generation_tokens += entry.stats.num_generation_tokens
+            self._finished(stats, output.request_id, entry, output.finish_reason)
 
-    def _finished(self, stats: IterationStats, rid: str, reason: FinishReason) -> None:
-        entry = self.requests.pop(rid, None)
-        if entry is None:
-            return
+    def _finished(self, stats: IterationStats, rid: str, entry: _Request, reason: FinishReason) -> None:
         stats.update_from_finished_request(
             finish_reason=reason,
             request_id=rid,
@@ -93,3 +185,5 @@ class VllmStats:
             num_cached_tokens=entry.cached_tokens,
         )
         self.lora_states.request_finished(rid, entry.lora)
+        # the front fans n out into one engine request per choice: each is a request without a parent here
+        ParentRequest.observe_finished_request(None, stats, entry.stats.num_generation_tokens)

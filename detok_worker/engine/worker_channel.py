@@ -67,7 +67,7 @@ class WorkerChannel:
             elif isinstance(message, Finish):
                 if scheduler.finish(message.rid, worker):
                     news.stopped.append(message.rid)
-                    news.finished.add(message.rid)
+                    news.finishes[message.rid] = message
                     if self.recorder is not None:
                         self.recorder.tokens(message.rid, [], message.reason)
             elif isinstance(message, Hello):

@@ -86,7 +86,7 @@ class RidEndings:
         if match is not None:
             self.stops["string"] += 1
             self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
-            finishes.append(Finish(rid, FINISH_STOP, match.stop))
+            finishes.append(Finish(rid, FINISH_STOP, match.stop, state.n_tokens))
             return 0
         deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
         state.offset += len(text)
@@ -139,7 +139,7 @@ class RidEndings:
             self.stops["string" if isinstance(stop_reason, str) else "token"] += 1
             self._end(rid, state, text, FINISH_STOP, stop_reason, deltas)
             if engine_finish is None:  # the engine still generates this rid: tell it to stop
-                finishes.append(Finish(rid, FINISH_STOP, stop_reason))
+                finishes.append(Finish(rid, FINISH_STOP, stop_reason, state.n_tokens))
         elif engine_finish == FINISH_ERROR:
             self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
         else:
@@ -186,7 +186,7 @@ class RidEndings:
         # the client's X-Request-Id, so a request can be followed from the front's access log to here
         log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
         self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
-        finishes.append(Finish(rid, FINISH_ERROR))
+        finishes.append(Finish(rid, FINISH_ERROR, None, 0 if state is None else state.n_tokens))
 
     def _count_bad(self, kind: str, detail: object) -> None:
         self.bad[kind] += 1

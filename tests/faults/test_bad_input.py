@@ -47,5 +47,5 @@ def test_unknown_finish_reason_ends_only_that_rid_with_an_error() -> None:
     by_rid = {delta.rid: delta for delta in text_deltas(result.text_batch)}
     assert by_rid["a"].finish == "error" and "bogus" in (by_rid["a"].error or "")
     assert by_rid["b"] == TextDelta("b", len("Hello world"), "", len(ids), "length")
-    assert result.finishes == [Finish("a", "error")]
+    assert result.finishes == [Finish("a", "error", None, len(ids))]
     assert state.live_rids == 0 and state.bad[BAD_RID_ERROR] == 1

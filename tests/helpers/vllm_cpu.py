@@ -103,14 +103,18 @@ def lora_adapter() -> Path:
 
 
 def detok_vllm(
-    *extra: str, workers: int = 2, engine_flags: tuple[str, ...] = (), model: Path | None = None
+    *extra: str,
+    workers: int = 2,
+    engine_flags: tuple[str, ...] = (),
+    model: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> ServeProcess:
     """`detok serve --source vllm` on the model, run by vLLM's interpreter; waits until /health says 200.
-    `engine_flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins)."""
+    `engine_flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins); `env`: more variables."""
     service = ServeProcess(
         "--source", "vllm", "--model", str(model or model_dir()), "--workers", str(workers),
         "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra, "--", *ENGINE_FLAGS, *engine_flags,
-        startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env=ENV,
+        startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env={**ENV, **(env or {})},
     )  # fmt: skip
     wait_for(lambda: service.health() == 200, 60, what="a healthy detok serve --source vllm")
     return service

@@ -81,9 +81,9 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                 while len(finishes) < 2:  # heartbeats keep coming: wait for the two Finish messages
                     _, finish = engine.expect(Finish, 5)
                     finishes[finish.rid] = finish
-                assert finishes == {
-                    "stop": Finish("stop", "stop", "###"),
-                    "visible": Finish("visible", "stop", "three"),
+                assert finishes == {  # with the ids each client got
+                    "stop": Finish("stop", "stop", "###", front.requests["stop"].n_tokens),
+                    "visible": Finish("visible", "stop", "three", front.requests["visible"].n_tokens),
                 }
 
                 # garbage at the worker's DEALER: random bytes, wrong-schema msgpack, multipart

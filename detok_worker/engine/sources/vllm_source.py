@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 
+import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.renderers import renderer_from_config
@@ -65,7 +66,6 @@ class VllmSource:
         """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's). `stats`: vLLM's
         metrics and stats log (None: --disable-log-stats)."""
         self.stats = stats
-        self.ended: dict[str, FinishReason] = {}  # rids ended in detok since the last step, for the stats
         self.link = link
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
         self.client = client
@@ -94,6 +94,8 @@ class VllmSource:
         try:
             while not self.stopping and not outputs.done():
                 news = link.poll(0)
+                if news.stopped and self.stats is not None:  # before any await: the outputs task then skips them
+                    self.stats.ended(news.stopped, news.finishes)
                 slice_end = time.monotonic() + SUBMIT_SLICE_S
                 for index, submit in enumerate(news.submitted):
                     if index and time.monotonic() >= slice_end:
@@ -101,9 +103,6 @@ class VllmSource:
                         break
                     await self._start(submit)
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
-                if stopped and self.stats is not None:
-                    for rid in stopped:  # as vLLM counts them: its stop-string check ends a request with STOP
-                        self.ended[rid] = FinishReason.STOP if rid in news.finished else FinishReason.ABORT
                 if stopped:
                     self.on_engine.difference_update(stopped)
                     for rid in stopped:
@@ -139,7 +138,8 @@ class VllmSource:
             return
         self.on_engine.add(submit.rid)
         if self.stats is not None:
-            self.stats.added(request, submit.sent_ns / 1e9 if submit.sent_ns else time.time())
+            arrival = submit.sent_ns / 1e9 if submit.sent_ns else time.time()
+            self.stats.added(request, arrival, deferred=bool(detok.stop))
         if submit.params.sampling.prompt_logprobs is not None:
             self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
         await self.client.add_request_async(request)
@@ -185,10 +185,9 @@ class VllmSource:
                     gone.append(rid)
             link.step()
             if self.stats is not None:
-                for rid in gone:  # its worker ended it first (a stop string or token)
-                    self.ended[rid] = FinishReason.STOP
-                self.stats.step(step, self.ended)
-                self.ended = {}
+                if gone:  # ended in detok: counted when their end came, unless detok failed them
+                    self.stats.ended(gone, {})
+                self.stats.step(step)
             # the step used the bus sockets, which can take the edge off their file descriptors: the bus loop
             # looks again rather than wait for a signal that may not come
             self.bus.set()
@@ -226,6 +225,16 @@ class VllmSource:
         self.stopping = True
 
 
+def log_vllm_through_detok() -> None:
+    """From now on vLLM's log records of this process (its stats line among them) go to this process's log, in
+    detok's format, instead of vLLM's own handler on stdout. Called once the engine core runs: its process keeps
+    vLLM's logging as vLLM sets it up."""
+    vllm_logger = logging.getLogger("vllm")
+    for handler in list(vllm_logger.handlers):
+        vllm_logger.removeHandler(handler)
+    vllm_logger.propagate = True
+
+
 def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     """Start vLLM's engine core from engine.model and engine.vllm_args, serve the bus until SIGINT/SIGTERM or the
     engine core's death (exit code 1)."""
@@ -244,6 +253,10 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
         client = EngineCoreClient.make_async_mp_client(
             vllm_config, Executor.get_class(vllm_config), log_stats=log_stats
         )
+        log_vllm_through_detok()
+        # vLLM's environment variables read once from here on, as its engine core does once it runs: vLLM's stat
+        # classes look one up for every request output of every step
+        envs.enable_envs_cache()
         try:
             loras = await load_loras(client, args.lora_modules)
             requests = RequestBuilder(
@@ -265,7 +278,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 model_config.served_model_name,
                 time.monotonic() - started,
             )
-            stats = VllmStats(vllm_config) if log_stats else None
+            stats = VllmStats(vllm_config, client.engine_ranks_managed) if log_stats else None
             source = VllmSource(link, client, requests, vllm_config.scheduler_config.stream_interval, stats)
             try:
                 with stop_on_signals(source.request_stop):

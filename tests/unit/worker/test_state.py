@@ -114,7 +114,7 @@ def test_stop_string_hidden_and_visible(qwen3, visible):
     assert harness.text("r") == full[:end]
     last = harness.last("r")
     assert (last.finish, last.stop_reason) == ("stop", "STOP")
-    assert harness.finishes == [Finish("r", "stop", "STOP")]
+    assert harness.finishes == [Finish("r", "stop", "STOP", last.n_tokens)]  # the ids the client got
     assert harness.state.live_rids == 0
     # later tokens (already in flight) are dropped silently
     assert harness.feed([], [Tokens("r", ids[:2]), Tokens("r", [], "length")]) == []
@@ -153,7 +153,7 @@ def test_stop_token_found_by_the_worker_tells_the_engine(qwen3):
     harness.feed([Open("r", [], DetokParams(stop_token_ids=[eos]))], [Tokens("r", [*ids, eos, *tail])])
     assert harness.text("r") == qwen3.decode(ids)
     assert harness.last("r").n_tokens == len(ids) + 1
-    assert harness.finishes == [Finish("r", "stop", eos)]
+    assert harness.finishes == [Finish("r", "stop", eos, len(ids) + 1)]
 
 
 def test_visible_stop_token(qwen3):
@@ -187,7 +187,7 @@ def test_bad_token_id_ends_only_that_rid(fixture_tokenizer):
     last = harness.last("bad")
     assert last.finish == "error" and str(bad_id) in (last.error or "")
     assert harness.text("bad") == tokenizer.decode(good)[: len(harness.text("bad"))]
-    assert harness.finishes == [Finish("bad", "error")]
+    assert harness.finishes == [Finish("bad", "error", None, last.n_tokens)]
     harness.feed([], [Tokens("ok", other[2:], "length"), Tokens("bad", good)])
     assert harness.text("ok") == tokenizer.decode(other)
     assert harness.state.live_rids == 0
@@ -197,7 +197,7 @@ def test_negative_token_id_is_an_error(qwen3):
     harness = Harness(qwen3)
     harness.feed([Open("r", [], DetokParams())], [Tokens("r", [-5])])
     assert harness.last("r").finish == "error"
-    assert harness.finishes == [Finish("r", "error")]
+    assert harness.finishes == [Finish("r", "error", None, 0)]
 
 
 def test_engine_abort_frees_and_reports(qwen3):
@@ -281,7 +281,7 @@ def test_unusable_params_end_the_rid_with_an_error(qwen3, params, limits):
     (delta,) = harness.deltas["r"]
     assert (delta.finish, delta.offset, delta.text) == ("error", 0, "")
     assert delta.error
-    assert harness.finishes == [Finish("r", "error")]
+    assert harness.finishes == [Finish("r", "error", None, 0)]
     assert harness.state.live_rids == 0
     assert harness.state.bad[BAD_PARAMS] == 1
     assert harness.state.bad[BAD_UNKNOWN_RID] == 0  # the following Tokens were dropped quietly

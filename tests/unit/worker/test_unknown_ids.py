@@ -138,7 +138,7 @@ def test_an_id_past_the_models_vocabulary_ends_only_its_request() -> None:
     opens = [Open(rid, [], DetokParams(), vocab_size=vocab) for rid in ("bad", "ok")]
     batch = TokenBatch(1, 0, opens, [Tokens("bad", [*ids[:2], lacking[0], vocab, *ids[2:]]), Tokens("ok", ids[:2])])
     result = state.handle_batch(batch)
-    assert result.finishes == [Finish("bad", "error")]
+    assert result.finishes == [Finish("bad", "error", None, 3)]
     (bad,) = [delta for delta in text_deltas(result.text_batch) if delta.rid == "bad"]
     assert (bad.text, bad.n_tokens, bad.finish) == (reference.decode(ids[:2]), 3, "error")
     assert bad.error == f"token id {vocab} is out of range for the model (valid ids: ints 0..{vocab - 1})"
@@ -168,7 +168,7 @@ def test_stop_rules_count_and_see_through_ids_without_text() -> None:
     string, token = ends["string"], ends["token"]
     assert (string.text, string.stop_reason, string.n_tokens) == ("so we went to ", "the end", the + 3)
     assert (token.text, token.stop_reason, token.n_tokens) == ("", eos, 4)
-    assert result.finishes == [Finish("string", "stop", "the end"), Finish("token", "stop", eos)]
+    assert result.finishes == [Finish("string", "stop", "the end", the + 3), Finish("token", "stop", eos, 4)]
     assert state.unknown_ids == 3
 
 
