@@ -36,6 +36,8 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
         the client's `return_token_ids`; such a rid leaves the worker's lane (a request without it costs nothing).
     spaces_between_special_tokens: False (with skip_special_tokens False): vLLM's rule, an added token right after
         an added token gives its content (stream/decode/added_tokens.py).
+    tool_function: the function a chat tool_choice names (tool_call_parser "tool_choice_function"): the output is
+        its arguments.
     """
 
     stop: list[str] = []
@@ -47,6 +49,7 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     tool_call_parser: str = ""
     return_token_ids: bool = False
     spaces_between_special_tokens: bool = True
+    tool_function: str = ""
 
 
 # Constraint kinds (vLLM's StructuredOutputsParams; the token-only gRPC API's `constraint` oneof).

@@ -69,6 +69,13 @@ def _parser(table: Mapping[str, str], key: str, flag: str) -> Flag:
     return overrides
 
 
+def _tool_call_parser(value: str, args: argparse.Namespace) -> Overrides:
+    """The front parses tool calls (and turns a forcing tool_choice into tool calls) only with
+    --enable-auto-tool-choice, as vLLM's server; a parser detok does not have is refused either way."""
+    overrides = _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser")(value, args)
+    return overrides if args.enable_auto_tool_choice else {}
+
+
 def _served_names(value: list[str], _args: argparse.Namespace) -> Overrides:
     return {"front.model_name": value[0], "front.model_aliases": list(value[1:])}
 
@@ -125,8 +132,8 @@ HONOURED: dict[str, Flag] = {
     "chat_template": _to("tokenizer.chat_template"),
     "lora_modules": _lora_adapters,
     "default_chat_template_kwargs": _to("front.chat_template_kwargs"),
-    "tool_call_parser": _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser"),
-    "enable_auto_tool_choice": _nothing,  # detok parses tool calls whenever a tool-call parser is set
+    "tool_call_parser": _tool_call_parser,
+    "enable_auto_tool_choice": _nothing,  # read with --tool-call-parser (vLLM's own check: not without it)
     "disable_uvicorn_access_log": lambda value, _args: {"front.access_log": not value},
     "max_log_len": _to("front.max_log_len"),
     "disable_fastapi_docs": lambda value, _args: {"front.openapi": not value},

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -117,7 +117,7 @@ class Generation:
         self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         token_ids = TokenIds(ids) if body.return_token_ids else None
-        chat = {"reasoning_field": self.reasoning_field(body)} if isinstance(body, ChatCompletionRequest) else {}
+        chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
         formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids, **chat)
         if body.stream:
             watch = await self._first_output(request, choices)
@@ -132,9 +132,14 @@ class Generation:
         echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
         return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
 
-    def reasoning_field(self, body: ChatCompletionRequest) -> str:
-        """Where a chat answer carries its reasoning: front.reasoning_field, or nowhere (include_reasoning false)."""
-        return "" if body.include_reasoning is False else self.intake.config.reasoning_field
+    def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        """How a chat answer is shaped (ChatFormatter's options): where it carries its reasoning (front.reasoning_field,
+        or nowhere: include_reasoning false), the calls its tool_choice forces, whether it keeps more than one call."""
+        return {
+            "reasoning_field": "" if body.include_reasoning is False else self.intake.config.reasoning_field,
+            "forced_calls": self.parsers.forced(body)[0],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+        }
 
     def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
         """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""

@@ -3,6 +3,11 @@
 `front.reasoning_parser` / `front.tool_call_parser` name them ("auto": by the tokenizer's family, "" or "none":
 off). Like vLLM: parsers apply to chat completions only; the tool-call parser only when the request has `tools`
 and `tool_choice` is not "none"; parsers whose markers are special tokens turn `skip_special_tokens` off.
+
+A `tool_choice` of "required" or a named function constrains the output to call JSON (front/sampling.py); where the
+front parses tool calls (front.tool_call_parser is not "none": on `--source vllm`, vLLM's
+`--enable-auto-tool-choice`), that output is turned into tool calls, as vLLM's server does: the worker runs the
+stage for it in place of the family's parser.
 """
 
 from __future__ import annotations
@@ -15,7 +20,15 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.config.schema import ConfigError
 from detok_worker.front.openai_api import ChatCompletionRequest
-from detok_worker.parse.registry import NEEDS_SPECIAL_TOKENS, ParserError, check_names, resolve
+from detok_worker.parse.registry import (
+    HARMONY,
+    NAMED_CALL,
+    NEEDS_SPECIAL_TOKENS,
+    REQUIRED_CALLS,
+    ParserError,
+    check_names,
+    resolve,
+)
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -23,6 +36,7 @@ from detok_worker.tokenizer.protocol import Tokenizer
 class ParserChoice:
     reasoning: str  # "" = none
     tool_calls: str
+    forced_calls: bool = True  # a tool_choice that forces calls gives tool calls (else their JSON is content)
 
     @classmethod
     def from_config(cls, config: DetokConfig, tokenizer: Tokenizer) -> ParserChoice:
@@ -32,14 +46,29 @@ class ParserChoice:
             check_names(reasoning, tool_calls)
         except ParserError as exc:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
-        return cls(reasoning, tool_calls)
+        return cls(reasoning, tool_calls, config.front.tool_call_parser not in ("", "none"))
+
+    def forced(self, body: ChatCompletionRequest) -> tuple[str, str]:
+        """(the stage, the named function) of a tool_choice that forces calls we turn into tool calls: REQUIRED_CALLS
+        or NAMED_CALL; ("", "") for none."""
+        choice = body.tool_choice
+        if not (self.forced_calls and body.tools and self.tool_calls != HARMONY):
+            return "", ""
+        if choice == "required":
+            return REQUIRED_CALLS, ""
+        if isinstance(choice, dict):
+            return NAMED_CALL, str((choice.get("function") or {}).get("name") or "")
+        return "", ""
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named."""
-        tool_calls = self.tool_calls if body.tools and body.tool_choice != "none" else ""
+        forced, function = self.forced(body)
+        tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")
         if not (self.reasoning or tool_calls):
             return params
-        detok = msgspec.structs.replace(params.detok, reasoning_parser=self.reasoning, tool_call_parser=tool_calls)
+        detok = msgspec.structs.replace(
+            params.detok, reasoning_parser=self.reasoning, tool_call_parser=tool_calls, tool_function=function
+        )
         if {self.reasoning, tool_calls} & NEEDS_SPECIAL_TOKENS:
             detok = msgspec.structs.replace(detok, skip_special_tokens=False)
         return msgspec.structs.replace(params, detok=detok)

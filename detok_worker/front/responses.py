@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from detok_worker.front.openai_api import (
 from detok_worker.front.prompt_logprobs import after_echo
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput
+from detok_worker.parse.registry import NAMED_CALL, REQUIRED_CALLS
 
 FINISH_TOOL_CALLS = "tool_calls"
 
@@ -275,11 +277,23 @@ class ChatFormatter(FormatterBase):
     `token_ids`, return_token_ids, the prompt's ids: vLLM puts them on the response, and each choice's output ids on
     the choice; streamed, each chunk's output ids)."""
 
-    def __init__(self, *args: Any, reasoning_field: str = "reasoning_content", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        reasoning_field: str = "reasoning_content",
+        forced_calls: str = "",
+        parallel_tool_calls: bool = True,
+        **kwargs: Any,
+    ) -> None:
         """`reasoning_field`: the field that carries the reasoning ("reasoning_content", or vLLM 0.32's "reasoning";
-        "" = none: the request asked include_reasoning false)."""
+        "" = none: the request asked include_reasoning false). `forced_calls`: the stage of a tool_choice that forces
+        calls (REQUIRED_CALLS, NAMED_CALL; front/parsing.py), shaped as vLLM's server shapes them: the message's
+        content "" and (required) each call's arguments its parameters as JSON, and a named call ends with its own
+        finish reason. `parallel_tool_calls` false: the first call only (vLLM's filter)."""
         super().__init__(*args, **kwargs)
         self.reasoning_field = reasoning_field
+        self.forced_calls = forced_calls
+        self.parallel_tool_calls = parallel_tool_calls
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
@@ -317,9 +331,10 @@ class ChatFormatter(FormatterBase):
             setattr(delta, self.reasoning_field, text.reasoning)
         if text.content:
             delta.content = text.content
-        if text.tool_calls:
+        pieces = text.tool_calls if self.parallel_tool_calls else [p for p in text.tool_calls if p.index == 0]
+        if pieces:
             delta.tool_calls = [
-                self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in text.tool_calls
+                self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in pieces
             ]
         return self._chunk(ChatChunkChoice(index, delta, logprobs=chosen, token_ids=ids), stream)
 
@@ -328,8 +343,24 @@ class ChatFormatter(FormatterBase):
             return ToolCallOut(FunctionCallOut(arguments=arguments), index=index)
         return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(choice, index), "function")
 
+    def _whole_arguments(self, arguments: str) -> str:
+        """A call's arguments in a whole answer: as written, but for tool_choice "required", whose parameters vLLM's
+        server writes back as JSON (`json.dumps`, non-ASCII kept) when they parse."""
+        if self.forced_calls != REQUIRED_CALLS:
+            return arguments
+        try:
+            return json.dumps(json.loads(arguments), ensure_ascii=False)
+        except ValueError:
+            return arguments
+
+    def _finish_reason(self, stream: RequestStream) -> str | None:
+        """OpenAI's "tool_calls" when the model ended (EOS, a stop) after calling tools, but for a named call."""
+        if stream.tool_calls_seen and stream.finish == "stop" and self.forced_calls != NAMED_CALL:
+            return FINISH_TOOL_CALLS
+        return stream.finish
+
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        finish = _finish_reason(stream)
+        finish = self._finish_reason(stream)
         choice = ChatChunkChoice(index, ChatDelta(), finish, stream.stop_reason, token_ids=self._ids_of(None))
         return self._chunk(choice, stream)
 
@@ -349,7 +380,7 @@ class ChatFormatter(FormatterBase):
             ChatChoice(
                 index,
                 self._message(index, pieces[index], stream),
-                _finish_reason(stream),
+                self._finish_reason(stream),
                 stream.stop_reason,
                 self._logprobs_of(logprobs[index] if logprobs else None),
                 self._ids_of(token_ids[index] if token_ids else None),
@@ -372,21 +403,19 @@ class ChatFormatter(FormatterBase):
                 total.extend(piece)
         calls = [
             ToolCallOut(
-                FunctionCallOut(call.name, call.arguments), id=self._tool_call_id(choice, call.index), type="function"
+                FunctionCallOut(call.name, self._whole_arguments(call.arguments)),
+                id=self._tool_call_id(choice, call.index),
+                type="function",
             )
             for call in total.tool_calls
+            if self.parallel_tool_calls or call.index == 0
         ]
-        message = ChatMessageOut(total.content or None, tool_calls=calls)
+        message = ChatMessageOut(
+            ("" if self.forced_calls else None) if not total.content else total.content, tool_calls=calls
+        )
         if self.reasoning_field:
             setattr(message, self.reasoning_field, total.reasoning or None)
         return message
-
-
-def _finish_reason(stream: RequestStream) -> str | None:
-    """OpenAI's "tool_calls" when the model ended (EOS, a stop) after calling tools."""
-    if stream.tool_calls_seen and stream.finish == "stop":
-        return FINISH_TOOL_CALLS
-    return stream.finish
 
 
 Formatter = CompletionFormatter | ChatFormatter

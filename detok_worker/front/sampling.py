@@ -296,7 +296,9 @@ def tool_choice_constraint(request: ChatCompletionRequest) -> Constraint | None:
             }
             for name, parameters in tools.items()
         ]
-        schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
+        if request.parallel_tool_calls is False:
+            schema["maxItems"] = 1
         return _constraint(CONSTRAINT_JSON_SCHEMA, schema, "tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = (choice.get("function") or {}).get("name")

@@ -242,7 +242,6 @@ _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
     "store": _truthy,
     "service_tier": _not(None, "auto", "default"),
     "modalities": _not(None, ["text"]),
-    "parallel_tool_calls": _not(None, True),
 }
 
 

@@ -2,7 +2,9 @@
 
 A request names at most one reasoning parser and one tool-call parser (DetokParams.reasoning_parser /
 tool_call_parser). Its OutputParser chains them: the reasoning stage's content is the tool stage's input.
-Harmony (gpt-oss) does both in one stage, since its channels carry both.
+Harmony (gpt-oss) does both in one stage, since its channels carry both. A chat `tool_choice` that forces calls
+("required", or a named function) replaces the tool-call parser with the stage for that output (REQUIRED_CALLS,
+NAMED_CALL); those two are not parsers a configuration names.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Callable, Sequence
 from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
 from detok_worker.parse.harmony import HarmonyStage
 from detok_worker.parse.reasoning import ThinkStage, ThinkState, initial_state
-from detok_worker.parse.tool_calls import Llama3JsonCalls, MistralCalls, TaggedJsonCalls
+from detok_worker.parse.tool_calls import Llama3JsonCalls, MistralCalls, NamedCall, RequiredCalls, TaggedJsonCalls
 
 AUTO = "auto"
 HARMONY = "gpt_oss"
+REQUIRED_CALLS = "tool_choice_required"  # the output is a JSON array of calls
+NAMED_CALL = "tool_choice_function"  # the output is the arguments of DetokParams.tool_function
 
 # name -> stage factory taking the decoded end of the prompt
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
@@ -55,7 +59,7 @@ def check_names(reasoning: str, tool_calls: str) -> None:
     """Raise ParserError for a name no parser has ("" means none)."""
     if reasoning and reasoning not in REASONING_PARSERS:
         raise ParserError(f"unknown reasoning parser {reasoning!r}; known: {', '.join(sorted(REASONING_PARSERS))}")
-    if tool_calls and tool_calls not in TOOL_CALL_PARSERS:
+    if tool_calls and tool_calls not in TOOL_CALL_PARSERS and tool_calls not in (REQUIRED_CALLS, NAMED_CALL):
         raise ParserError(f"unknown tool-call parser {tool_calls!r}; known: {', '.join(sorted(TOOL_CALL_PARSERS))}")
 
 
@@ -96,14 +100,21 @@ class StagedParser(OutputParser):
         return out
 
 
-def create_parser(reasoning: str, tool_calls: str, prompt_tail_text: str = "") -> OutputParser | None:
-    """The parser of one request (None when it names none). Raises ParserError for an unknown name."""
+def create_parser(
+    reasoning: str, tool_calls: str, prompt_tail_text: str = "", tool_function: str = ""
+) -> OutputParser | None:
+    """The parser of one request (None when it names none); `tool_function`: the function of NAMED_CALL. Raises
+    ParserError for an unknown name."""
     check_names(reasoning, tool_calls)
     if reasoning == HARMONY or tool_calls == HARMONY:
         return StagedParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
     stages: list[TextStage] = []
     if reasoning:
         stages.append(REASONING_PARSERS[reasoning](prompt_tail_text))
-    if tool_calls:
+    if tool_calls == REQUIRED_CALLS:
+        stages.append(RequiredCalls())
+    elif tool_calls == NAMED_CALL:
+        stages.append(NamedCall(tool_function))
+    elif tool_calls:
         stages.append(TOOL_CALL_PARSERS[tool_calls]())
     return StagedParser(stages) if stages else None

@@ -1,6 +1,7 @@
 """Tool calls written as JSON objects in the text: hermes/qwen (`<tool_call>{...}</tool_call>`), llama3 JSON
 (`<|python_tag|>{...}; {...}` or a bare `{...}` output) and mistral (`[TOOL_CALLS][{...}, {...}]`, and the v11+
-`[TOOL_CALLS]name[ARGS]{...}`).
+`[TOOL_CALLS]name[ARGS]{...}`), and the outputs a chat `tool_choice` forces: "required" (a JSON array of
+`{"name", "parameters"}` objects) and a named function (the output is its arguments).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
 model writes it (json_call.py). A call stands once it names a function (it has been streamed); cut off by the end of
@@ -271,13 +272,12 @@ class MistralCalls(_JsonCallsStage):
         return buffer
 
 
-class Llama3JsonCalls(_JsonCallsStage):
-    """Llama 3.x JSON calls: the output is calls when it starts with `<|python_tag|>` or `{` (leading whitespace
-    allowed) and its first object names a function, several separated by whitespace and at most one `;`; any other
-    output is content (the tag included, as vLLM keeps an output whose calls do not parse). Text after the calls
-    that is not such markup ends them and is content from the last call on (a `;` included)."""
+class _OutputCalls(_JsonCallsStage):
+    """Calls that make the whole output, with no marker around each: the output's opening (`_opening`) shows
+    whether it is calls; between calls, whitespace and one SEPARATOR are markup, and CLOSER ends them."""
 
-    TAG = "<|python_tag|>"
+    SEPARATOR = ""
+    CLOSER = ""
 
     def __init__(self) -> None:
         super().__init__(_In.START)
@@ -292,11 +292,24 @@ class Llama3JsonCalls(_JsonCallsStage):
             if self._in is _In.CALL:
                 buffer = self._feed_call(buffer, out)
             elif self._in is _In.START:
-                buffer = self._opening(buffer)
+                buffer = self._opening(buffer, out)
             else:
-                buffer = self._between_calls(buffer, out, ";")
+                buffer = self._between_calls(buffer, out, self.SEPARATOR, self.CLOSER)
 
-    def _opening(self, buffer: str) -> str:
+    def _opening(self, buffer: str, out: ParsedOutput) -> str:
+        raise NotImplementedError
+
+
+class Llama3JsonCalls(_OutputCalls):
+    """Llama 3.x JSON calls: the output is calls when it starts with `<|python_tag|>` or `{` (leading whitespace
+    allowed) and its first object names a function, several separated by whitespace and at most one `;`; any other
+    output is content (the tag included, as vLLM keeps an output whose calls do not parse). Text after the calls
+    that is not such markup ends them and is content from the last call on (a `;` included)."""
+
+    TAG = "<|python_tag|>"
+    SEPARATOR = ";"
+
+    def _opening(self, buffer: str, out: ParsedOutput) -> str:
         """The output's leading whitespace and `<|python_tag|>`: kept (in `_unnamed`) until a call is named."""
         stripped = buffer.lstrip(_SPACE)
         self._unnamed += buffer[: len(buffer) - len(stripped)]
@@ -308,3 +321,41 @@ class Llama3JsonCalls(_JsonCallsStage):
             self._unnamed += self.TAG
             return stripped[len(self.TAG) :]
         return stripped
+
+
+class RequiredCalls(_OutputCalls):
+    """tool_choice "required": the output is a JSON array of `{"name": ..., "parameters": {...}}` objects (the
+    request's schema constrains it, vLLM's schema), each a call whose arguments are its parameters as written
+    (vLLM streams them so). Whitespace and "," between the calls and the array's brackets are markup; an output
+    that is no such array is content, as is text after the array."""
+
+    SEPARATOR = ","
+    CLOSER = "]"
+
+    def _opening(self, buffer: str, out: ParsedOutput) -> str:
+        stripped = buffer.lstrip(_SPACE)
+        self._unnamed += buffer[: len(buffer) - len(stripped)]
+        if not stripped:
+            return ""
+        if stripped[0] != "[":
+            self._not_a_call(out)
+            return stripped
+        self._unnamed += "["
+        self._in = _In.AFTER_CALL
+        return stripped[1:]
+
+
+class NamedCall(TextStage):
+    """tool_choice names a function: the whole output is one call to it, the text its arguments (the function's
+    parameters schema constrains it); the call's first piece names it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._named = False
+
+    def feed(self, text: str, out: ParsedOutput) -> None:
+        out.add_tool(0, name="" if self._named else self.name, arguments=text)
+        self._named = True
+
+    def finish(self, out: ParsedOutput) -> None:
+        return None

@@ -91,6 +91,12 @@ def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
     assert config["api_keys"] == [] and config["cors_allowed_origins"] == []
 
 
+def test_a_tool_call_parser_parses_only_with_auto_tool_choice() -> None:
+    """vLLM's server parses tool calls (and turns a forcing tool_choice into tool_calls) only with
+    --enable-auto-tool-choice: without it, --tool-call-parser leaves the front's parsing off."""
+    assert effective_config("--tool-call-parser", "hermes")["front"]["tool_call_parser"] == "none"
+
+
 def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins() -> None:
     assert effective_config(env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["from-env"]
     assert effective_config("--api-key", "flag", env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["flag"]

@@ -1,6 +1,6 @@
 """The package layout holds its rules: no import loops (function-local imports included), every module imports
-on its own in a fresh interpreter, no module over 400 lines, engine_stub never imports the CLI nor the relay sources,
-and no production path imports engine_stub."""
+on its own in a fresh interpreter, no module over 800 lines (one concept a module, as vLLM's and SGLang's run),
+engine_stub never imports the CLI nor the relay sources, and no production path imports engine_stub."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from helpers.vllm_cpu import require_venv
 from detok_worker.engine.sources.factory import LOCAL_SOURCES
 
 PACKAGES = ("detok_worker", "engine_stub")
-MAX_LINES = 400
+MAX_LINES = 800
 
 
 def modules() -> dict[str, Path]:

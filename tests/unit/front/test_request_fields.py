@@ -266,7 +266,13 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         {"tools": TOOLS, "tool_choice": "required"},
         constraint(Constraint("json_schema", json.dumps(REQUIRED_TOOL_SCHEMA, separators=(",", ":")))),
     ),
-    "parallel_tool_calls": ({"tools": TOOLS, "parallel_tool_calls": False}, REFUSED),
+    # vLLM's schema for one call at most (the answer keeps the first call: tests/unit/front/test_forced_tool_calls.py)
+    "parallel_tool_calls": (
+        {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+        constraint(
+            Constraint("json_schema", json.dumps({**REQUIRED_TOOL_SCHEMA, "maxItems": 1}, separators=(",", ":")))
+        ),
+    ),
     "documents": (
         {"documents": [{"title": "t", "text": "d"}]},
         template_kwarg("documents", [{"title": "t", "text": "d"}]),
