@@ -156,8 +156,11 @@ class Front:
 
     async def ping(self, request: Request) -> Response:
         """SageMaker's health check (vLLM's /ping): /health's status, no body."""
-        healthy = self.dispatcher.healthy() and not self.generation.draining
-        return Response(status_code=200 if healthy else 503)
+        return Response(status_code=200 if self._healthy() else 503)
+
+    def _healthy(self) -> bool:
+        """An engine with a worker reports to this front, and it is not draining."""
+        return self.dispatcher.healthy() and not self.generation.draining
 
     async def load(self, request: Request) -> Response:
         """vLLM's /load: the generation requests in flight in this front (front.server_load; else 0)."""
@@ -165,7 +168,7 @@ class Front:
 
     async def invocations(self, request: Request) -> Response:
         """SageMaker's inference route (vLLM's /invocations): a chat completion when the body has messages, else
-        a completion. The same API key as /v1."""
+        a completion. The same API key as /v1, checked before the body is read (the route checks it again)."""
         self.intake.authorize(request)
         body = await self.intake.read_body(request)
         try:
@@ -176,7 +179,7 @@ class Front:
         return await (self.generation.chat_completions if chat else self.generation.completions)(request)
 
     async def health(self, request: Request) -> Response:
-        healthy = self.dispatcher.healthy() and not self.generation.draining
+        healthy = self._healthy()
         stats = self.dispatcher.stats()
         payload = {
             "status": "draining" if self.generation.draining else "ok" if healthy else "unavailable",

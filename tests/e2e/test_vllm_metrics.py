@@ -24,9 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, more on a loaded machine
 
 LENGTHS = (4, 12, 24, 40)
+# 50 measured streams: 31 plain, the watched one, 10 ended by a stop string, 8 left by their client
 PLAIN = [
     {"prompt": f"Story number {seed}:", "max_tokens": LENGTHS[seed % len(LENGTHS)], "temperature": 1.0, "seed": seed}
-    for seed in range(16)
+    for seed in range(31)
 ]
 WATCHED = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}  # /metrics read while it runs
 WATCH_AFTER_EVENTS = 5
@@ -322,9 +323,11 @@ def test_ids_past_a_workers_stop_are_not_generation_tokens() -> None:
     assert values == {"generated": 8, "stop": 1, "length": 1, "abort": 0, "finished ids": 5, "finished n": 2}
 
 
-def test_data_parallel_engines_each_have_their_series() -> None:
-    """`--data-parallel-size 2`: two engine cores, each step recorded under its own `engine` label."""
-    service = detok_vllm(engine_flags=("--data-parallel-size", "2"))
+def test_data_parallel_engines_each_have_their_series_and_every_front_shows_them() -> None:
+    """`--data-parallel-size 2`: two engine cores, each step recorded under its own `engine` label; with
+    `--api-server-count 2` (two fronts on one port) a scrape shows the same `vllm:` values whichever front answers
+    (as vLLM's multiprocess mode: one set of files)."""
+    service = detok_vllm(engine_flags=("--data-parallel-size", "2", "--api-server-count", "2"))
     try:
         with httpx.Client(base_url=service.url, timeout=120) as client:
             for seed in range(6):
@@ -332,9 +335,17 @@ def test_data_parallel_engines_each_have_their_series() -> None:
                 response = client.post("/v1/completions", json={**body, "seed": seed})
                 assert response.status_code == 200, response.text
             scraped = asyncio.run(wait_idle(lambda: scrape(client)))
+        fronts: set[int] = set()
+        views = []
+        for _ in range(12):  # a new connection each time: the kernel spreads them over the two fronts
+            with httpx.Client(base_url=service.url, timeout=30) as fresh:
+                fronts.add(fresh.get("/stats").json()["front"]["pid"])
+                views.append(scrape(fresh)["samples"])
     finally:
         service.stop()
     engines = {dict(labels).get("engine") for name, labels in scraped["samples"] if name == "vllm:num_requests_running"}
     assert engines == {"0", "1"}
     assert total(scraped, "vllm:request_success_total", finished_reason="length") == 6  # wherever each one ran
     assert total(scraped, "vllm:generation_tokens_total") == 6 * 8
+    assert len(fronts) == 2, "every connection went to one front: the check below would compare it with itself"
+    assert all(view == scraped["samples"] for view in views)

@@ -105,10 +105,7 @@ class VllmSource:
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
                 if stopped:
                     self.on_engine.difference_update(stopped)
-                    for rid in stopped:
-                        self.prompt_rows.pop(rid, None)
-                        if self.interval is not None:
-                            self.interval.forget(rid)
+                    self._forget(stopped)
                     await self.client.abort_requests_async(stopped)
                 if link.scheduler.has_work():
                     link.step()
@@ -170,8 +167,7 @@ class VllmSource:
                     if finish is None:
                         if reason != FinishReason.ABORT:  # an abort is ours (stop string, client gone)
                             link.fail(rid, f"the vLLM engine core ended the request: {reason}")
-                        if interval is not None:
-                            interval.forget(rid)
+                        self._forget([rid])
                         continue
                 ids = output.new_token_ids
                 logprobs = output_logprobs(output) if output.new_logprobs is not None else None
@@ -192,11 +188,16 @@ class VllmSource:
             # looks again rather than wait for a signal that may not come
             self.bus.set()
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
-                for rid in gone:
-                    prompt_rows.pop(rid, None)
-                    if interval is not None:
-                        interval.forget(rid)
+                self._forget(gone)
                 await client.abort_requests_async(gone)
+
+    def _forget(self, rids: list[str]) -> None:
+        """What this source holds of requests that left the engine: their prompt logprobs so far and the ids their
+        stream interval held back."""
+        for rid in rids:
+            self.prompt_rows.pop(rid, None)
+            if self.interval is not None:
+                self.interval.forget(rid)
 
     def _prompt_logprobs(self, output: EngineCoreOutput) -> None:
         """Collect a request's prompt logprobs over its prefill chunks; send them to its front once the prefill is
