@@ -292,12 +292,14 @@ class ParsedDelta(msgspec.Struct, array_like=True, gc=False):
 class LogprobText(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """One output token's logprob as the client sees it: `token` is the tokenizer's decode of the id alone (special
     tokens kept), `token_bytes` the token's own bytes in the output (a piece of a character for a token that
-    splits one), `top` the engine's top candidates, most likely first (their `top` is empty)."""
+    splits one), `top` the engine's top candidates, most likely first (their `top` is empty), `token_id` its id (-1 =
+    not given): a client's return_tokens_as_token_ids writes it in place of the string."""
 
     token: str
     token_bytes: bytes
     logprob: float
     top: list[LogprobText] = []
+    token_id: int = -1
 
 
 class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
@@ -396,6 +398,8 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     # the model's vocabulary size when larger than the tokenizer's (0 = not reported): sampling fields may name
     # any id below it (allowed_token_ids, logit_bias), as the engine samples them
     vocab_size: int = 0
+    # the real engine's system_fingerprint (vLLM's --fingerprint-mode), which the fronts' responses carry ("" = none)
+    system_fingerprint: str = ""
 
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye

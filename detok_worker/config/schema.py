@@ -132,6 +132,11 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # the chat answer's field for the reasoning: detok's reasoning_content, or vLLM 0.32's reasoning (the default on
     # source = vllm)
     reasoning_field: Literal["reasoning_content", "reasoning"] = "reasoning_content"
+    # the role of a chat answer when its prompt asks for one (add_generation_prompt; else the last message's role),
+    # vLLM's --response-role
+    response_role: str = "assistant"
+    # logprob tokens written "token_id:<id>" for requests that do not say (their return_tokens_as_token_ids)
+    return_tokens_as_token_ids: bool = False
     tool_call_parser: str = "auto"
     # chat template arguments of every request, under the request's own chat_template_kwargs (vLLM's
     # --default-chat-template-kwargs), e.g. {enable_thinking = false}
@@ -162,6 +167,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     force_include_usage: bool = False  # usage in every stream, stream_options or not (--enable-force-include-usage)
     openapi: bool = True  # serve /openapi.json (false: vLLM's --disable-fastapi-docs)
     uvicorn_log_level: UvicornLogLevel = ""  # uvicorn's own loggers; "" = logging.level
+    # the path prefix a path-based proxy serves the front under (ASGI root_path, vLLM's --root-path): routes answer
+    # with it and without it (a proxy that strips it)
+    root_path: str = ""
     server_load: bool = False  # GET /load counts the generation requests in flight (else it says 0)
     access_log_skip_paths: list[str] = []  # paths whose requests the access log leaves out (e.g. /health, /metrics)
     # chat requests with tool_choice "none" render no tools into the prompt (vLLM's

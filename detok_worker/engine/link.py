@@ -83,6 +83,7 @@ class EngineLink:
         served_model_name: str = "",
         max_model_len: int = 0,
         engine_version: str = "",
+        system_fingerprint: str = "",
     ) -> None:
         """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
@@ -90,12 +91,14 @@ class EngineLink:
         `served_model_name`: the model name the engine serves (its fronts serve it too unless front.model_name is
         set); "" = the engine names none. `max_model_len`: the engine's context length (0: not known), which the
         fronts report (/v1/models, /tokenize) unless front.max_model_len is set. `engine_version`: the real
-        engine's version, reported by the fronts' /version."""
+        engine's version, reported by the fronts' /version; `system_fingerprint`: the engine's, which the fronts'
+        responses carry ("" = none)."""
         engine = config.engine
         self.config = config
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.engine_version = engine_version
+        self.system_fingerprint = system_fingerprint
         self.vocab_size = vocab_size
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
@@ -304,6 +307,7 @@ class EngineLink:
             max_model_len=self.max_model_len,
             engine_version=self.engine_version,
             vocab_size=self.vocab_size,
+            system_fingerprint=self.system_fingerprint,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

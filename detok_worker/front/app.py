@@ -234,12 +234,17 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
 
 class FrontApp(Starlette):
     """Starlette that also puts the server's own `send` in the scope, for the body of an SSE response
-    (sse.EventStreamResponse), and serves the generation routes past its stack when `direct` has them."""
+    (sse.EventStreamResponse), and serves the generation routes past its stack when `direct` has them. With a
+    `root_path` (front.root_path) each request's scope has it, as FastAPI's root_path does for vLLM's server: a
+    route answers with the prefix (the router strips it) and without it (a proxy stripped it)."""
 
     direct: DirectRoutes | None = None
+    root_path: str = ""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[sse.SERVER_SEND] = send
+        if self.root_path:
+            scope["root_path"] = self.root_path
         route = self.direct.match(scope) if self.direct is not None else None
         if route is None:
             await super().__call__(scope, receive, send)
@@ -290,6 +295,7 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         },
     )
     app.state.front = front
+    app.root_path = config.front.root_path
     if not config.front.cors_allowed_origins:  # CORS needs the stack (middleware.py) on every response
         app.direct = DirectRoutes(generation_routes, observer, _unexpected_error_handler)
     return app

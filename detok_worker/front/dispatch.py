@@ -79,6 +79,7 @@ class Dispatcher:
         self._engine: tuple[EngineStats, float] | None = None
         self.engine_model_name = ""  # the model name the engine serves, once its EngineStats named one
         self.engine_version = ""  # the real engine's version, once its EngineStats gave one
+        self.system_fingerprint = ""  # the real engine's system_fingerprint, once its EngineStats gave one
         self.engine_vocab_size = 0  # the model's vocabulary size, once its EngineStats gave one
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
@@ -282,6 +283,8 @@ class Dispatcher:
                 self.engine_max_model_len = message.max_model_len
             if message.engine_version:
                 self.engine_version = message.engine_version
+            if message.system_fingerprint:
+                self.system_fingerprint = message.system_fingerprint
             if message.vocab_size:
                 self.engine_vocab_size = message.vocab_size
         elif isinstance(message, PromptLogprobs):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import msgspec
+from starlette._utils import get_route_path
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -114,11 +115,16 @@ class Generation:
             log_request(rid, params, ids, self.intake.config.max_log_len)
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
-        self.dispatcher.metrics.request(request.scope["path"])  # a generation route (request.url: a URL object)
+        self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         token_ids = TokenIds(ids) if body.return_token_ids else None
         chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
-        formatter = formatter_type(rid, model, usage, echo, params.sampling.logprobs is not None, token_ids, **chat)
+        fingerprint = self.dispatcher.system_fingerprint
+        as_ids = body.return_tokens_as_token_ids
+        as_ids = self.intake.config.return_tokens_as_token_ids if as_ids is None else as_ids
+        formatter = formatter_type(
+            rid, model, usage, echo, params.sampling.logprobs is not None, token_ids, fingerprint, as_ids, **chat
+        )
         if body.stream:
             watch = await self._first_output(request, choices)
             if isinstance(watch, APIError):
@@ -134,8 +140,12 @@ class Generation:
 
     def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """How a chat answer is shaped (ChatFormatter's options): where it carries its reasoning (front.reasoning_field,
-        or nowhere: include_reasoning false), the calls its tool_choice forces, whether it keeps more than one call."""
+        or nowhere: include_reasoning false), the calls its tool_choice forces, whether it keeps more than one call,
+        its role (front.response_role when the prompt asks for an answer, else the last message's: vLLM's rule)."""
+        last_role = body.messages[-1].get("role") if body.messages and isinstance(body.messages[-1], dict) else None
+        asks = body.add_generation_prompt is not False
         return {
+            "role": self.intake.config.response_role if asks or not isinstance(last_role, str) else last_role,
             "reasoning_field": "" if body.include_reasoning is False else self.intake.config.reasoning_field,
             "forced_calls": self.parsers.forced(body)[0],
             "parallel_tool_calls": body.parallel_tool_calls is not False,

@@ -78,7 +78,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     logits_processors: Any = None
-    return_tokens_as_token_ids: Any = None
+    return_tokens_as_token_ids: bool | None = None  # null: front.return_tokens_as_token_ids
     kv_transfer_params: Any = None
     vllm_xargs: Any = None
 
@@ -198,6 +198,7 @@ class CompletionResponse(msgspec.Struct):
     choices: list[CompletionChoice]
     usage: Usage | None | UnsetType = UNSET
     object: str = "text_completion"
+    system_fingerprint: str | UnsetType = UNSET  # the engine's (vLLM's), where vLLM's server writes it
 
 
 class FunctionCallOut(msgspec.Struct):
@@ -240,6 +241,7 @@ class ChatCompletionResponse(msgspec.Struct):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    system_fingerprint: str | UnsetType = UNSET
     prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids (vLLM's)
     prompt_logprobs: PromptLogprobsOut | UnsetType = UNSET  # with prompt_logprobs (vLLM's)
 
@@ -268,6 +270,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     usage: Usage | None | UnsetType = UNSET
     object: str = "chat.completion.chunk"
+    system_fingerprint: str | UnsetType = UNSET
     prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids: on each choice's first chunk
 
 

@@ -21,6 +21,7 @@ import re
 import time
 from typing import Any
 
+from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from detok_worker.bus.messages import RequestParams
@@ -73,7 +74,7 @@ class RequestObserver:
 
     def begin(self, scope: Scope) -> float:
         """A request reached the app; returns the time observe() takes as its start."""
-        if scope["path"] in self.load_paths:
+        if get_route_path(scope) in self.load_paths:
             self.load += 1
         return time.monotonic()
 
@@ -81,7 +82,7 @@ class RequestObserver:
         """`status`: the response's, 500 for an unhandled error before any response, NO_RESPONSE when none was
         sent; `started`: time.monotonic() when the request reached the app."""
         duration = time.monotonic() - started
-        if scope["path"] in self.load_paths:
+        if get_route_path(scope) in self.load_paths:
             self.load -= 1
         endpoint = getattr(scope.get("route"), "path", UNMATCHED)
         self.metrics.response(endpoint, status, duration)
@@ -90,7 +91,7 @@ class RequestObserver:
         if stream is not None:
             ttft = stream.ttft_s(started)
             self.metrics.generation(endpoint, ttft, stream.mean_itl_s())
-        if self.log_requests and scope["path"] not in self.skip_paths:
+        if self.log_requests and get_route_path(scope) not in self.skip_paths:
             access_log.info(access_line(scope, status, duration, stream, ttft))
 
 

@@ -82,8 +82,27 @@ def _logprob_value(value: float) -> float | None:
     return None if value != value else value  # NaN: an entry the engine did not give
 
 
-def chat_logprobs(entries: list[LogprobText]) -> ChatLogprobs:
-    """choices[].logprobs of chat: per token its string, logprob, bytes and top candidates."""
+def token_id_placeholder(entry: LogprobText) -> str:
+    """vLLM's string for a token given as its id (return_tokens_as_token_ids)."""
+    return f"token_id:{entry.token_id}"
+
+
+def chat_logprobs(entries: list[LogprobText], as_ids: bool = False) -> ChatLogprobs:
+    """choices[].logprobs of chat: per token its string, logprob, bytes and top candidates. `as_ids`
+    (return_tokens_as_token_ids): each string is "token_id:<id>"; the sampled token keeps its own bytes, a
+    candidate's are its string's (vLLM's)."""
+    if as_ids:
+        return ChatLogprobs(
+            [
+                TokenLogprobOut(
+                    token_id_placeholder(entry),
+                    _logprob_value(entry.logprob),
+                    list(entry.token_bytes),
+                    [_top_as_id(top) for top in entry.top],
+                )
+                for entry in entries
+            ]
+        )
     return ChatLogprobs(
         [
             TokenLogprobOut(
@@ -97,31 +116,43 @@ def chat_logprobs(entries: list[LogprobText]) -> ChatLogprobs:
     )
 
 
-def _completion_top(entry: LogprobText) -> dict[str, float]:
+def _top_as_id(top: LogprobText) -> TopLogprobOut:
+    token = token_id_placeholder(top)
+    return TopLogprobOut(token, _logprob_value(top.logprob), list(token.encode()))
+
+
+def _completion_top(entry: LogprobText, token: Callable[[LogprobText], str]) -> dict[str, float]:
     """A completion token's top_logprobs: the sampled token first, then the top candidates, most likely first (OpenAI's
     legacy shape, as vLLM gives it: up to logprobs + 1 entries; a token string that two ids share keeps the later
     one's value)."""
-    top = {entry.token: entry.logprob}
+    top = {token(entry): entry.logprob}
     for candidate in entry.top:
-        top[candidate.token] = candidate.logprob
+        top[token(candidate)] = candidate.logprob
     return top
 
 
-class CompletionLogprobsBuilder:
-    """choices[].logprobs of completions (the legacy shape); keeps text_offset running across a stream."""
+def _token_string(entry: LogprobText) -> str:
+    return entry.token
 
-    def __init__(self) -> None:
+
+class CompletionLogprobsBuilder:
+    """choices[].logprobs of completions (the legacy shape); keeps text_offset running across a stream. `as_ids`
+    (return_tokens_as_token_ids): each token string is "token_id:<id>", and the offsets count those (vLLM's)."""
+
+    def __init__(self, as_ids: bool = False) -> None:
         self.text_offset = 0
+        self._token = token_id_placeholder if as_ids else _token_string
 
     def build(self, entries: list[LogprobText]) -> CompletionLogprobs:
         offsets = []
-        for entry in entries:
+        tokens = [self._token(entry) for entry in entries]
+        for token in tokens:
             offsets.append(self.text_offset)
-            self.text_offset += len(entry.token)
+            self.text_offset += len(token)
         return CompletionLogprobs(
-            tokens=[entry.token for entry in entries],
+            tokens=tokens,
             token_logprobs=[_logprob_value(entry.logprob) for entry in entries],
-            top_logprobs=[_completion_top(entry) for entry in entries],
+            top_logprobs=[_completion_top(entry, self._token) for entry in entries],
             text_offset=offsets,
         )
 
@@ -133,6 +164,7 @@ class ChunkUsage:
     def __init__(self, include_usage: bool, continuous: bool) -> None:
         self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self._continuous = continuous
+        self.include_usage = include_usage
 
     @property
     def continuous(self) -> bool:
@@ -158,8 +190,11 @@ class TokenIds:
 
 
 class FormatterBase:
-    """What both endpoints' formatters keep: the response's id, model and creation time, and the request's output
-    options (usage in chunks, echo, logprobs, return_token_ids)."""
+    """What both endpoints' formatters keep: the response's id, model and creation time, the engine's
+    system_fingerprint, and the request's output options (usage in chunks, echo, logprobs, return_token_ids).
+
+    The fingerprint goes where vLLM's server writes it: on a whole body, on the usage chunk, and (without
+    include_usage) on each choice's last chunk."""
 
     def __init__(
         self,
@@ -169,6 +204,8 @@ class FormatterBase:
         echo: str | None = None,
         logprobs: bool = False,
         token_ids: TokenIds | None = None,
+        fingerprint: str = "",
+        tokens_as_ids: bool = False,
     ) -> None:
         self.rid = rid
         self.model = model
@@ -177,6 +214,10 @@ class FormatterBase:
         self._echo = echo
         self._with_logprobs = logprobs
         self.token_ids = token_ids
+        self.tokens_as_ids = tokens_as_ids  # logprob tokens as "token_id:<id>" (return_tokens_as_token_ids)
+        self.fingerprint: str | msgspec.UnsetType = fingerprint or msgspec.UNSET
+        # on the last chunk of each choice, unless a usage chunk ends the stream
+        self._last_fingerprint = msgspec.UNSET if usage.include_usage else self.fingerprint
         # a plain text chunk has nothing per chunk but its text: it is filled into a template
         self._templated = not logprobs and not usage.continuous and token_ids is None
         self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
@@ -242,13 +283,21 @@ class CompletionFormatter(FormatterBase):
     def _logprobs_of(self, index: int, entries: list[LogprobText] | None) -> CompletionLogprobs | None:
         if self._logprobs is None:
             return None
-        return self._logprobs.setdefault(index, CompletionLogprobsBuilder()).build(entries or [])
+        return self._logprobs.setdefault(index, CompletionLogprobsBuilder(self.tokens_as_ids)).build(entries or [])
 
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        return self._chunk(self._with_ids(CompletionChoice(index, "", stream.finish, stream.stop_reason), None), stream)
+        choice = self._with_ids(CompletionChoice(index, "", stream.finish, stream.stop_reason), None)
+        usage = self._usage.of(stream)
+        last = CompletionResponse(
+            self.rid, self.created, self.model, [choice], usage, system_fingerprint=self._last_fingerprint
+        )
+        return _encode(last)
 
     def usage_chunk(self, choices: Choices) -> bytes:
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [], usage=choices.usage()))
+        usage = choices.usage()
+        return _encode(
+            CompletionResponse(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
+        )
 
     def whole(
         self,
@@ -269,7 +318,9 @@ class CompletionFormatter(FormatterBase):
             if prompt_logprobs is not None:
                 choice.prompt_logprobs = prompt_logprobs
             out.append(self._with_ids(choice, token_ids[index] if token_ids else None))
-        return _encode(CompletionResponse(self.rid, self.created, self.model, out, usage=choices.usage()))
+        response = CompletionResponse(self.rid, self.created, self.model, out, choices.usage())
+        response.system_fingerprint = self.fingerprint
+        return _encode(response)
 
 
 class ChatFormatter(FormatterBase):
@@ -283,17 +334,19 @@ class ChatFormatter(FormatterBase):
         reasoning_field: str = "reasoning_content",
         forced_calls: str = "",
         parallel_tool_calls: bool = True,
+        role: str = "assistant",
         **kwargs: Any,
     ) -> None:
         """`reasoning_field`: the field that carries the reasoning ("reasoning_content", or vLLM 0.32's "reasoning";
         "" = none: the request asked include_reasoning false). `forced_calls`: the stage of a tool_choice that forces
         calls (REQUIRED_CALLS, NAMED_CALL; front/parsing.py), shaped as vLLM's server shapes them: the message's
         content "" and (required) each call's arguments its parameters as JSON, and a named call ends with its own
-        finish reason. `parallel_tool_calls` false: the first call only (vLLM's filter)."""
+        finish reason. `parallel_tool_calls` false: the first call only (vLLM's filter). `role`: the answer's role."""
         super().__init__(*args, **kwargs)
         self.reasoning_field = reasoning_field
         self.forced_calls = forced_calls
         self.parallel_tool_calls = parallel_tool_calls
+        self.role = role
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
@@ -305,18 +358,20 @@ class ChatFormatter(FormatterBase):
     def _chunk(self, choice: ChatChunkChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
         chunk = ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage)
+        if choice.finish_reason is not None:
+            chunk.system_fingerprint = self._last_fingerprint
         if self.token_ids is not None:
             chunk.prompt_token_ids = self.token_ids.prompt_once(choice.index)
         return _encode(chunk)
 
     def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
-        return self._chunk(ChatChunkChoice(index, ChatDelta(role="assistant", content="")), stream)
+        return self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream)
 
     def _ids_of(self, token_ids: list[int] | None) -> list[int] | msgspec.UnsetType:
         return msgspec.UNSET if self.token_ids is None else token_ids or []
 
     def _logprobs_of(self, entries: list[LogprobText] | None) -> ChatLogprobs | None:
-        return chat_logprobs(entries or []) if self._with_logprobs else None
+        return chat_logprobs(entries or [], self.tokens_as_ids) if self._with_logprobs else None
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
         return self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream)
@@ -365,7 +420,10 @@ class ChatFormatter(FormatterBase):
         return self._chunk(choice, stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
-        return _encode(ChatCompletionChunk(self.rid, self.created, self.model, [], usage=choices.usage()))
+        usage = choices.usage()
+        return _encode(
+            ChatCompletionChunk(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
+        )
 
     def whole(
         self,
@@ -388,6 +446,7 @@ class ChatFormatter(FormatterBase):
             for index, stream in enumerate(choices.streams)
         ]
         response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage())
+        response.system_fingerprint = self.fingerprint
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids
         if prompt_logprobs is not None:
@@ -396,7 +455,7 @@ class ChatFormatter(FormatterBase):
 
     def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
         if stream.parsed_reassembly is None:
-            return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)))
+            return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)), self.role)
         total = ParsedOutput()
         for piece in pieces:
             if isinstance(piece, ParsedOutput):
@@ -410,9 +469,8 @@ class ChatFormatter(FormatterBase):
             for call in total.tool_calls
             if self.parallel_tool_calls or call.index == 0
         ]
-        message = ChatMessageOut(
-            ("" if self.forced_calls else None) if not total.content else total.content, tool_calls=calls
-        )
+        content = total.content or ("" if self.forced_calls else None)
+        message = ChatMessageOut(content, self.role, tool_calls=calls)
         if self.reasoning_field:
             setattr(message, self.reasoning_field, total.reasoning or None)
         return message

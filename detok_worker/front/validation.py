@@ -218,7 +218,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "guided_decoding_backend": _is_set,
     "guided_whitespace_pattern": _is_set,
     "logits_processors": _is_set,
-    "return_tokens_as_token_ids": _truthy,
     "kv_transfer_params": _is_set,
     "vllm_xargs": _is_set,
 }

@@ -77,8 +77,11 @@ class TokenTexts:
         entries = []
         for token_id, entry in zip(ids, logprobs, strict=True):
             ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
-            top = [LogprobText(*self._at(top_id, context, model_vocab_size), value) for value, top_id in ranked]
-            entries.append(LogprobText(*self._at(token_id, context, model_vocab_size), entry.logprob, top))
+            top = [
+                LogprobText(*self._at(top_id, context, model_vocab_size), value, token_id=top_id)
+                for value, top_id in ranked
+            ]
+            entries.append(LogprobText(*self._at(token_id, context, model_vocab_size), entry.logprob, top, token_id))
             context.append(token_id)
         del context[:-CONTEXT_TOKENS]
         return entries

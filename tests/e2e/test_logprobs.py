@@ -261,3 +261,38 @@ def test_each_of_n_choices_has_its_own_logprobs(client: Any, qwen3: Any) -> None
     for index in (0, 1):
         assert tokens[index] == whole.choices[index].logprobs.tokens
         assert offsets[index] == whole.choices[index].logprobs.text_offset
+
+
+def test_return_tokens_as_token_ids_writes_each_token_as_its_id(client: Any, qwen3: Any) -> None:
+    """vLLM's return_tokens_as_token_ids: every token string (sampled and candidates) is "token_id:<id>";
+    completions' text offsets count those strings; a chat token keeps its own bytes, a candidate's are its
+    string's."""
+    prompt = qwen3.encode(TEXT).ids
+    extra = {"return_tokens_as_token_ids": True}
+    completion = client.completions.create(
+        model=model(client), prompt=prompt, max_tokens=12, logprobs=2, extra_body=extra
+    )
+    logprobs = completion.choices[0].logprobs
+    ids = prompt[: len(logprobs.tokens)]  # the echo source's output: the prompt (12 of its ids)
+    assert len(ids) == 12 and logprobs.tokens == [f"token_id:{token_id}" for token_id in ids]
+    assert logprobs.text_offset == [sum(len(token) for token in logprobs.tokens[:i]) for i in range(len(ids))]
+    for top in logprobs.top_logprobs:
+        assert len(top) >= 2 and all(key.startswith("token_id:") and key[9:].isdigit() for key in top)
+
+    def chat(**fields: Any) -> dict[str, Any]:
+        body = {"messages": MESSAGES, "max_tokens": 12, "logprobs": True, "top_logprobs": 2, "return_token_ids": True}
+        answer = httpx.post(f"{client.base_url}chat/completions", json={**body, **fields}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        choice: dict[str, Any] = answer.json()["choices"][0]
+        return choice
+
+    as_ids, as_text = chat(**extra), chat()
+    assert as_ids["token_ids"] == as_text["token_ids"] and as_ids["token_ids"]
+    entries, plain = as_ids["logprobs"]["content"], as_text["logprobs"]["content"]
+    assert [entry["token"] for entry in entries] == [f"token_id:{token_id}" for token_id in as_ids["token_ids"]]
+    assert [entry["bytes"] for entry in entries] == [entry["bytes"] for entry in plain]  # the token's own bytes
+    for entry in entries:
+        assert len(entry["top_logprobs"]) == 2
+        for top in entry["top_logprobs"]:
+            assert top["token"].startswith("token_id:") and top["token"][9:].isdigit()
+            assert top["bytes"] == list(top["token"].encode())

@@ -61,7 +61,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
         "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
-        "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking",
+        "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--response-role", "bot",
+        "--return-tokens-as-token-ids", "--root-path", "/llm",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -80,6 +81,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert config["chat_template_kwargs"] == {"enable_thinking": False}
     assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")
+    assert (config["response_role"], config["return_tokens_as_token_ids"], config["root_path"]) == ("bot", True, "/llm")
 
 
 def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
@@ -114,12 +116,12 @@ def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> Non
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (("--root-path", "/api"), "--root-path"),
+        (("--uds", "/tmp/detok.sock"), "--uds"),
         (("--middleware", "my.module:mw"), "--middleware"),
         (("--enable-prompt-tokens-details",), "--enable-prompt-tokens-details"),
         (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
         (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
-        (("--return-tokens-as-token-ids",), "--return-tokens-as-token-ids"),
+        (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
         (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
     ],
 )
@@ -188,7 +190,12 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
                 "logprobs": logprobs,
             }
         )
-    return {"model": data["model"], "choices": choices, "usage": given(data.get("usage"))}
+    return {
+        "model": data["model"],
+        "choices": choices,
+        "usage": given(data.get("usage")),
+        "system_fingerprint": data.get("system_fingerprint"),
+    }
 
 
 def streamed(lines: list[str]) -> dict[str, Any]:
@@ -206,7 +213,24 @@ def streamed(lines: list[str]) -> dict[str, Any]:
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
     usage = [given(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
-    return {"texts": texts, "pieces": pieces, "finishes": finishes, "usage": usage, "done": lines[-1] == "data: [DONE]"}
+    # which chunks carry the system_fingerprint (each choice's last, or the usage chunk), and its value
+    fingerprinted = [
+        (
+            bool(chunk.get("usage")),
+            [choice["finish_reason"] for choice in chunk["choices"]],
+            chunk["system_fingerprint"],
+        )
+        for chunk in chunks
+        if chunk.get("system_fingerprint")
+    ]
+    return {
+        "texts": texts,
+        "pieces": pieces,
+        "finishes": finishes,
+        "usage": usage,
+        "fingerprinted": fingerprinted,
+        "done": lines[-1] == "data: [DONE]",
+    }
 
 
 def answers(url: str) -> dict[str, Any]:
@@ -307,6 +331,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             for index, text in value["texts"].items():
                 assert same_text(mine["texts"][index], text), f"{key} choice {index}: {mine['texts'][index]!r}"
             assert (mine["finishes"], mine["usage"], mine["done"]) == (value["finishes"], value["usage"], True), key
+            assert mine["fingerprinted"] == value["fingerprinted"] and value["fingerprinted"], key
             assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
         elif isinstance(value, dict) and "choices" in value:
             mine = got[key]
@@ -314,6 +339,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
                 assert same_text(ours.pop("text"), theirs.pop("text")), f"{key}: {mine}"
                 assert ours == theirs, f"{key}: detok {ours!r}, vLLM {theirs!r}"
             assert (mine["model"], mine["usage"]) == (value["model"], value["usage"]), key
+            assert mine["system_fingerprint"] == value["system_fingerprint"] is not None, key
         else:
             assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"
     assert got["unknown model"] == expected["unknown model"] == 404

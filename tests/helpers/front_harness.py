@@ -157,6 +157,7 @@ class PlayedEngine:
     served_model_name: str = ""  # the EngineStats' (the model name an engine serves)
     engine_version: str = ""  # the EngineStats' (a real engine's version)
     vocab_size: int = 0  # the EngineStats' (the model's vocabulary size)
+    system_fingerprint: str = ""  # the EngineStats' (a real engine's system_fingerprint)
     prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
@@ -212,6 +213,7 @@ class PlayedEngine:
                         served_model_name=self.served_model_name,
                         engine_version=self.engine_version,
                         vocab_size=self.vocab_size,
+                        system_fingerprint=self.system_fingerprint,
                     )
                     push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))

@@ -24,6 +24,7 @@ import time
 import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.entrypoints.serve.utils.fingerprint import build_system_fingerprint
 from vllm.renderers import renderer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -271,6 +272,8 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 vocab_size=model_config.get_vocab_size(),
                 served_model_name=model_config.served_model_name,
                 engine_version=VLLM_VERSION,
+                system_fingerprint=build_system_fingerprint(vllm_config, args.fingerprint_mode, args.fingerprint_value)
+                or "",
                 max_model_len=model_config.max_model_len,
             )
             log.info(

@@ -1,8 +1,8 @@
-"""The bus fields of vLLM's request fields: DetokParams' return_token_ids and spaces_between_special_tokens,
-TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words and prompt_logprobs, RequestParams' priority and
-cache_salt; and the engine's PromptLogprobs message to the front. Each field
-is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
-decode (as "not asked"), and new frames carry it last."""
+"""The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens and
+tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words and prompt_logprobs,
+RequestParams' priority and cache_salt; and the engine's PromptLogprobs message to the front. Each field is the last
+of its array-like struct (in the order added), with a default, so frames of peers that predate it still decode (as
+"not asked"), and new frames carry it last."""
 
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
 
 def test_new_fields_travel_last() -> None:
     sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1)
-    detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False)
+    detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
     params = RequestParams(
         3, detok, sampling=sampling, priority=-2, cache_salt="s1", engine_max_tokens=True, lora="adapter"
     )
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
     assert raw[3][-4:] == [-2, "s1", True, "adapter"]  # RequestParams: ..., cache_salt, engine_max_tokens, lora
-    assert raw[3][1][-2:] == [True, False]  # DetokParams: ..., return_token_ids, spaces_between_special_tokens
+    # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
+    assert raw[3][1][-3:] == [True, False, "f"]
     assert raw[3][3][-3:] == [[5, 9], ["no"], -1]  # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 

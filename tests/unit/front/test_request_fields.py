@@ -247,7 +247,8 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "guided_decoding_backend": ({"guided_decoding_backend": "xgrammar"}, REFUSED),
     "guided_whitespace_pattern": ({"guided_whitespace_pattern": " "}, REFUSED),
     "logits_processors": ({"logits_processors": ["x"]}, REFUSED),
-    "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, REFUSED),
+    # the logprob tokens' strings (tests/e2e/test_logprobs.py); a non-boolean is a 400 (below)
+    "return_tokens_as_token_ids": ({"return_tokens_as_token_ids": True}, Response(lambda r: r.status_code == 200)),
     "return_token_ids": ({"return_token_ids": True}, Response(token_ids_returned)),
     "priority": ({"priority": -5}, VllmEngine(lambda p: p.priority == -5)),
     "cache_salt": ({"cache_salt": "tenant-7"}, VllmEngine(lambda p: p.cache_salt == "tenant-7")),
@@ -460,6 +461,7 @@ def test_null_means_the_default(front: FrontUnderTest, endpoint: str) -> None:
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"temperature": 2.5}, "temperature"),
         ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+        ({"return_tokens_as_token_ids": "yes"}, "return_tokens_as_token_ids"),
     ],
 )
 def test_bad_constraints_and_values_name_the_field(front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:

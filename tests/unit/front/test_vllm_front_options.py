@@ -1,6 +1,7 @@
 """The front options that `vllm serve`'s flags set on `--source vllm` (engine/vllm_flags.py), in a real front: any of
 several API keys, model aliases, max_tokens left to the engine's default (HTTPS: tests/e2e/test_service.py); and
-vLLM's other endpoints and headers: /ping, /invocations, /version, X-Vllm-Priority."""
+vLLM's other endpoints and headers: /ping, /invocations, /version, X-Vllm-Priority; the engine's system_fingerprint
+where vLLM's server writes it; the answer's role (--response-role); a path prefix (--root-path)."""
 
 from __future__ import annotations
 
@@ -270,3 +271,79 @@ def test_load_counts_the_generation_requests_in_flight_when_asked(qwen3: Any) ->
                 status = waiting.result().status_code
             after = httpx.get(url).json()["server_load"]
         assert (idle, busy, status, after) == (0, 1 if tracking else 0, 504, 0)
+
+
+def sse_chunks(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def test_the_engines_fingerprint_is_on_whole_answers_and_each_streams_last_chunk(qwen3: Any) -> None:
+    """Where vLLM's server writes its system_fingerprint: whole bodies; streamed, the usage chunk with
+    include_usage, else each choice's chunk with its finish_reason; never on other chunks."""
+    with running_front(qwen3) as front:
+        assert (
+            httpx.post(f"{front.url}/v1/chat/completions", json=CHAT, timeout=30).json().get("system_fingerprint")
+            is None
+        )
+        front.engine.system_fingerprint = "vllm-0.32.0-abcd1234"
+        deadline = time.monotonic() + 10
+        while front.server.front.dispatcher.system_fingerprint != "vllm-0.32.0-abcd1234":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        whole_chat = httpx.post(f"{front.url}/v1/chat/completions", json=CHAT, timeout=30).json()
+        whole_text = httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3}, timeout=30)
+        streams = {}
+        for name, path, body in (
+            ("chat", "/v1/chat/completions", {**CHAT, "n": 2}),
+            ("completion", "/v1/completions", {"prompt": "Hi there", "max_tokens": 3}),
+            ("chat usage", "/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}),
+        ):
+            with httpx.stream("POST", f"{front.url}{path}", json={**body, "stream": True}, timeout=30) as response:
+                streams[name] = sse_chunks(response)
+    assert whole_chat["system_fingerprint"] == whole_text.json()["system_fingerprint"] == "vllm-0.32.0-abcd1234"
+
+    def fingerprinted(chunks: list[dict[str, Any]]) -> list[tuple[bool, list[str | None]]]:
+        return [
+            (bool(chunk.get("usage")), [choice["finish_reason"] for choice in chunk["choices"]])
+            for chunk in chunks
+            if chunk.get("system_fingerprint") == "vllm-0.32.0-abcd1234"
+        ]
+
+    chat_marks = fingerprinted(streams["chat"])  # one per choice, on its last chunk
+    assert len(chat_marks) == 2 and all(not usage and finishes[0] is not None for usage, finishes in chat_marks)
+    last_finish = streams["completion"][-1]["choices"][0]["finish_reason"]
+    assert last_finish is not None and fingerprinted(streams["completion"]) == [(False, [last_finish])]
+    assert fingerprinted(streams["chat usage"]) == [(True, [])]
+
+
+def test_the_answers_role_is_the_response_role_unless_no_answer_is_asked_for(qwen3: Any) -> None:
+    with running_front(qwen3, **{"front.response_role": "bot"}) as front:
+        whole = httpx.post(f"{front.url}/v1/chat/completions", json=CHAT, timeout=30).json()
+        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30) as r:
+            first = sse_chunks(r)[0]
+        continued = {
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        }
+        last_role = httpx.post(f"{front.url}/v1/chat/completions", json=continued, timeout=30).json()
+    assert whole["choices"][0]["message"]["role"] == "bot"
+    assert first["choices"][0]["delta"]["role"] == "bot"
+    assert last_role["choices"][0]["message"]["role"] == "assistant"  # the last message's, as vLLM's server
+
+
+def test_under_a_root_path_every_route_answers_with_and_without_the_prefix(qwen3: Any) -> None:
+    """--root-path /llm (front.root_path): a path-routing proxy forwards /llm/v1/... as is or stripped; both reach
+    the routes, streamed (the direct SSE route) and not, and the metrics name the route without the prefix."""
+    with running_front(qwen3, **{"front.root_path": "/llm"}) as front:
+        body = {"prompt": "Hi there", "max_tokens": 3}
+        answers = [httpx.post(f"{front.url}{prefix}/v1/completions", json=body, timeout=30) for prefix in ("/llm", "")]
+        with httpx.stream("POST", f"{front.url}/llm/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+            streamed = "".join(chunk["choices"][0]["text"] for chunk in sse_chunks(r) if chunk["choices"])
+        health = httpx.get(f"{front.url}/llm/health", timeout=10).status_code
+        metrics = httpx.get(f"{front.url}/llm/metrics", timeout=10).text
+        unknown = httpx.get(f"{front.url}/llmx/v1/models", timeout=10).status_code
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"] == streamed != ""
+    assert health == 200 and unknown == 404
+    assert 'endpoint="/v1/completions"' in metrics and "/llm/v1" not in metrics
