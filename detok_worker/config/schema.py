@@ -170,6 +170,10 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # the path prefix a path-based proxy serves the front under (ASGI root_path, vLLM's --root-path): routes answer
     # with it and without it (a proxy that strips it)
     root_path: str = ""
+    # an SSE comment every this many seconds a stream waits for news, and its head (200) sent after this long
+    # without a first output (vLLM's --sse-keep-alive-interval): proxies with read timeouts keep the connection;
+    # 0 = off (the head waits for the first output, so an admission refusal is a 4xx)
+    sse_keep_alive_s: NonNegativeFloat = 0.0
     server_load: bool = False  # GET /load counts the generation requests in flight (else it says 0)
     access_log_skip_paths: list[str] = []  # paths whose requests the access log leaves out (e.g. /health, /metrics)
     # chat requests with tool_choice "none" render no tools into the prompt (vLLM's

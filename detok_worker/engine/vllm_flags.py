@@ -134,6 +134,7 @@ HONOURED: dict[str, Flag] = {
     "default_chat_template_kwargs": _to("front.chat_template_kwargs"),
     "response_role": _to("front.response_role"),
     "root_path": lambda value, _args: {"front.root_path": value or ""},
+    "sse_keep_alive_interval": lambda value, _args: {"front.sse_keep_alive_s": float(value)},
     "return_tokens_as_token_ids": _to("front.return_tokens_as_token_ids"),
     "tool_call_parser": _tool_call_parser,
     "enable_auto_tool_choice": _nothing,  # read with --tool-call-parser (vLLM's own check: not without it)
@@ -178,7 +179,6 @@ REFUSED: dict[str, str] = {
     "tool_server": "detok runs no built-in tools",
     "enable_prompt_tokens_details": "detok does not report usage.prompt_tokens_details",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
-    "sse_keep_alive_interval": "detok sends no SSE keep-alive comments",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",
     "enable_log_outputs": "detok does not log model outputs",
     "enable_log_deltas": "detok does not log model outputs",

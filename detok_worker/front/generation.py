@@ -9,6 +9,7 @@ While the front drains (`draining`) new generations get a 503 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -163,11 +164,13 @@ class Generation:
         """Hold a stream's response head until every choice has its first delta (or has ended): a request the engine
         refuses at admission (its Reject's kind: no worker has room for its stop strings, its limits, no live worker)
         gets that status, never a 200 and then an error event. Other failures end the stream as before (an error
-        event, after any text). Returns the refusal, if any (its streams released), else the watch on the client's
-        disconnect, for the response to take over."""
+        event, after any text). With SSE keep-alives (front.sse_keep_alive_s) the head waits that long at most, then
+        goes (a later refusal is an error event). Returns the refusal, if any (its streams released), else the watch
+        on the client's disconnect, for the response to take over."""
         watch = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         try:
-            await choices.started()
+            with contextlib.suppress(TimeoutError):  # keep-alives: the head goes now, comments while it waits
+                await asyncio.wait_for(choices.started(), self.intake.config.sse_keep_alive_s or None)
         except BaseException:
             watch.cancel()
             self._release(choices)
@@ -195,6 +198,7 @@ class Generation:
         metrics.sse_opened()
         self.open_event_streams += 1
         with_ids = formatter.token_ids is not None
+        keep_alive = self.intake.config.sse_keep_alive_s
         try:
             # each choice's first chunk (the role; echo), in one write with the first round when that has news
             ready: list[bytes] = []
@@ -208,9 +212,19 @@ class Generation:
             while True:  # after the end (or a failure) one more round: the text that came with it
                 if writer is not None and not ready:
                     writer.arm()  # nothing in hand: the intake may write what comes while we wait
-                changes = await choices.changes()
+                try:
+                    changes = await (
+                        asyncio.wait_for(choices.changes(), keep_alive) if keep_alive else choices.changes()
+                    )
+                except TimeoutError:  # nothing for keep_alive seconds: a comment keeps proxies from closing it
+                    changes = None
                 if writer is not None:
                     writer.armed = False
+                if changes is None:
+                    ready.append(sse.KEEP_ALIVE)
+                    yield b"".join(ready)
+                    ready = []
+                    continue
                 for index, news, ended in changes:
                     stream = choices.streams[index]
                     logprobs = stream.take_logprobs()

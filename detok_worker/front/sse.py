@@ -25,6 +25,7 @@ RAW_HEADERS = [
     *((name.lower().encode(), value.encode()) for name, value in HEADERS.items()),
 ]
 DONE = b"data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it, proxies' read timeouts count it
 # scope key of the server's own `send` (set by the app, outside every middleware): see EventStreamResponse
 SERVER_SEND = "detok.server_send"
 

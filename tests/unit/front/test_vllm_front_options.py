@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.front_harness import running_front
+from helpers.front_harness import PLAYED_WORKER, decode_plan, running_front
 
-from detok_worker.bus.messages import Submit
+from detok_worker.bus.codec import encode
+from detok_worker.bus.messages import Submit, TextBatch
 from detok_worker.config import ConfigError, load_config
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
@@ -347,3 +348,29 @@ def test_under_a_root_path_every_route_answers_with_and_without_the_prefix(qwen3
     assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"] == streamed != ""
     assert health == 200 and unknown == 404
     assert 'endpoint="/v1/completions"' in metrics and "/llm/v1" not in metrics
+
+
+def test_sse_keep_alive_comments_while_a_stream_waits_for_its_engine(qwen3: Any) -> None:
+    """--sse-keep-alive-interval (front.sse_keep_alive_s): a stream whose engine sends nothing gets its head after
+    the interval and a `: keep-alive` comment every interval until its text comes, which is then whole."""
+    with running_front(qwen3, **{"front.sse_keep_alive_s": 0.2}) as front:
+        front.set_plan(lambda submit: [])  # the engine stays silent until the test sends the text
+        body = {"prompt": "Hi there", "max_tokens": 3, "stream": True}
+        with httpx.stream("POST", f"{front.url}/v1/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            comments = 0
+            while comments < 3:
+                line = next(lines)
+                assert line in (": keep-alive", ""), line
+                comments += line == ": keep-alive"
+            submit = next_submit(front)
+            ids = qwen3.encode(" and more").ids
+            front.engine.send_raw(
+                encode(TextBatch(PLAYED_WORKER, time.time_ns(), 0, decode_plan(qwen3, submit.rid, ids)))
+            )
+            rest = list(lines)
+    payloads = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert "".join(chunk["choices"][0]["text"] for chunk in payloads) == " and more"
+    assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+    assert [line for line in rest if line][-1] == "data: [DONE]"
