@@ -2,7 +2,8 @@
 (app.py): decode and check the request, tokenize its prompt (on the event loop when it is short, else on a thread),
 submit one engine request per choice (choices.py), then answer with an SSE stream (its head once every choice has
 output: a request the engine refuses at admission gets that status instead) or one JSON body, releasing the engine
-requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and sse.py.
+requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and sse.py. A
+completions request with several prompts runs each as such a request and answers with their merge (prompt_batch.py).
 While the front drains (`draining`) new generations get a 503 with Retry-After.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from starlette._utils import get_route_path
@@ -22,10 +23,11 @@ from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
 from detok_worker.front import sse, sse_direct
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
-from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_response
+from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
 from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.parsing import ParserChoice
+from detok_worker.front.prompt_batch import batch_prompts, merged_body, one_prompt
 from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, echo_logprobs, render_prompt_logprobs
 from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
@@ -96,6 +98,38 @@ class Generation:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
         body = with_priority_header(decode(await self.intake.read_body(request)), request.headers)
+        rid = request_rid(request, id_kind, body.request_id)
+        prompts = batch_prompts(body) if isinstance(body, CompletionRequest) else None
+        if prompts is None:
+            return await self._generate_one(request, body, prompt_ids, formatter_type, rid)
+        assert isinstance(body, CompletionRequest)
+        if body.stream:
+            raise bad_request("streaming is for one prompt: send one request per prompt, or stream false", "prompt")
+        one = cast(Callable[[CompletionRequest], list[int]], prompt_ids)
+        answers = await asyncio.gather(
+            *(
+                self._generate_one(request, one_prompt(body, prompt), one, CompletionFormatter, f"{rid}-{index}")
+                for index, prompt in enumerate(prompts)
+            ),
+            return_exceptions=True,
+        )
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        for answer in answers:
+            if answer.status_code != 200:
+                return answer
+        bodies = [msgspec.json.decode(bytes(answer.body)) for answer in answers]
+        return Response(msgspec.json.encode(merged_body(rid, bodies)), media_type=JSON)
+
+    async def _generate_one(
+        self,
+        request: Request,
+        body: R,
+        prompt_ids: Callable[[R], list[int]],
+        formatter_type: type[CompletionFormatter] | type[ChatFormatter],
+        rid: str,
+    ) -> Response:
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size)
         params = (
@@ -111,7 +145,6 @@ class Generation:
         echo = None
         if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
-        rid = request_rid(request, id_kind, body.request_id)
         if self.intake.config.log_requests:
             log_request(rid, params, ids, self.intake.config.max_log_len)
         choices = self._submit(ids, params, checked, rid)

@@ -161,6 +161,8 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/completions", {"prompt": PROMPT, "seed": 12, "max_tokens": 10, "stream": True, "n": 2}),
     ("/v1/completions", {"model": "adapter", "prompt": PROMPT, "seed": 14, "max_tokens": 8}),  # on the LoRA adapter
     ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/completions", {"prompt": [PROMPT, "Once upon a time"], "seed": 15, "max_tokens": 6, "n": 2}),  # a batch
+    ("/v1/chat/completions", {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True}),  # fingerprint on the end
 ]
 
 
