@@ -29,7 +29,7 @@ from detok_worker.front.openai_api import ChatCompletionRequest, CompletionReque
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompt_batch import batch_prompts, merged_body, one_prompt
 from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, echo_logprobs, render_prompt_logprobs
-from detok_worker.front.prompts import chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
+from detok_worker.front.prompts import chat_echo_text, chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.request_log import log_request
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
@@ -143,8 +143,11 @@ class Generation:
         else:  # chat template + tokenizing of a long prompt: off the loop
             ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body, self.context_length())
         echo = None
+        chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
         if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
+        elif isinstance(body, ChatCompletionRequest) and body.echo:
+            echo = chat_echo_text(body, chat["role"])
         if self.intake.config.log_requests:
             log_request(rid, params, ids, self.intake.config.max_log_len)
         choices = self._submit(ids, params, checked, rid)
@@ -152,7 +155,6 @@ class Generation:
         self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
         token_ids = TokenIds(ids) if body.return_token_ids else None
-        chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
         fingerprint = self.dispatcher.system_fingerprint
         as_ids = body.return_tokens_as_token_ids
         as_ids = self.intake.config.return_tokens_as_token_ids if as_ids is None else as_ids
@@ -236,9 +238,7 @@ class Generation:
             # each choice's first chunk (the role; echo), in one write with the first round when that has news
             ready: list[bytes] = []
             for index, stream in enumerate(choices.streams):
-                first = formatter.first_chunk(index, stream)
-                if first is not None:
-                    ready.append(sse.event(first))
+                ready += [sse.event(first) for first in formatter.first_chunks(index, stream)]
             if ready and not any(stream.has_news or stream.done for stream in choices.streams):
                 yield b"".join(ready)
                 ready = []

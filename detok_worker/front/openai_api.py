@@ -63,7 +63,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     request_id: str | None = None  # like the X-Request-Id header
     # completions: top candidates per token (int); chat: bool (with top_logprobs). Checked in sampling.py.
     logprobs: Any = None
-    echo: bool | None = None  # completions: the prompt before each choice's text; chat: refused
+    echo: bool | None = None  # completions: the prompt before each choice's text; chat: the last message's content
     return_token_ids: bool | None = None  # the prompt's and each choice's token ids in the response
     # vLLM's engine fields: honoured with engine.source = "vllm" only (validation.py refuses them elsewhere)
     allowed_token_ids: list[int] | None = None

@@ -80,6 +80,18 @@ def echo_text(request: CompletionRequest, ids: list[int], tokenizer: Tokenizer) 
     return prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def chat_echo_text(request: ChatCompletionRequest, role: str) -> str:
+    """What a chat `echo` puts before each choice's content (vLLM's): the last message's content when that message
+    has the answer's role (a list of parts: their texts, one a line), else nothing."""
+    last = request.messages[-1] if request.messages else None
+    if not isinstance(last, dict) or last.get("role") != role:
+        return ""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
 def completion_prompt_ids(request: CompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
     prompt = _single_prompt(request)
     if isinstance(prompt, str):

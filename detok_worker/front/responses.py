@@ -267,10 +267,10 @@ class CompletionFormatter(FormatterBase):
             choice.prompt_token_ids = self.token_ids.prompt_once(choice.index)
         return choice
 
-    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
+    def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
         if self._echo is None:
-            return None
-        return self._chunk(self._with_ids(CompletionChoice(index, self._echo), None), stream)
+            return []
+        return [self._chunk(self._with_ids(CompletionChoice(index, self._echo), None), stream)]
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
         return self._chunk(CompletionChoice(index, _TEXT_MARK), stream)
@@ -364,8 +364,12 @@ class ChatFormatter(FormatterBase):
             chunk.prompt_token_ids = self.token_ids.prompt_once(choice.index)
         return _encode(chunk)
 
-    def first_chunk(self, index: int, stream: RequestStream) -> bytes | None:
-        return self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream)
+    def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
+        """The role, then (echo) the last message's content, as vLLM's server sends them."""
+        chunks = [self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream)]
+        if self._echo:
+            chunks.append(self._chunk(ChatChunkChoice(index, ChatDelta(content=self._echo)), stream))
+        return chunks
 
     def _ids_of(self, token_ids: list[int] | None) -> list[int] | msgspec.UnsetType:
         return msgspec.UNSET if self.token_ids is None else token_ids or []
@@ -455,7 +459,7 @@ class ChatFormatter(FormatterBase):
 
     def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
         if stream.parsed_reassembly is None:
-            return ChatMessageOut("".join(piece for piece in pieces if isinstance(piece, str)), self.role)
+            return ChatMessageOut((self._echo or "") + "".join(p for p in pieces if isinstance(p, str)), self.role)
         total = ParsedOutput()
         for piece in pieces:
             if isinstance(piece, ParsedOutput):
@@ -469,7 +473,9 @@ class ChatFormatter(FormatterBase):
             for call in total.tool_calls
             if self.parallel_tool_calls or call.index == 0
         ]
-        content = total.content or ("" if self.forced_calls else None)
+        content = (self._echo or "") + total.content if self._echo or total.content else None
+        if content is None and self.forced_calls:
+            content = ""
         message = ChatMessageOut(content, self.role, tool_calls=calls)
         if self.reasoning_field:
             setattr(message, self.reasoning_field, total.reasoning or None)

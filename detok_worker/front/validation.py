@@ -226,7 +226,6 @@ _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "prompt_embeds": _is_set,
 }
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "echo": _truthy,  # vLLM's chat echo (prepend the last message) is not implemented
     "chat_template": _is_set,
     "audio": _is_set,
     "functions": _is_set,

@@ -299,7 +299,9 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "reasoning_effort": ({"reasoning_effort": "low"}, template_kwarg("reasoning_effort", "low")),
     "logprobs": ({"logprobs": True}, Engine(lambda p: p.sampling.logprobs == 0)),
     "top_logprobs": ({"logprobs": True, "top_logprobs": 2}, Engine(lambda p: p.sampling.logprobs == 2)),
-    "echo": ({"echo": True}, REFUSED),  # vLLM's chat echo (prepend the last message) is not implemented
+    # the last message's content before the answer's when it has the answer's role (here the user's: none;
+    # tests/unit/front/test_vllm_front_options.py)
+    "echo": ({"echo": True}, Response(lambda r: r.status_code == 200)),
     "metadata": ({"metadata": {"team": "a"}}, INFORMATIONAL),
     "safety_identifier": ({"safety_identifier": "hash-1"}, INFORMATIONAL),
     "prompt_cache_key": ({"prompt_cache_key": "conversation-7"}, INFORMATIONAL),

@@ -374,3 +374,28 @@ def test_sse_keep_alive_comments_while_a_stream_waits_for_its_engine(qwen3: Any)
     assert "".join(chunk["choices"][0]["text"] for chunk in payloads) == " and more"
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert [line for line in rest if line][-1] == "data: [DONE]"
+
+
+def test_chat_echo_puts_the_last_message_before_the_answer(qwen3: Any) -> None:
+    """vLLM's chat echo: when the last message has the answer's role (continuing an assistant message), its
+    content comes first: streamed, in a chunk after the role's; whole, before the message's content."""
+    continued = {
+        "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    }
+    with running_front(qwen3) as front:
+        plain = httpx.post(f"{front.url}/v1/chat/completions", json=continued, timeout=30).json()
+        echoed = httpx.post(f"{front.url}/v1/chat/completions", json={**continued, "echo": True}, timeout=30).json()
+        body = {**continued, "echo": True, "stream": True}
+        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=30) as response:
+            chunks = sse_chunks(response)
+        to_user = httpx.post(f"{front.url}/v1/chat/completions", json={**CHAT, "echo": True}, timeout=30).json()
+        plain_user = httpx.post(f"{front.url}/v1/chat/completions", json=CHAT, timeout=30).json()
+    answer = plain["choices"][0]["message"]["content"]
+    assert answer and echoed["choices"][0]["message"]["content"] == "Hel" + answer
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""} and deltas[1] == {"content": "Hel"}
+    assert "".join(delta.get("content") or "" for delta in deltas) == "Hel" + answer
+    # the last message is the user's: nothing to echo
+    assert to_user["choices"][0]["message"]["content"] == plain_user["choices"][0]["message"]["content"]
