@@ -116,7 +116,8 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     into the engine's prefix-cache keys, so only requests with the same salt share cached prompt blocks.
     engine_max_tokens: the client gave no max_tokens and the engine applies its own default (vLLM's: the rest of
     the context, capped by the generation config); max_tokens then holds the front's upper bound.
-    lora: the LoRA adapter the request runs on (a name the engine loaded; "" = the base model)."""
+    lora: the LoRA adapter the request runs on (a name the engine loaded; "" = the base model).
+    session_id: the request's conversation or agent session (vLLM's, given to its engine core)."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
@@ -126,6 +127,7 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     cache_salt: str | None = None
     engine_max_tokens: bool = False
     lora: str = ""
+    session_id: str | None = None
 
 
 # ---- front -> engine -------------------------------------------------------------------------------

@@ -151,6 +151,7 @@ class RequestBuilder:
                 time.time(),
                 lora_request=lora,
                 priority=params.priority,
+                session_id=params.session_id,
             )
         except VLLMValidationError as exc:
             raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc

@@ -42,7 +42,7 @@ from detok_worker.front.validation import (
     decode_chat,
     decode_completion,
     truncate_prompt,
-    with_priority_header,
+    with_vllm_headers,
 )
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -97,7 +97,9 @@ class Generation:
         if self.draining:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
-        body = with_priority_header(decode(await self.intake.read_body(request)), request.headers)
+        body = with_vllm_headers(
+            decode(await self.intake.read_body(request)), request.headers, self.limits.engine_source
+        )
         rid = request_rid(request, id_kind, body.request_id)
         prompts = batch_prompts(body) if isinstance(body, CompletionRequest) else None
         if prompts is None:

@@ -71,6 +71,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     priority: int | None = None
     cache_salt: str | None = None
     prompt_logprobs: int | None = None  # top candidates per prompt token (-1: all); not with stream (as vLLM)
+    session_id: str | None = None  # a conversation's stable id (vLLM's; also its X-Session-ID header)
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None

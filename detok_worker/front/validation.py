@@ -4,6 +4,7 @@ fields are checked by StopRules (detok_worker/stream/stop/rules.py), the one pla
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
 PRIORITY_HEADER = "x-vllm-priority"
+SESSION_HEADER = "x-session-id"
 R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -159,17 +161,19 @@ def check_model(requested: str | None, limits: Limits, engine_model_name: str = 
     return served
 
 
-def with_priority_header(body: R, headers: Mapping[str, str]) -> R:
-    """vLLM's X-Vllm-Priority header: an integer in it is the request's priority, in place of the body's (then
-    checked as the body's would be); anything else in it is passed over, as vLLM does."""
+def with_vllm_headers(body: R, headers: Mapping[str, str], engine_source: str) -> R:
+    """vLLM's headers: an integer in X-Vllm-Priority is the request's priority, in place of the body's (then
+    checked as the body's would be; anything else in it is passed over, as vLLM does); X-Session-ID is the
+    session_id of a request that gives none, for an engine source that honours it (a hint, not a field: elsewhere
+    it is passed over)."""
     header = headers.get(PRIORITY_HEADER)
-    if header is None:
-        return body
-    try:
-        priority = int(header)
-    except ValueError:
-        return body
-    return msgspec.structs.replace(body, priority=priority)
+    if header is not None:
+        with contextlib.suppress(ValueError):
+            body = msgspec.structs.replace(body, priority=int(header))
+    session = headers.get(SESSION_HEADER)
+    if session and body.session_id is None and engine_source == ENGINE_FIELDS_SOURCE:
+        body = msgspec.structs.replace(body, session_id=session)
+    return body
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
@@ -250,6 +254,7 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "bad_words": _truthy,
     "priority": _not(None, 0),
     "cache_salt": _is_set,
+    "session_id": _is_set,
     "prompt_logprobs": _is_set,
 }
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
@@ -369,6 +374,7 @@ def check_generation(
         priority=request.priority or 0,
         cache_salt=cache_salt_of(request.cache_salt),
         engine_max_tokens=engine_max_tokens,
+        session_id=request.session_id,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage) or limits.force_include_usage
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)

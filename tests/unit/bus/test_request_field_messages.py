@@ -1,8 +1,8 @@
 """The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens and
 tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words and prompt_logprobs,
-RequestParams' priority and cache_salt; and the engine's PromptLogprobs message to the front. Each field is the last
-of its array-like struct (in the order added), with a default, so frames of peers that predate it still decode (as
-"not asked"), and new frames carry it last."""
+RequestParams' priority, cache_salt and session_id; and the engine's PromptLogprobs message to the front. Each field
+is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
+decode (as "not asked"), and new frames carry it last."""
 
 from __future__ import annotations
 
@@ -41,11 +41,19 @@ def test_new_fields_travel_last() -> None:
     sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1)
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
     params = RequestParams(
-        3, detok, sampling=sampling, priority=-2, cache_salt="s1", engine_max_tokens=True, lora="adapter"
+        3,
+        detok,
+        sampling=sampling,
+        priority=-2,
+        cache_salt="s1",
+        engine_max_tokens=True,
+        lora="adapter",
+        session_id="c",
     )
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
-    assert raw[3][-4:] == [-2, "s1", True, "adapter"]  # RequestParams: ..., cache_salt, engine_max_tokens, lora
+    # RequestParams: ..., cache_salt, engine_max_tokens, lora, session_id
+    assert raw[3][-5:] == [-2, "s1", True, "adapter", "c"]
     # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
     assert raw[3][1][-3:] == [True, False, "f"]
     assert raw[3][3][-3:] == [[5, 9], ["no"], -1]  # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs

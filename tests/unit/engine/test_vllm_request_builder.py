@@ -1,7 +1,7 @@
 """RequestBuilder (engine/vllm_requests.py), run in vLLM's virtualenv: a Submit becomes vLLM's request with vLLM's
 server defaults (the generation config's sampling fields where the request gives none, max_tokens by vLLM's rule)
-and the LoRA adapter the request names. vLLM's InputProcessor is replaced by a recorder of what it is given; the
-model config is vLLM's own ModelConfig fields' stand-in (max_model_len, the diff sampling params)."""
+and the LoRA adapter and session the request names. vLLM's InputProcessor is replaced by a recorder of what it is
+given; the model config is vLLM's own ModelConfig fields' stand-in (max_model_len, the diff sampling params)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from detok_worker.engine.vllm_requests import RequestBuilder
 
 class Recorder:
     tokenizer = None
-    def process_inputs(self, rid, prompt, params, tasks, arrival, lora_request=None, priority=0):
+    def process_inputs(self, rid, prompt, params, tasks, arrival, lora_request=None, priority=0, session_id=None):
         return {"rid": rid, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                 "max_tokens": params.max_tokens, "lora": lora_request and [lora_request.lora_name,
-                lora_request.lora_int_id, lora_request.lora_path]}
+                lora_request.lora_int_id, lora_request.lora_path], "session_id": session_id}
 
 model = SimpleNamespace(max_model_len=100, generation_config="auto", override_generation_config={},
                         get_diff_sampling_param=lambda: {"temperature": 0.6, "top_k": 20, "top_p": 0.95})
@@ -46,6 +46,7 @@ print(json.dumps([
     build(RequestParams(101)),
     build(RequestParams(8, lora="adapter")),
     build(RequestParams(8, lora="other")),
+    build(RequestParams(8, session_id="conv-1")),
 ]))
 """
 
@@ -59,7 +60,8 @@ def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    defaulted, given, engine_max, cut, too_many, on_adapter, unknown = json.loads(result.stdout.splitlines()[-1])
+    *built, in_session = json.loads(result.stdout.splitlines()[-1])
+    defaulted, given, engine_max, cut, too_many, on_adapter, unknown = built
     assert (defaulted["temperature"], defaulted["top_k"], defaulted["top_p"]) == (0.6, 20, 0.95)
     assert (given["temperature"], given["top_k"], given["top_p"]) == (1.0, 0, 0.95)  # top_k -1: off, vLLM's 0
     assert engine_max["max_tokens"] == 90  # the rest of the 100-token context after 10 prompt ids
@@ -67,3 +69,4 @@ def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
     assert too_many == {"refused": "max_tokens"}  # above the context: vLLM's 400
     assert on_adapter["lora"] == ["adapter", 1, "/adapters/a"] and defaulted["lora"] is None
     assert unknown == {"refused": "model"}
+    assert in_session["session_id"] == "conv-1" and defaulted["session_id"] is None  # vLLM's session_id

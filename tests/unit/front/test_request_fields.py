@@ -51,7 +51,7 @@ VLLM_FIELDS = {
     "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs", "priority", "request_id",
     "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
-    "vllm_xargs", "echo",
+    "vllm_xargs", "echo", "session_id",
 }  # fmt: skip
 VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
@@ -252,6 +252,7 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "return_token_ids": ({"return_token_ids": True}, Response(token_ids_returned)),
     "priority": ({"priority": -5}, VllmEngine(lambda p: p.priority == -5)),
     "cache_salt": ({"cache_salt": "tenant-7"}, VllmEngine(lambda p: p.cache_salt == "tenant-7")),
+    "session_id": ({"session_id": "conv-7"}, VllmEngine(lambda p: p.session_id == "conv-7")),
     "kv_transfer_params": ({"kv_transfer_params": {}}, REFUSED),
     "vllm_xargs": ({"vllm_xargs": {"a": 1}}, REFUSED),
 }

@@ -118,6 +118,27 @@ def test_the_priority_header_overrides_the_bodys_priority(qwen3: Any) -> None:
     assert priorities == [-5, 3, 3]
 
 
+def test_the_session_header_gives_a_session_id_to_a_request_without_one(qwen3: Any) -> None:
+    """vLLM's X-Session-ID: the session_id of a request whose body gives none (the body's wins); on another engine
+    source the header is a hint passed over, while the body's field is refused by name."""
+    with running_front(qwen3, **{"engine.source": "vllm", "engine.model": "m"}) as front:
+        body = {"prompt": "Hi", "max_tokens": 2}
+        for extra, headers in (
+            ({}, {"X-Session-ID": "conv-1"}),
+            ({"session_id": "own"}, {"X-Session-ID": "x"}),
+            ({}, {}),
+        ):
+            answer = httpx.post(f"{front.url}/v1/completions", json={**body, **extra}, headers=headers, timeout=30)
+            assert answer.status_code == 200, answer.text
+        sessions = [next_submit(front).params.session_id for _ in range(3)]
+    assert sessions == ["conv-1", "own", None]
+    with running_front(qwen3) as front:
+        hinted = httpx.post(f"{front.url}/v1/completions", json=body, headers={"X-Session-ID": "c"}, timeout=30)
+        field = httpx.post(f"{front.url}/v1/completions", json={**body, "session_id": "c"}, timeout=30)
+    assert hinted.status_code == 200 and next_submit(front).params.session_id is None
+    assert field.status_code == 400 and field.json()["error"]["param"] == "session_id"
+
+
 def test_server_chat_template_kwargs_go_under_the_requests(qwen3: Any) -> None:
     """Qwen3's template: enable_thinking false closes an empty think block in the prompt."""
     with running_front(qwen3, **{"front.chat_template_kwargs": {"enable_thinking": False}}) as front:
