@@ -108,6 +108,8 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = []
     prompt_logprobs: int | None = None
+    # the most reasoning tokens before the engine ends the reasoning (vLLM's thinking_token_budget; None: no limit)
+    thinking_token_budget: int | None = None
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):

@@ -102,7 +102,7 @@ class RequestBuilder:
             fields["top_k"] = 0
         fields.update(
             (name, value)
-            for name in ("seed", "logprobs", "prompt_logprobs")
+            for name in ("seed", "logprobs", "prompt_logprobs", "thinking_token_budget")
             if (value := getattr(sampling, name)) is not None
         )
         lora = None

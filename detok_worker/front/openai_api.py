@@ -72,6 +72,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     cache_salt: str | None = None
     prompt_logprobs: int | None = None  # top candidates per prompt token (-1: all); not with stream (as vLLM)
     session_id: str | None = None  # a conversation's stable id (vLLM's; also its X-Session-ID header)
+    thinking_token_budget: int | None = None  # vLLM's: the most reasoning tokens (-1: no limit)
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None

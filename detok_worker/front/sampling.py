@@ -82,7 +82,19 @@ def sampling_params(
         allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
         bad_words=_bad_words(request.bad_words),
         prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
+        thinking_token_budget=_thinking_token_budget(request.thinking_token_budget),
     )
+
+
+def _thinking_token_budget(budget: int | None) -> int | None:
+    """vLLM's rule: a non-negative integer, or -1 (as null) for no limit."""
+    if budget is None or budget == -1:
+        return None
+    if isinstance(budget, bool) or budget < 0:
+        raise bad_request(
+            "thinking_token_budget must be a non-negative integer or -1 for unlimited", "thinking_token_budget"
+        )
+    return budget
 
 
 def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:

@@ -255,6 +255,7 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "priority": _not(None, 0),
     "cache_salt": _is_set,
     "session_id": _is_set,
+    "thinking_token_budget": _not(None, -1),
     "prompt_logprobs": _is_set,
 }
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS

@@ -1,8 +1,8 @@
 """The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens and
-tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words and prompt_logprobs,
-RequestParams' priority, cache_salt and session_id; and the engine's PromptLogprobs message to the front. Each field
-is the last of its array-like struct (in the order added), with a default, so frames of peers that predate it still
-decode (as "not asked"), and new frames carry it last."""
+tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words, prompt_logprobs and
+thinking_token_budget, RequestParams' priority, cache_salt and session_id; and the engine's PromptLogprobs message
+to the front. Each field is the last of its array-like struct (in the order added), with a default, so frames of
+peers that predate it still decode (as "not asked"), and new frames carry it last."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
 
 
 def test_new_fields_travel_last() -> None:
-    sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1)
+    sampling = SamplingParams(allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1, thinking_token_budget=8)
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
     params = RequestParams(
         3,
@@ -56,7 +56,8 @@ def test_new_fields_travel_last() -> None:
     assert raw[3][-5:] == [-2, "s1", True, "adapter", "c"]
     # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
     assert raw[3][1][-3:] == [True, False, "f"]
-    assert raw[3][3][-3:] == [[5, 9], ["no"], -1]  # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs
+    # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs, thinking_token_budget
+    assert raw[3][3][-4:] == [[5, 9], ["no"], -1, 8]
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 
 

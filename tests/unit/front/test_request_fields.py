@@ -51,7 +51,7 @@ VLLM_FIELDS = {
     "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs", "priority", "request_id",
     "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
-    "vllm_xargs", "echo", "session_id",
+    "vllm_xargs", "echo", "session_id", "thinking_token_budget",
 }  # fmt: skip
 VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
@@ -253,6 +253,10 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "priority": ({"priority": -5}, VllmEngine(lambda p: p.priority == -5)),
     "cache_salt": ({"cache_salt": "tenant-7"}, VllmEngine(lambda p: p.cache_salt == "tenant-7")),
     "session_id": ({"session_id": "conv-7"}, VllmEngine(lambda p: p.session_id == "conv-7")),
+    "thinking_token_budget": (
+        {"thinking_token_budget": 64},
+        VllmEngine(lambda p: p.sampling.thinking_token_budget == 64),
+    ),
     "kv_transfer_params": ({"kv_transfer_params": {}}, REFUSED),
     "vllm_xargs": ({"vllm_xargs": {"a": 1}}, REFUSED),
 }
@@ -510,6 +514,9 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
         ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
         ({"prompt_logprobs": 1, "echo": True, "max_tokens": 0}, "prompt_logprobs"),
+        ({"thinking_token_budget": -2}, "thinking_token_budget"),
+        ({"thinking_token_budget": 1.5}, "thinking_token_budget"),
+        ({"thinking_token_budget": True}, "thinking_token_budget"),
     ],
 )
 def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
