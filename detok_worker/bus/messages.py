@@ -7,7 +7,7 @@ Directions (see docs/protocol.md):
   engine -> worker : TokenBatch (opens + items), Shutdown
   worker -> engine : Hello, Heartbeat, Finish, Goodbye
   worker -> front  : TextBatch, WorkerStats
-  engine -> front  : Reject, PromptLogprobs, EngineStats
+  engine -> front  : Reject, PromptLogprobs, PromptCached, EngineStats
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     engine_max_tokens: the client gave no max_tokens and the engine applies its own default (vLLM's: the rest of
     the context, capped by the generation config); max_tokens then holds the front's upper bound.
     lora: the LoRA adapter the request runs on (a name the engine loaded; "" = the base model).
-    session_id: the request's conversation or agent session (vLLM's, given to its engine core)."""
+    session_id: the request's conversation or agent session (vLLM's, given to its engine core).
+    report_cached: the engine sends the rid's front how many prompt tokens its prefix cache held (PromptCached)."""
 
     max_tokens: int
     detok: DetokParams = DetokParams()
@@ -130,6 +131,7 @@ class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     engine_max_tokens: bool = False
     lora: str = ""
     session_id: str | None = None
+    report_cached: bool = False
 
 
 # ---- front -> engine -------------------------------------------------------------------------------
@@ -387,6 +389,16 @@ class PromptLogprobs(msgspec.Struct, tag="prompt_logprobs", array_like=True, gc=
     ranks: list[int]
 
 
+class PromptCached(msgspec.Struct, tag="prompt_cached", array_like=True, gc=False):
+    """How many of a request's prompt tokens the engine's prefix cache held, and how many its prefill computed and
+    wrote to it (RequestParams.report_cached), sent once to the rid's front when its prefill is done: the usage's
+    prompt_tokens_details."""
+
+    rid: str
+    cached_tokens: int
+    created_cache_tokens: int = 0
+
+
 class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False):
     live_rids: int
     workers: dict[str, int]  # live worker id -> live rids assigned
@@ -408,4 +420,4 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
 
 ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye
 ToWorker = TokenBatch | Shutdown
-ToFront = TextBatch | WorkerStats | Reject | PromptLogprobs | EngineStats
+ToFront = TextBatch | WorkerStats | Reject | PromptLogprobs | PromptCached | EngineStats

@@ -174,6 +174,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # without a first output (vLLM's --sse-keep-alive-interval): proxies with read timeouts keep the connection;
     # 0 = off (the head waits for the first output, so an admission refusal is a 4xx)
     sse_keep_alive_s: NonNegativeFloat = 0.0
+    # usage.prompt_tokens_details.cached_tokens: the prompt tokens the engine's prefix cache held (vLLM's
+    # --enable-prompt-tokens-details; source = vllm only)
+    prompt_tokens_details: bool = False
     server_load: bool = False  # GET /load counts the generation requests in flight (else it says 0)
     access_log_skip_paths: list[str] = []  # paths whose requests the access log leaves out (e.g. /health, /metrics)
     # chat requests with tool_choice "none" render no tools into the prompt (vLLM's
@@ -295,6 +298,10 @@ def _check_relations(config: DetokConfig) -> None:
         (
             engine.source == "vllm" or not config.front.lora_adapters,
             "front.lora_adapters (LoRA adapters) needs engine.source = vllm",
+        ),
+        (
+            engine.source == "vllm" or not config.front.prompt_tokens_details,
+            "front.prompt_tokens_details (the engine's cached prompt tokens) needs engine.source = vllm",
         ),
         (
             bool(config.front.ssl_keyfile) == bool(config.front.ssl_certfile),

@@ -40,6 +40,7 @@ from detok_worker.bus.messages import (
     FINISH_ERROR,
     DetokParams,
     EngineStats,
+    PromptCached,
     PromptLogprobs,
     Reject,
     Submit,
@@ -226,9 +227,9 @@ class EngineLink:
         for them (SamplingParams.logprobs set); ignored otherwise."""
         return self.scheduler.push(rid, ids, finish, logprobs)
 
-    def send_prompt_logprobs(self, message: PromptLogprobs) -> None:
-        """The prompt logprobs of a request that asked for them (SamplingParams.prompt_logprobs), once: to the rid's
-        front directly (it renders them), in order with the rid's Rejects; they leave at the next step."""
+    def send_prompt_info(self, message: PromptLogprobs | PromptCached) -> None:
+        """What the engine tells of a request's prompt when the request asked (its prompt logprobs, how much of it
+        was cached), once: to the rid's front directly, in order with the rid's Rejects; it leaves at the next step."""
         self.fronts.send(message)
 
     def backlog(self, rid: str) -> int:

@@ -135,6 +135,7 @@ HONOURED: dict[str, Flag] = {
     "response_role": _to("front.response_role"),
     "root_path": lambda value, _args: {"front.root_path": value or ""},
     "sse_keep_alive_interval": lambda value, _args: {"front.sse_keep_alive_s": float(value)},
+    "enable_prompt_tokens_details": _to("front.prompt_tokens_details"),
     "return_tokens_as_token_ids": _to("front.return_tokens_as_token_ids"),
     "tool_call_parser": _tool_call_parser,
     "enable_auto_tool_choice": _nothing,  # read with --tool-call-parser (vLLM's own check: not without it)
@@ -177,7 +178,6 @@ REFUSED: dict[str, str] = {
     "tool_parser_plugin": "detok loads no parser plugins",
     "tool_strict_level": "detok does not constrain tool calls with structural tags",
     "tool_server": "detok runs no built-in tools",
-    "enable_prompt_tokens_details": "detok does not report usage.prompt_tokens_details",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",
     "enable_log_outputs": "detok does not log model outputs",

@@ -14,7 +14,7 @@ import msgspec
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.front.errors import APIError
-from detok_worker.front.openai_api import Usage
+from detok_worker.front.openai_api import PromptTokensDetails, Usage
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.stream.stop.rules import StopRules
@@ -28,10 +28,10 @@ def choice_rids(rid: str, n: int) -> list[str]:
 
 
 def choice_params(params: RequestParams, n: int) -> list[RequestParams]:
-    """Choice i samples with seed + i; only choice 0 asks for the prompt's logprobs (one prompt: every choice shows
-    the same ones)."""
+    """Choice i samples with seed + i; only choice 0 asks for the prompt's logprobs and cached tokens (one prompt:
+    every choice shows the same ones)."""
     sampling = params.sampling
-    if n == 1 or (sampling.seed is None and sampling.prompt_logprobs is None):
+    if n == 1 or (sampling.seed is None and sampling.prompt_logprobs is None and not params.report_cached):
         return [params] * n
     later = msgspec.structs.replace(sampling, prompt_logprobs=None)
     return [
@@ -40,6 +40,7 @@ def choice_params(params: RequestParams, n: int) -> list[RequestParams]:
             sampling=msgspec.structs.replace(
                 sampling if index == 0 else later, seed=None if sampling.seed is None else sampling.seed + index
             ),
+            report_cached=params.report_cached and index == 0,
         )
         for index in range(n)
     ]
@@ -104,9 +105,18 @@ class Choices:
         values = [v for stream in self.streams if (v := stream.mean_itl_s()) is not None]
         return sum(values) / len(values) if values else None
 
-    def usage(self) -> Usage:
+    def usage(self, created: bool = False) -> Usage:
+        """With the engine's cached prompt tokens when it told them (front.prompt_tokens_details); `created`: with the
+        tokens its prefill wrote to the prefix cache too (vLLM's chat usage has them, its completions' not)."""
         completion = sum(stream.n_tokens for stream in self.streams)
-        return Usage(self.prompt_tokens, completion, self.prompt_tokens + completion)
+        usage = Usage(self.prompt_tokens, completion, self.prompt_tokens + completion)
+        cached = self.streams[0].cached_tokens
+        if cached is not None:
+            details = PromptTokensDetails(cached[0])
+            if created:
+                details.created_cache_tokens = cached[1]
+            usage.prompt_tokens_details = details
+        return usage
 
     @property
     def refused(self) -> APIError | None:

@@ -37,6 +37,7 @@ from detok_worker.bus.messages import (
     Delivered,
     EngineStats,
     FrontHello,
+    PromptCached,
     PromptLogprobs,
     Reject,
     RequestParams,
@@ -157,7 +158,7 @@ class Dispatcher:
             parsed = bool(params.detok.reasoning_parser or params.detok.tool_call_parser)
             stream = RequestStream(rid, len(prompt_ids), deadline, stop_rules, parsed, wakeup)
             self._streams[rid] = stream
-            if params.sampling.prompt_logprobs is not None:
+            if params.sampling.prompt_logprobs is not None or params.report_cached:
                 self._prompt_waiting[rid] = stream
             self._outbox.post(encode(Submit(rid, prompt_ids, params, time.time_ns(), self.index)))
             self.counters["requests"] += 1
@@ -288,9 +289,14 @@ class Dispatcher:
             if message.vocab_size:
                 self.engine_vocab_size = message.vocab_size
         elif isinstance(message, PromptLogprobs):
-            stream = self._prompt_waiting.pop(message.rid, None)
+            stream = self._prompt_waiting.get(message.rid)
             if stream is not None:
                 stream.prompt_logprobs = message
+                stream.wakeup.set()
+        elif isinstance(message, PromptCached):
+            stream = self._prompt_waiting.get(message.rid)
+            if stream is not None:
+                stream.cached_tokens = (message.cached_tokens, message.created_cache_tokens)
                 stream.wakeup.set()
         elif isinstance(message, Reject):
             stream = self._streams.pop(message.rid, None)

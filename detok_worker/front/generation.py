@@ -28,7 +28,13 @@ from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompt_batch import batch_prompts, merged_body, one_prompt
-from detok_worker.front.prompt_logprobs import PromptLogprobsError, arrived, echo_logprobs, render_prompt_logprobs
+from detok_worker.front.prompt_logprobs import (
+    PromptLogprobsError,
+    arrived,
+    echo_logprobs,
+    prompt_info,
+    render_prompt_logprobs,
+)
 from detok_worker.front.prompts import chat_echo_text, chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.request_log import log_request
@@ -219,6 +225,13 @@ class Generation:
             return refused
         return watch
 
+    async def _cached_tokens(self, choices: Choices) -> None:
+        """The usage's cached prompt tokens, when the front reports them: the engine sent them at the prefill's end
+        (to choice 0's request), on another connection than the text."""
+        first = choices.streams[0]
+        if self.limits.prompt_tokens_details and choices.failure is None and first.answered:
+            await prompt_info(first, lambda: first.cached_tokens is not None)
+
     def _release(self, choices: Choices) -> None:
         for stream in choices.streams:
             if not stream.done:  # the client went away, the server is stopping, or another choice failed
@@ -278,6 +291,7 @@ class Generation:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
                 ready.append(sse.error_event(failure))
             elif include_usage:
+                await self._cached_tokens(choices)
                 ready.append(sse.event(formatter.usage_chunk(choices)))
             yield b"".join([*ready, sse.DONE])
         finally:
@@ -312,6 +326,7 @@ class Generation:
                     token_ids[index] += choices.streams[index].take_token_ids()
                 if choices.finished:
                     break
+            await self._cached_tokens(choices)
             if prompt_k is not None and choices.failure is None:
                 prompt_logprobs = await arrived(choices.streams[0])
         except APIError as exc:

@@ -131,10 +131,16 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fiel
 # ---- responses --------------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int  # of the prompt, held by the engine's prefix cache
+    created_cache_tokens: int | UnsetType = UNSET  # computed by its prefill and written to the prefix cache
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET  # front.prompt_tokens_details (vLLM's)
 
 
 class CompletionLogprobs(msgspec.Struct):

@@ -11,7 +11,7 @@ position as the context that completes a split character (the first prompt token
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from detok_worker.bus.messages import PromptLogprobs
 from detok_worker.front.errors import ENGINE_ERROR, APIError
@@ -102,14 +102,20 @@ def after_echo(echoed: CompletionLogprobs, output: CompletionLogprobs) -> Comple
 async def arrived(stream: RequestStream) -> PromptLogprobs:
     """The prompt logprobs of a choice that asked for them (its text has ended), waiting ARRIVAL_WAIT_S at most for
     them; an APIError (502) if the engine sent none."""
+    await prompt_info(stream, lambda: stream.prompt_logprobs is not None)
+    if stream.prompt_logprobs is None:
+        raise APIError(502, "the engine sent no prompt logprobs for the request", type=ENGINE_ERROR)
+    return stream.prompt_logprobs
+
+
+async def prompt_info(stream: RequestStream, ready: Callable[[], bool]) -> None:
+    """Wait ARRIVAL_WAIT_S at most for what the engine tells of a choice's prompt (its text has ended: the engine
+    sent it at the prefill's end, on another connection than the text)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ARRIVAL_WAIT_S
-    while stream.prompt_logprobs is None and (remaining := deadline - loop.time()) > 0:
+    while not ready() and (remaining := deadline - loop.time()) > 0:
         stream.wakeup.clear()
         try:
             await asyncio.wait_for(stream.wakeup.wait(), remaining)
         except TimeoutError:
             break
-    if stream.prompt_logprobs is None:
-        raise APIError(502, "the engine sent no prompt logprobs for the request", type=ENGINE_ERROR)
-    return stream.prompt_logprobs

@@ -62,6 +62,7 @@ class RequestStream:
         "refused",
         "sink",
         "prompt_logprobs",
+        "cached_tokens",
     )
 
     def __init__(
@@ -103,6 +104,8 @@ class RequestStream:
         self.refused = False  # the engine refused it at admission (its failure is the response's status)
         self.sink: TextSink | None = None
         self.prompt_logprobs: PromptLogprobs | None = None  # from the engine, for a request that asked
+        # of the prompt: (held by the engine's prefix cache, written to it by the prefill), with report_cached
+        self.cached_tokens: tuple[int, int] | None = None
 
     def accept_text(self, offset: int, text: str, n_tokens: int) -> str | None:
         """`accept` for a plain delta read from a TextBatch's columns (text only), without making a TextDelta."""

@@ -424,7 +424,7 @@ class ChatFormatter(FormatterBase):
         return self._chunk(choice, stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
-        usage = choices.usage()
+        usage = choices.usage(created=True)
         return _encode(
             ChatCompletionChunk(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
         )
@@ -449,7 +449,7 @@ class ChatFormatter(FormatterBase):
             )
             for index, stream in enumerate(choices.streams)
         ]
-        response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage())
+        response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage(created=True))
         response.system_fingerprint = self.fingerprint
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids

@@ -52,6 +52,7 @@ class Limits:
     exclude_tools_when_tool_choice_none: bool = False  # front.exclude_tools_when_tool_choice_none
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
+    prompt_tokens_details: bool = False  # front.prompt_tokens_details: the engine reports cached prompt tokens
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
     added_tokens_known: bool = True
 
@@ -76,6 +77,7 @@ class Limits:
             exclude_tools_when_tool_choice_none=config.front.exclude_tools_when_tool_choice_none,
             chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
             engine_source=config.engine.source,
+            prompt_tokens_details=config.front.prompt_tokens_details,
             added_tokens_known=added_token_contents(tokenizer) is not None,
         )
 
@@ -376,6 +378,7 @@ def check_generation(
         cache_salt=cache_salt_of(request.cache_salt),
         engine_max_tokens=engine_max_tokens,
         session_id=request.session_id,
+        report_cached=limits.prompt_tokens_details,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage) or limits.force_include_usage
     return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)

@@ -62,7 +62,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
         "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
         "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
         "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--response-role", "bot",
-        "--return-tokens-as-token-ids", "--root-path", "/llm",
+        "--return-tokens-as-token-ids", "--root-path", "/llm", "--enable-prompt-tokens-details",
     )  # fmt: skip
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
@@ -82,6 +82,7 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert (config["log_requests"], config["max_log_len"], config["force_include_usage"]) == (True, 64, True)
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")
     assert (config["response_role"], config["return_tokens_as_token_ids"], config["root_path"]) == ("bot", True, "/llm")
+    assert config["prompt_tokens_details"] is True
 
 
 def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
@@ -118,7 +119,7 @@ def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> Non
     [
         (("--uds", "/tmp/detok.sock"), "--uds"),
         (("--middleware", "my.module:mw"), "--middleware"),
-        (("--enable-prompt-tokens-details",), "--enable-prompt-tokens-details"),
+        (("--enable-log-outputs",), "--enable-log-outputs"),
         (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
         (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
         (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
@@ -136,16 +137,17 @@ def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple
 
 def shared_flags() -> tuple[str, ...]:
     """The same flags to both servers: two keys, two served names, a LoRA adapter, a short context (chat's default
-    max_tokens is the rest of it), streams sent every 4 ids."""
+    max_tokens is the rest of it), streams sent every 4 ids, the usage's cached prompt tokens."""
     return (
         "--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256",
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={lora_adapter()}",
-        "--stream-interval", "4",
+        "--stream-interval", "4", "--enable-prompt-tokens-details",
     )  # fmt: skip
 
 
 PROMPT = "Story number 3:"
 CHAT = [{"role": "user", "content": "Hi"}]
+LONG_PROMPT = " ".join(f"word{index}" for index in range(60))
 SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     # sampling and max_tokens left to the server: the generation config's defaults, vLLM's max_tokens rule
     ("/v1/completions", {"model": "first", "prompt": PROMPT, "seed": 3}),  # max_tokens: vLLM's 16
@@ -163,6 +165,9 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
     ("/v1/completions", {"prompt": [PROMPT, "Once upon a time"], "seed": 15, "max_tokens": 6, "n": 2}),  # a batch
     ("/v1/chat/completions", {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True}),  # fingerprint on the end
+    # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
+    ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
+    ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
 ]
 
 
@@ -171,8 +176,12 @@ def rounded(values: list[float | None] | None) -> list[float | None] | None:
 
 
 def given(fields: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The fields that hold a value (vLLM also writes the ones it leaves empty as null)."""
-    return None if fields is None else {name: value for name, value in fields.items() if value is not None}
+    """The fields that hold a value, nested ones too (vLLM also writes the ones it leaves empty as null)."""
+    if fields is None:
+        return None
+    return {
+        name: given(value) if isinstance(value, dict) else value for name, value in fields.items() if value is not None
+    }
 
 
 def summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -324,6 +333,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 2"]["usage"]["completion_tokens"] < 256
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
+    cached_again = expected[f"request {len(SAME_REQUESTS) - 1}"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached_again > 0 and expected["request 0"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     for key, value in expected.items():
         if key == "metrics":
             continue

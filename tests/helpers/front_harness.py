@@ -21,6 +21,7 @@ from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import (
     Abort,
     EngineStats,
+    PromptCached,
     PromptLogprobs,
     Reject,
     Submit,
@@ -158,6 +159,7 @@ class PlayedEngine:
     engine_version: str = ""  # the EngineStats' (a real engine's version)
     vocab_size: int = 0  # the EngineStats' (the model's vocabulary size)
     system_fingerprint: str = ""  # the EngineStats' (a real engine's system_fingerprint)
+    cached_tokens: tuple[int, int] = (5, 2)  # the PromptCached a request with report_cached gets
     prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
@@ -229,6 +231,8 @@ class PlayedEngine:
                 answer = self.prompt_plan(message)
                 if answer is not None:
                     push.send(encode(answer))
+            if message.params.report_cached:
+                push.send(encode(PromptCached(message.rid, *self.cached_tokens)))
             if planned:  # an empty plan: the request gets nothing (a test sends what it wants)
                 self._jobs[message.rid] = list(planned)
         elif isinstance(message, Abort):

@@ -35,7 +35,7 @@ from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.executor import Executor
 from vllm.version import __version__ as VLLM_VERSION
 
-from detok_worker.bus.messages import Submit
+from detok_worker.bus.messages import PromptCached, Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
@@ -74,6 +74,7 @@ class VllmSource:
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
         # rids that asked for prompt logprobs, until their prefill is done: the rows of its chunks so far
         self.prompt_rows: dict[str, PromptRows] = {}
+        self.report_cached: set[str] = set()  # rids whose front waits for their cached prompt tokens
         self.stopping = False
         self.engine_dead = False
         self.bus = asyncio.Event()  # bus frames may have arrived
@@ -140,6 +141,8 @@ class VllmSource:
             self.stats.added(request, arrival, deferred=bool(detok.stop))
         if submit.params.sampling.prompt_logprobs is not None:
             self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
+        if submit.params.report_cached:
+            self.report_cached.add(submit.rid)
         await self.client.add_request_async(request)
 
     async def _read_outputs(self) -> None:
@@ -147,6 +150,7 @@ class VllmSource:
         client = self.client
         on_engine = self.on_engine
         prompt_rows = self.prompt_rows
+        report_cached = self.report_cached
         interval = self.interval
         while True:
             try:
@@ -160,6 +164,11 @@ class VllmSource:
                 reason = output.finish_reason
                 if prompt_rows and rid in prompt_rows:
                     self._prompt_logprobs(output)
+                if report_cached and rid in report_cached and (output.new_token_ids or output.finish_reason):
+                    report_cached.discard(rid)  # the prefill is done: its stats say what the prefix cache held
+                    stats = output.prefill_stats
+                    cached = (stats.num_cached_tokens, stats.num_cache_creation_tokens) if stats is not None else (0, 0)
+                    link.send_prompt_info(PromptCached(rid, *cached))
                 if reason is None:
                     finish = None
                 else:
@@ -197,6 +206,7 @@ class VllmSource:
         stream interval held back."""
         for rid in rids:
             self.prompt_rows.pop(rid, None)
+            self.report_cached.discard(rid)
             if self.interval is not None:
                 self.interval.forget(rid)
 
@@ -213,7 +223,7 @@ class VllmSource:
                 message = "the prompt logprobs asked for are larger than the bus carries (bus.max_message_bytes)"
                 self.link.fail(rid, message, param="prompt_logprobs")
             elif output.finish_reason != FinishReason.ABORT:
-                self.link.send_prompt_logprobs(rows.message())
+                self.link.send_prompt_info(rows.message())
 
     def _engine_died(self) -> None:
         """Every open request ends with an error naming the engine; then this process stops (see the module doc)."""

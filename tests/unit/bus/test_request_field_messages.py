@@ -1,8 +1,9 @@
 """The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens and
 tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words, prompt_logprobs and
-thinking_token_budget, RequestParams' priority, cache_salt and session_id; and the engine's PromptLogprobs message
-to the front. Each field is the last of its array-like struct (in the order added), with a default, so frames of
-peers that predate it still decode (as "not asked"), and new frames carry it last."""
+thinking_token_budget, RequestParams' priority, cache_salt, session_id and report_cached; and the engine's
+PromptLogprobs and PromptCached messages to the front. Each field is the last of its array-like struct (in the
+order added), with a default, so frames of peers that predate it still decode (as "not asked"), and new frames
+carry it last."""
 
 from __future__ import annotations
 
@@ -49,11 +50,12 @@ def test_new_fields_travel_last() -> None:
         engine_max_tokens=True,
         lora="adapter",
         session_id="c",
+        report_cached=True,
     )
     frame = encode(Submit("r1", [1], params))
     raw = msgspec.msgpack.decode(frame)
-    # RequestParams: ..., cache_salt, engine_max_tokens, lora, session_id
-    assert raw[3][-5:] == [-2, "s1", True, "adapter", "c"]
+    # RequestParams: ..., cache_salt, engine_max_tokens, lora, session_id, report_cached
+    assert raw[3][-6:] == [-2, "s1", True, "adapter", "c", True]
     # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
     assert raw[3][1][-3:] == [True, False, "f"]
     # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs, thinking_token_budget

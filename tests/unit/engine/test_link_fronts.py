@@ -119,7 +119,7 @@ def test_prompt_logprobs_go_to_the_rids_front_at_the_next_step() -> None:
         (submit,), _ = poll_until(link, lambda s, _: len(s) == 1)
         assert link.accept(submit) is not None
         sent = PromptLogprobs("p1", [[8, 3], [9, 9]], [[-1.5, -0.25], [-0.5, -0.5]], [4, 1])
-        link.send_prompt_logprobs(sent)
+        link.send_prompt_info(sent)
         link.step()
         assert messages_at(pulls[1], PromptLogprobs) == [sent]
         assert messages_at(pulls[0], PromptLogprobs) == []

@@ -420,3 +420,22 @@ def test_chat_echo_puts_the_last_message_before_the_answer(qwen3: Any) -> None:
     assert "".join(delta.get("content") or "" for delta in deltas) == "Hel" + answer
     # the last message is the user's: nothing to echo
     assert to_user["choices"][0]["message"]["content"] == plain_user["choices"][0]["message"]["content"]
+
+
+def test_prompt_tokens_details_report_the_engines_cached_prompt_tokens(qwen3: Any) -> None:
+    """--enable-prompt-tokens-details (front.prompt_tokens_details): choice 0's engine request asks for the cached
+    prompt tokens; the usage has them (chat also the ones the prefill wrote to the cache), whole and streamed."""
+    options = {"engine.source": "vllm", "engine.model": "m", "front.prompt_tokens_details": True}
+    with running_front(qwen3, **options) as front:
+        text = httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi there", "n": 2}, timeout=30).json()
+        chat = httpx.post(f"{front.url}/v1/chat/completions", json=CHAT, timeout=30).json()
+        body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=30) as response:
+            streamed = sse_chunks(response)[-1]["usage"]
+        asked = [next_submit(front).params.report_cached for _ in range(4)]
+    assert text["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
+    assert chat["usage"]["prompt_tokens_details"] == streamed["prompt_tokens_details"]
+    assert streamed["prompt_tokens_details"] == {"cached_tokens": 5, "created_cache_tokens": 2}
+    assert asked == [True, False, True, True]  # n = 2: choice 0 only
+    with running_front(qwen3) as front:
+        assert "prompt_tokens_details" not in httpx.post(f"{front.url}/v1/chat/completions", json=CHAT).json()["usage"]
