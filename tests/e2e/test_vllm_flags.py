@@ -36,34 +36,91 @@ def run_in_venv(*argv: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
-def effective_config(*flags: str, detok: tuple[str, ...] = (), env: dict[str, str] | None = None) -> dict[str, Any]:
-    result = run_in_venv(
-        "-m", "detok_worker.cli", "config", "--source", "vllm", "--model", "/models/m", *detok, "--", *flags, env=env
-    )
+# `detok config` / `detok serve` invocations that only read the flags, each (argv, extra environment): run in one
+# vLLM interpreter (`cli_runs`), since importing vLLM costs seconds per process
+FRONT_FLAGS = (
+    "--api-key", "k1", "k2", "--served-model-name", "a", "b", "--port", "8123", "--host", "0.0.0.0",
+    "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+    "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
+    "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "{{ messages }}",
+    "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
+    "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
+    "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
+    "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--response-role", "bot",
+    "--return-tokens-as-token-ids", "--root-path", "/llm", "--enable-prompt-tokens-details",
+)  # fmt: skip
+REFUSED_FLAGS = [
+    (("--uds", "/tmp/detok.sock"), "--uds"),
+    (("--middleware", "my.module:mw"), "--middleware"),
+    (("--enable-log-outputs",), "--enable-log-outputs"),
+    (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
+    (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
+    (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
+    (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
+]
+
+
+def config_argv(*flags: str, detok: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return ("config", "--source", "vllm", "--model", "/models/m", *detok, "--", *flags)
+
+
+CLI_CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "front flags": (config_argv(*FRONT_FLAGS), {}),
+    "no flags": (config_argv(), {}),
+    "parser without auto tool choice": (config_argv("--tool-call-parser", "hermes"), {}),
+    "key from the environment": (config_argv(), {"VLLM_API_KEY": "from-env"}),
+    "key flag and environment": (config_argv("--api-key", "flag"), {"VLLM_API_KEY": "from-env"}),
+    "disagreeing port": (config_argv("--port", "8123", detok=("--port", "9000")), {}),
+    **{f"refused {named}": (config_argv(*flags), {}) for flags, named in REFUSED_FLAGS},
+}
+CLI_SCRIPT = """
+import contextlib, io, json, os, sys
+from detok_worker.cli.main import main
+out = {}
+for name, (argv, env) in json.loads(sys.argv[1]).items():
+    saved = dict(os.environ)
+    os.environ.update(env)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    os.environ.clear()
+    os.environ.update(saved)
+    out[name] = [code, stdout.getvalue(), stderr.getvalue()]
+from detok_worker.engine.vllm_flags import unclassified_flags
+print(json.dumps({"runs": out, "unclassified": sorted(unclassified_flags())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cli_outcome() -> dict[str, Any]:
+    """In one vLLM interpreter: each CLI_CASES invocation's (exit code, stdout, stderr), and the installed vLLM's
+    front-end flags in neither of detok's tables."""
+    result = run_in_venv("-c", CLI_SCRIPT, json.dumps(CLI_CASES))
     assert result.returncode == 0, result.stderr[-3000:]
-    return tomllib.loads(result.stdout)
+    outcome: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return outcome
 
 
-def test_every_front_end_flag_of_the_installed_vllm_is_honoured_or_refused() -> None:
-    script = "import json; from detok_worker.engine.vllm_flags import unclassified_flags; "
-    script += "print(json.dumps(sorted(unclassified_flags())))"
-    result = run_in_venv("-c", script)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+@pytest.fixture(scope="module")
+def cli_runs(cli_outcome: dict[str, Any]) -> dict[str, tuple[int, str, str]]:
+    return {name: tuple(run) for name, run in cli_outcome["runs"].items()}
 
 
-def test_front_end_flags_set_the_fronts_options() -> None:
-    front = effective_config(
-        "--api-key", "k1", "k2", "--served-model-name", "a", "b", "--port", "8123", "--host", "0.0.0.0",
-        "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
-        "--allowed-origins", '["https://app.example"]', "--api-server-count", "2", "--disable-uvicorn-access-log",
-        "--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem", "--chat-template", "{{ messages }}",
-        "--default-chat-template-kwargs", '{"enable_thinking": false}', "--enable-log-requests", "--max-log-len", "64",
-        "--enable-force-include-usage", "--disable-fastapi-docs", "--uvicorn-log-level", "warning",
-        "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
-        "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--response-role", "bot",
-        "--return-tokens-as-token-ids", "--root-path", "/llm", "--enable-prompt-tokens-details",
-    )  # fmt: skip
+def effective_config(cli_runs: dict[str, tuple[int, str, str]], case: str) -> dict[str, Any]:
+    code, stdout, stderr = cli_runs[case]
+    assert code == 0, stderr[-3000:]
+    return tomllib.loads(stdout)
+
+
+def test_every_front_end_flag_of_the_installed_vllm_is_honoured_or_refused(cli_outcome: dict[str, Any]) -> None:
+    assert cli_outcome["unclassified"] == []
+
+
+def test_front_end_flags_set_the_fronts_options(cli_runs: dict[str, tuple[int, str, str]]) -> None:
+    front = effective_config(cli_runs, "front flags")
     config = front["front"]
     assert config["api_keys"] == ["k1", "k2"]
     assert (config["model_name"], config["model_aliases"]) == ("a", ["b"])
@@ -85,8 +142,8 @@ def test_front_end_flags_set_the_fronts_options() -> None:
     assert config["prompt_tokens_details"] is True
 
 
-def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
-    config = effective_config()["front"]
+def test_with_no_flags_the_front_takes_vllms_server_defaults(cli_runs: dict[str, tuple[int, str, str]]) -> None:
+    config = effective_config(cli_runs, "no flags")["front"]
     assert (config["reasoning_parser"], config["tool_call_parser"]) == ("none", "none")
     assert config["reasoning_field"] == "reasoning"  # vLLM 0.32's name
     assert config["request_timeout_s"] == 0.0
@@ -94,44 +151,45 @@ def test_with_no_flags_the_front_takes_vllms_server_defaults() -> None:
     assert config["api_keys"] == [] and config["cors_allowed_origins"] == []
 
 
-def test_a_tool_call_parser_parses_only_with_auto_tool_choice() -> None:
+def test_a_tool_call_parser_parses_only_with_auto_tool_choice(cli_runs: dict[str, tuple[int, str, str]]) -> None:
     """vLLM's server parses tool calls (and turns a forcing tool_choice into tool_calls) only with
     --enable-auto-tool-choice: without it, --tool-call-parser leaves the front's parsing off."""
-    assert effective_config("--tool-call-parser", "hermes")["front"]["tool_call_parser"] == "none"
+    assert effective_config(cli_runs, "parser without auto tool choice")["front"]["tool_call_parser"] == "none"
 
 
-def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins() -> None:
-    assert effective_config(env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["from-env"]
-    assert effective_config("--api-key", "flag", env={"VLLM_API_KEY": "from-env"})["front"]["api_keys"] == ["flag"]
+def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins(
+    cli_runs: dict[str, tuple[int, str, str]],
+) -> None:
+    assert effective_config(cli_runs, "key from the environment")["front"]["api_keys"] == ["from-env"]
+    assert effective_config(cli_runs, "key flag and environment")["front"]["api_keys"] == ["flag"]
 
 
-def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start() -> None:
+def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start(
+    cli_runs: dict[str, tuple[int, str, str]],
+) -> None:
+    code, _, stderr = cli_runs["disagreeing port"]
+    assert code != 0
+    assert "front.port = 9000 but the vLLM flags give 8123" in stderr
+
+
+@pytest.mark.parametrize(("flags", "named"), REFUSED_FLAGS, ids=[named for _, named in REFUSED_FLAGS])
+def test_a_refused_flag_stops_the_start_naming_it(
+    cli_runs: dict[str, tuple[int, str, str]], flags: tuple[str, ...], named: str
+) -> None:
+    code, stdout, stderr = cli_runs[f"refused {named}"]
+    assert code != 0
+    assert named in stderr, stderr[-2000:]
+    assert stdout == ""
+
+
+def test_detok_serve_with_a_refused_flag_starts_no_process() -> None:
+    """The refusal comes before any process starts (the supervisor's first lines name none)."""
     result = run_in_venv(
-        "-m", "detok_worker.cli", "config", "--source", "vllm", "--model", "/m", "--port", "9000",
-        "--", "--port", "8123",
+        "-m", "detok_worker.cli", "serve", "--source", "vllm", "--model", "/models/m", "--port", "0",
+        "--", "--middleware", "my.module:mw",
     )  # fmt: skip
     assert result.returncode != 0
-    assert "front.port = 9000 but the vLLM flags give 8123" in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [
-        (("--uds", "/tmp/detok.sock"), "--uds"),
-        (("--middleware", "my.module:mw"), "--middleware"),
-        (("--enable-log-outputs",), "--enable-log-outputs"),
-        (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
-        (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
-        (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
-        (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
-    ],
-)
-def test_a_refused_flag_stops_detok_serve_before_any_process_starts(flags: tuple[str, ...], named: str) -> None:
-    result = run_in_venv(
-        "-m", "detok_worker.cli", "serve", "--source", "vllm", "--model", "/models/m", "--port", "0", "--", *flags
-    )  # fmt: skip
-    assert result.returncode != 0
-    assert named in result.stderr, result.stderr[-2000:]
+    assert "--middleware" in result.stderr, result.stderr[-2000:]
     assert "detok serving at" not in result.stdout
 
 
@@ -386,16 +444,3 @@ def test_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
     assert code == 0, log[-3000:]
     assert "did not exit in time" not in log
     assert not [pid for pid in [*engine, *cores] if pid_alive(pid)]
-
-
-def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
-    service = detok_vllm(engine_flags=("--disable-log-stats",))
-    try:
-        with httpx.Client(base_url=service.url, timeout=120) as client:
-            assert client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).status_code == 200
-            text = client.get("/metrics").text
-    finally:
-        service.stop()
-        service.cleanup()
-    assert "detok_front_tokens_total" in text  # detok's own families stay
-    assert not [line for line in text.splitlines() if line.startswith("vllm:")]

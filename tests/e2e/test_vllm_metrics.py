@@ -250,8 +250,8 @@ def test_vllms_stats_line_in_the_engine_log(detok_run: Run) -> None:
     assert all(" engine[" in line for line in lines)  # written by the engine process
 
 
-def test_disable_log_stats_turns_the_stats_line_off() -> None:
-    """--disable-log-stats: no stats line, however long the engine runs."""
+def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
+    """--disable-log-stats: no vllm: family (detok's own stay) and no stats line, however long the engine runs."""
     service = detok_vllm(engine_flags=("--disable-log-stats",), env=LOG_EVERY_SECOND)
     try:
         with httpx.Client(base_url=service.url, timeout=120) as client:
