@@ -257,7 +257,8 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, gc=False):
 class Finish(msgspec.Struct, tag="finish", array_like=True, gc=False):
     """A worker found a stop (string or token) or a bad token id: the engine stops generating the rid. n_tokens: the
     generated ids the rid kept (its client's completion tokens; ids the engine made past the stop are not among
-    them), -1 when not said."""
+    them), -1 when not said. A rid with stop strings that the engine ended gets one too, after its last ids: how it
+    ended for its client (a stop string found in them, or the engine's own finish) and the ids kept."""
 
     rid: str
     reason: str

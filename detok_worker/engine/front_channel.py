@@ -48,7 +48,9 @@ class BusNews:
 
     submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
     stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)
-    finishes: dict[str, Finish] = field(default_factory=dict)  # those of them a worker ended, with its Finish
+    # those of them a worker ended, with its Finish; and the verdicts of rids with stop strings that the engine ended
+    # (the worker says how they ended for the client: a stop string in their last ids, the ids kept)
+    finishes: dict[str, Finish] = field(default_factory=dict)
 
 
 class FrontChannel:

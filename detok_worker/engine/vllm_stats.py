@@ -11,7 +11,9 @@ How a request's end counts, as in vLLM's own front end:
 - a worker finds a stop string (vLLM's own output processor would have): "stop", with the ids the worker kept
   (Finish.n_tokens). The engine generates on until that Finish reaches it, and vLLM never counts a request's ids past
   its stop, so the ids of a request with stop strings go to `vllm:generation_tokens` when it ends (at most as many as
-  it kept): a counter cannot take back what it counted early;
+  it kept): a counter cannot take back what it counted early. The engine may end such a request before that Finish
+  reaches it (its last ids, or a stop string the worker finds in them): it waits for the worker's verdict (a Finish
+  sent for every request with stop strings that the engine ends), VERDICT_WAIT_S at most (a worker lost meanwhile);
 - its client goes away (an abort): vLLM forgets the request, so it is no finished request (no `request_success`, no
   latency histograms); the ids it got so far count as generated.
 
@@ -24,6 +26,7 @@ them (names, labels, buckets), their observations are counted in plain numbers a
 from __future__ import annotations
 
 import asyncio
+import time
 from bisect import bisect_left
 from typing import ClassVar
 
@@ -35,7 +38,12 @@ from vllm.v1.engine.parallel_sampling import ParentRequest
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
 
-from detok_worker.bus.messages import FINISH_ERROR, Finish
+from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Finish
+
+# how long a request with stop strings that the engine ended waits for its worker's verdict (a lost worker's rid is
+# re-opened and decoded again elsewhere, which takes seconds at most)
+VERDICT_WAIT_S = 10.0
+_FINISH_REASONS = {FINISH_STOP: FinishReason.STOP, FINISH_LENGTH: FinishReason.LENGTH, FINISH_ERROR: FinishReason.ERROR}
 
 
 class StepHistogram(Histogram):
@@ -102,6 +110,9 @@ class VllmStats:
         self.loggers.log_engine_initialized()
         self.lora_states = LoRARequestStates(log_stats=True)
         self.requests: dict[str, _Request] = {}
+        # requests with stop strings the engine ended, until their worker's verdict: (entry, the engine's finish,
+        # when it came: time.monotonic())
+        self.awaiting_verdict: dict[str, tuple[_Request, FinishReason, float]] = {}
 
     def added(self, request: EngineCoreRequest, arrival_time: float, *, deferred: bool) -> None:
         """A request added to the engine core; `deferred`: it has stop strings, which a worker may find first."""
@@ -126,6 +137,8 @@ class VllmStats:
         self.loggers.record(
             scheduler_stats=outputs.scheduler_stats, iteration_stats=stats, engine_idx=outputs.engine_index
         )
+        if self.awaiting_verdict:
+            self._verdicts({})
         StepHistogram.flush_all()
 
     def ended(self, rids: list[str], finishes: dict[str, Finish]) -> None:
@@ -152,7 +165,32 @@ class VllmStats:
                 self._finished(stats, rid, entry, reason)
         for engine, stats in per_engine.items():
             self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
+        if self.awaiting_verdict:
+            self._verdicts(finishes)
         StepHistogram.flush_all()
+
+    def _verdicts(self, finishes: dict[str, Finish]) -> None:
+        """Requests with stop strings that the engine ended: each ends as its worker's Finish says (a stop string in
+        its last ids: "stop", with the ids kept), or as the engine said once VERDICT_WAIT_S passed without one."""
+        now = time.monotonic()
+        per_engine: dict[int, IterationStats] = {}
+        for rid, (entry, engine_reason, since) in list(self.awaiting_verdict.items()):
+            finish = finishes.get(rid)
+            if finish is None and now - since < VERDICT_WAIT_S:
+                continue
+            del self.awaiting_verdict[rid]
+            stats = per_engine.get(entry.engine)
+            if stats is None:
+                stats = per_engine[entry.engine] = IterationStats()
+            reason = engine_reason
+            if finish is not None:
+                if finish.n_tokens >= 0:
+                    entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
+                reason = _FINISH_REASONS.get(finish.reason, engine_reason)
+            stats.num_generation_tokens += entry.stats.num_generation_tokens
+            self._finished(stats, rid, entry, reason)
+        for engine, stats in per_engine.items():
+            self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
 
     async def log_periodically(self) -> None:
         """vLLM's stats line (throughput, running and waiting requests, KV cache use) every VLLM_LOG_STATS_INTERVAL
@@ -171,6 +209,9 @@ class VllmStats:
             stats.num_generation_tokens -= len(output.new_token_ids)
         if output.finish_reason is not None:
             del self.requests[output.request_id]
+            if entry.deferred and output.finish_reason != FinishReason.ABORT:  # its worker says how it ended
+                self.awaiting_verdict[output.request_id] = (entry, output.finish_reason, time.monotonic())
+                return
             if entry.deferred:
                 stats.num_generation_tokens += entry.stats.num_generation_tokens
             self._finished(stats, output.request_id, entry, output.finish_reason)

@@ -70,6 +70,8 @@ class WorkerChannel:
                     news.finishes[message.rid] = message
                     if self.recorder is not None:
                         self.recorder.tokens(message.rid, [], message.reason)
+                else:  # the rid ended in the engine first: the worker's verdict on its end (the stats read it)
+                    news.finishes[message.rid] = message
             elif isinstance(message, Hello):
                 log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
                 scheduler.hello(worker, message.pid, now, message.columns)

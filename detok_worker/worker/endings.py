@@ -138,12 +138,16 @@ class RidEndings:
         elif stop_reason is not None:
             self.stops["string" if isinstance(stop_reason, str) else "token"] += 1
             self._end(rid, state, text, FINISH_STOP, stop_reason, deltas)
-            if engine_finish is None:  # the engine still generates this rid: tell it to stop
+            # the engine still generates this rid: tell it to stop; or it ended it (a rid with stop strings: the
+            # engine waits for how it ended for the client)
+            if engine_finish is None or state.stop_chars:
                 finishes.append(Finish(rid, FINISH_STOP, stop_reason, state.n_tokens))
         elif engine_finish == FINISH_ERROR:
             self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
         else:
             self._end(rid, state, text, engine_finish or FINISH_STOP, None, deltas)
+            if state.stop_chars and engine_finish is not None:  # the engine's end stands (see above)
+                finishes.append(Finish(rid, engine_finish, None, state.n_tokens))
 
     def _end(
         self,

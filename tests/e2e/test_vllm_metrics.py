@@ -267,9 +267,10 @@ def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
         service.stop()
 
 
-# VllmStats on made-up engine steps, in vLLM's interpreter: requests A (stop strings: its ids wait for its end) and C
-# (stop strings, ended by the engine) and B (none) get one id a step; after 3 steps A's worker says it kept 2 (the
-# third came after its stop) and B's client leaves; C ends at its third step with max_tokens
+# VllmStats on made-up engine steps, in vLLM's interpreter: requests A (stop strings: its ids wait for its end), C and
+# D (stop strings, ended by the engine) and B (none) get one id a step; after 3 steps A's worker says it kept 2 (the
+# third came after its stop) and B's client leaves; C and D end at their third step with max_tokens, and their
+# workers' verdicts come after: C's max_tokens stands, D's worker found a stop string after its first id
 STEPS_SCRIPT = """
 import json, sys, time
 from types import SimpleNamespace
@@ -286,16 +287,17 @@ from detok_worker.engine.vllm_stats import VllmStats
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
 config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 stats = VllmStats(config, [0])
-for rid, deferred in (("A", True), ("B", False), ("C", True)):
+for rid, deferred in (("A", True), ("B", False), ("C", True), ("D", True)):
     request = SimpleNamespace(
         request_id=rid, prompt_token_ids=[1, 2], sampling_params=SimpleNamespace(max_tokens=3), lora_request=None
     )
     stats.added(request, time.time(), deferred=deferred)
 for step in range(3):
     finish = FinishReason.LENGTH if step == 2 else None
-    outputs = [EngineCoreOutput(rid, [7], finish_reason=finish if rid == "C" else None) for rid in "ABC"]
+    outputs = [EngineCoreOutput(rid, [7], finish_reason=finish if rid in "CD" else None) for rid in "ABCD"]
     stats.step(EngineCoreOutputs(outputs=outputs, scheduler_stats=SchedulerStats(num_running_reqs=3)))
-stats.ended(["A", "B"], {"A": Finish("A", "stop", "x", 2)})
+verdicts = {"A": Finish("A", "stop", "x", 2), "C": Finish("C", "length", None, 3), "D": Finish("D", "stop", "y", 1)}
+stats.ended(["A", "B"], verdicts)
 labels = {"model_name": config.model_config.served_model_name, "engine": "0"}
 samples = {
     "generated": ("vllm:generation_tokens_total", {}),
@@ -319,8 +321,8 @@ def test_ids_past_a_workers_stop_are_not_generation_tokens() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     values = json.loads(result.stdout.strip().splitlines()[-1])
-    # A: 2 (kept), B: 3 (its client left: generated, not finished), C: 3 (ended by the engine)
-    assert values == {"generated": 8, "stop": 1, "length": 1, "abort": 0, "finished ids": 5, "finished n": 2}
+    # A: 2 (kept), B: 3 (its client left: generated, not finished), C: 3 (ended by the engine), D: 1 (kept)
+    assert values == {"generated": 9, "stop": 2, "length": 1, "abort": 0, "finished ids": 6, "finished n": 3}
 
 
 def test_data_parallel_engines_each_have_their_series_and_every_front_shows_them() -> None:

@@ -96,7 +96,9 @@ class VllmSource:
         try:
             while not self.stopping and not outputs.done():
                 news = link.poll(0)
-                if news.stopped and self.stats is not None:  # before any await: the outputs task then skips them
+                # before any await: the outputs task then skips them; finishes also hold workers' verdicts on requests
+                # with stop strings that the engine ended
+                if (news.stopped or news.finishes) and self.stats is not None:
                     self.stats.ended(news.stopped, news.finishes)
                 slice_end = time.monotonic() + SUBMIT_SLICE_S
                 for index, submit in enumerate(news.submitted):

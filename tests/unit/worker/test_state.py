@@ -328,3 +328,26 @@ def test_a_long_batch_ticks_between_opens(qwen3):
     items = [Tokens(f"r{i}", [1]) for i in range(5)]
     state.handle_batch(TokenBatch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
     assert ticks == [1, 2, 3, 4, 5]  # after each open, before any item is decoded
+
+
+def test_a_rid_with_stop_strings_that_the_engine_ended_gets_the_workers_verdict(fixture_tokenizer):
+    """The engine waits for it (its stats count such a rid's end as its client saw it): a stop string in the last
+    ids makes it "stop" with the ids kept; without one the engine's finish stands. A rid without stop strings that
+    the engine ended needs no Finish."""
+    tokenizer = fixture_tokenizer
+    harness = Harness(tokenizer)
+    ids = tokenizer.encode("Hello, world! The quick brown fox").ids
+    with_stop = DetokParams(stop=["quick"])
+    opens = [
+        Open("found", [], with_stop),
+        Open("missed", [], DetokParams(stop=["zebra"])),
+        Open("plain", [], DetokParams()),
+    ]
+    harness.feed(opens, [Tokens(rid, ids, "length") for rid in ("found", "missed", "plain")])
+    verdicts = {finish.rid: finish for finish in harness.finishes}
+    assert sorted(verdicts) == ["found", "missed"]
+    found, missed = verdicts["found"], verdicts["missed"]
+    assert (found.reason, found.stop_reason) == ("stop", "quick")
+    assert found.n_tokens == harness.last("found").n_tokens < len(ids)
+    assert harness.last("found").finish == "stop"
+    assert (missed.reason, missed.stop_reason, missed.n_tokens) == ("length", None, len(ids))
