@@ -51,6 +51,9 @@ class BusNews:
     # those of them a worker ended, with its Finish; and the verdicts of rids with stop strings that the engine ended
     # (the worker says how they ended for the client: a stop string in their last ids, the ids kept)
     finishes: dict[str, Finish] = field(default_factory=dict)
+    # of the stopped rids, those whose front had their final text before their worker's Finish came: they ended for
+    # their client (the worker's Finish, on its way, says how)
+    delivered: list[str] = field(default_factory=list)
 
 
 class FrontChannel:
@@ -113,6 +116,7 @@ class FrontChannel:
                     # the front had the final text before the worker's Finish came here while the engine still generates
                     # the request: stop it there
                     news.stopped.append(message.rid)
+                    news.delivered.append(message.rid)
             elif message is not None:
                 self.decoder.count_bad(BAD_UNEXPECTED, type(message).__name__)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import ClassVar
 
 import vllm.envs as envs
@@ -141,11 +142,18 @@ class VllmStats:
             self._verdicts({})
         StepHistogram.flush_all()
 
-    def ended(self, rids: list[str], finishes: dict[str, Finish]) -> None:
+    def ended(self, rids: list[str], finishes: dict[str, Finish], delivered: Sequence[str] = ()) -> None:
         """Requests detok ended: a worker's Finish in `finishes` (a stop string, or an id it could not decode), else
-        its client left or detok failed it (see the module doc). Recorded at once: the engine may have no further
-        step to record them with."""
+        its client left or detok failed it (see the module doc); `delivered`: ended for their client before their
+        worker's Finish came (it is on its way: they wait for it as for a verdict). Recorded at once: the engine may
+        have no further step to record them with."""
         per_engine: dict[int, IterationStats] = {}
+        for rid in delivered:
+            entry = self.requests.pop(rid, None)
+            if entry is not None and rid not in finishes:
+                self.awaiting_verdict[rid] = (entry, FinishReason.STOP, time.monotonic())
+            elif entry is not None:
+                self.requests[rid] = entry
         for rid in rids:
             entry = self.requests.pop(rid, None)
             if entry is None:
@@ -170,8 +178,9 @@ class VllmStats:
         StepHistogram.flush_all()
 
     def _verdicts(self, finishes: dict[str, Finish]) -> None:
-        """Requests with stop strings that the engine ended: each ends as its worker's Finish says (a stop string in
-        its last ids: "stop", with the ids kept), or as the engine said once VERDICT_WAIT_S passed without one."""
+        """Requests with stop strings that the engine ended, and requests whose client had their end before their
+        worker's Finish came: each ends as its worker's Finish says (a stop string in its last ids: "stop", with the
+        ids kept), or as the engine said once VERDICT_WAIT_S passed without one."""
         now = time.monotonic()
         per_engine: dict[int, IterationStats] = {}
         for rid, (entry, engine_reason, since) in list(self.awaiting_verdict.items()):
@@ -187,7 +196,8 @@ class VllmStats:
                 if finish.n_tokens >= 0:
                     entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
                 reason = _FINISH_REASONS.get(finish.reason, engine_reason)
-            stats.num_generation_tokens += entry.stats.num_generation_tokens
+            if entry.deferred:  # its ids wait for its end (the others were counted as they came)
+                stats.num_generation_tokens += entry.stats.num_generation_tokens
             self._finished(stats, rid, entry, reason)
         for engine, stats in per_engine.items():
             self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)

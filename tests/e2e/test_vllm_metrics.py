@@ -216,9 +216,9 @@ def test_counters_equal_what_the_clients_got(run: Run) -> None:
     finished = len(PLAIN) + 1 + len(STOPPED)
     assert delta(run, "vllm:generation_tokens_total") == run.usage_completion
     assert delta(run, "vllm:prompt_tokens_total") == run.usage_prompt
-    for reason in ("stop", "length", "abort", "error"):
-        counted = delta(run, "vllm:request_success_total", finished_reason=reason)
-        assert counted == run.finishes[reason], (reason, counted, run.finishes)
+    reasons = ("stop", "length", "abort", "error")
+    counted = {reason: delta(run, "vllm:request_success_total", finished_reason=reason) for reason in reasons}
+    assert counted == {reason: run.finishes[reason] for reason in reasons}, (counted, run.finishes)
     assert delta(run, "vllm:request_success_total") == finished
     assert delta(run, "vllm:e2e_request_latency_seconds_count") == finished
     assert delta(run, "vllm:request_generation_tokens_sum") == run.usage_completion
@@ -270,7 +270,8 @@ def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
 # VllmStats on made-up engine steps, in vLLM's interpreter: requests A (stop strings: its ids wait for its end), C and
 # D (stop strings, ended by the engine) and B (none) get one id a step; after 3 steps A's worker says it kept 2 (the
 # third came after its stop) and B's client leaves; C and D end at their third step with max_tokens, and their
-# workers' verdicts come after: C's max_tokens stands, D's worker found a stop string after its first id
+# workers' verdicts come after: C's max_tokens stands, D's worker found a stop string after its first id; E (stop
+# strings) ends for its client (the front's Delivered) before its worker's Finish (kept 2) reaches the engine
 STEPS_SCRIPT = """
 import json, sys, time
 from types import SimpleNamespace
@@ -287,17 +288,18 @@ from detok_worker.engine.vllm_stats import VllmStats
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
 config = AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 stats = VllmStats(config, [0])
-for rid, deferred in (("A", True), ("B", False), ("C", True), ("D", True)):
+for rid, deferred in (("A", True), ("B", False), ("C", True), ("D", True), ("E", True)):
     request = SimpleNamespace(
         request_id=rid, prompt_token_ids=[1, 2], sampling_params=SimpleNamespace(max_tokens=3), lora_request=None
     )
     stats.added(request, time.time(), deferred=deferred)
 for step in range(3):
     finish = FinishReason.LENGTH if step == 2 else None
-    outputs = [EngineCoreOutput(rid, [7], finish_reason=finish if rid in "CD" else None) for rid in "ABCD"]
+    outputs = [EngineCoreOutput(rid, [7], finish_reason=finish if rid in "CD" else None) for rid in "ABCDE"]
     stats.step(EngineCoreOutputs(outputs=outputs, scheduler_stats=SchedulerStats(num_running_reqs=3)))
 verdicts = {"A": Finish("A", "stop", "x", 2), "C": Finish("C", "length", None, 3), "D": Finish("D", "stop", "y", 1)}
-stats.ended(["A", "B"], verdicts)
+stats.ended(["A", "B", "E"], verdicts, delivered=["E"])
+stats.ended([], {"E": Finish("E", "stop", "z", 2)})
 labels = {"model_name": config.model_config.served_model_name, "engine": "0"}
 samples = {
     "generated": ("vllm:generation_tokens_total", {}),
@@ -321,8 +323,8 @@ def test_ids_past_a_workers_stop_are_not_generation_tokens() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     values = json.loads(result.stdout.strip().splitlines()[-1])
-    # A: 2 (kept), B: 3 (its client left: generated, not finished), C: 3 (ended by the engine), D: 1 (kept)
-    assert values == {"generated": 9, "stop": 2, "length": 1, "abort": 0, "finished ids": 6, "finished n": 3}
+    # A: 2 (kept), B: 3 (its client left: generated, not finished), C: 3 (ended by the engine), D and E: 1 and 2
+    assert values == {"generated": 11, "stop": 3, "length": 1, "abort": 0, "finished ids": 8, "finished n": 4}
 
 
 def test_data_parallel_engines_each_have_their_series_and_every_front_shows_them() -> None:

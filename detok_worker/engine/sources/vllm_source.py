@@ -99,7 +99,7 @@ class VllmSource:
                 # before any await: the outputs task then skips them; finishes also hold workers' verdicts on requests
                 # with stop strings that the engine ended
                 if (news.stopped or news.finishes) and self.stats is not None:
-                    self.stats.ended(news.stopped, news.finishes)
+                    self.stats.ended(news.stopped, news.finishes, news.delivered)
                 slice_end = time.monotonic() + SUBMIT_SLICE_S
                 for index, submit in enumerate(news.submitted):
                     if index and time.monotonic() >= slice_end:
