@@ -31,7 +31,7 @@ from detok_worker.config import ConfigError, DetokConfig, FrontConfig, validate
 
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 # vLLM's parser names -> detok's parser of the same output format
-REASONING_PARSERS = {"qwen3": "qwen3", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss"}
+REASONING_PARSERS = {"qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss"}
 TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "openai": "gpt_oss"}
 COMPLETIONS_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 # vLLM clamps max_tokens to the context instead of refusing it: detok's front refuses only what no context holds

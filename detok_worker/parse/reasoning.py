@@ -5,7 +5,9 @@ marker), CONTENT (everything after; never scanned again). Where a request starts
 its prompt (`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block
 (Qwen3's `enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's
 default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
-template pre-fills the marker, and the model may or may not repeat it).
+template pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's qwen3 parser (`qwen3_vllm`, what
+`--reasoning-parser qwen3` means on `--source vllm`) reasons from the first character unless the prompt closed the
+block, and drops a start marker inside the reasoning and an end marker in the content.
 """
 
 from __future__ import annotations
@@ -39,40 +41,51 @@ def initial_state(
 
 
 class ThinkStage(TextStage):
-    def __init__(self, state: ThinkState, start: str = THINK_START, end: str = THINK_END) -> None:
+    """`absorb`: vLLM 0.32's qwen3 rule besides the markers' places: a start marker inside the reasoning and an end
+    marker in the content are markup, dropped (the content is then scanned for it)."""
+
+    def __init__(self, state: ThinkState, start: str = THINK_START, end: str = THINK_END, absorb: bool = False) -> None:
         self.state = state
         self.start = start
         self.end = end
+        self.absorb = absorb
         self._held = ""
 
     def feed(self, text: str, out: ParsedOutput) -> None:
         state = self.state
-        if state is ThinkState.CONTENT:
+        if state is ThinkState.CONTENT and not self.absorb:
             out.content += text
             return
         buffer = self._held + text
         self._held = ""
-        if state is not ThinkState.REASONING:
+        if state is ThinkState.OPENING_TO_CONTENT or state is ThinkState.OPENING_TO_REASONING:
             if len(buffer) < len(self.start) and self.start.startswith(buffer):
                 self._held = buffer
                 return
             if buffer.startswith(self.start):
                 buffer = buffer[len(self.start) :]
-                state = ThinkState.REASONING
             elif state is ThinkState.OPENING_TO_CONTENT:
                 self.state = ThinkState.CONTENT
                 out.content += buffer
                 return
-            else:
-                state = ThinkState.REASONING
-        self.state = state
-        before, marker, rest = split_before_marker(buffer, (self.end,))
-        out.reasoning += before
-        if marker:
-            self.state = ThinkState.CONTENT
-            out.content += rest
-        else:
-            self._held = rest
+            self.state = ThinkState.REASONING
+        while buffer:
+            if self.state is ThinkState.REASONING:
+                markers = (self.end, self.start) if self.absorb else (self.end,)
+                before, marker, rest = split_before_marker(buffer, markers)
+                out.reasoning += before
+                if marker == self.end:
+                    self.state = ThinkState.CONTENT
+                    if not self.absorb:
+                        out.content += rest
+                        return
+            else:  # content, dropping end markers (absorb)
+                before, marker, rest = split_before_marker(buffer, (self.end,))
+                out.content += before
+            if not marker:
+                self._held = rest
+                return
+            buffer = rest
 
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""

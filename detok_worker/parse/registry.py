@@ -25,6 +25,9 @@ NAMED_CALL = "tool_choice_function"  # the output is the arguments of DetokParam
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
     "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
+    "qwen3_vllm": lambda prompt_tail: ThinkStage(
+        initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING), absorb=True
+    ),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
 }
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {

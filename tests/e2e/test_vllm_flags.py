@@ -195,11 +195,11 @@ def test_detok_serve_with_a_refused_flag_starts_no_process() -> None:
 
 def shared_flags() -> tuple[str, ...]:
     """The same flags to both servers: two keys, two served names, a LoRA adapter, a short context (chat's default
-    max_tokens is the rest of it), streams sent every 4 ids, the usage's cached prompt tokens."""
+    max_tokens is the rest of it), streams sent every 4 ids, the usage's cached prompt tokens, a reasoning parser."""
     return (
         "--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256",
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={lora_adapter()}",
-        "--stream-interval", "4", "--enable-prompt-tokens-details",
+        "--stream-interval", "4", "--enable-prompt-tokens-details", "--reasoning-parser", "qwen3",
     )  # fmt: skip
 
 
@@ -254,6 +254,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         choices.append(
             {
                 "text": choice["text"] if "text" in choice else choice["message"]["content"],
+                "reasoning": choice.get("message", {}).get("reasoning"),
                 "token_ids": choice.get("token_ids"),
                 "finish_reason": choice["finish_reason"],
                 "logprobs": logprobs,
@@ -271,6 +272,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
     """A stream as compared: each choice's joined text and finish, the usage, the end marker."""
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     texts: dict[int, str] = {}
+    reasoning: dict[int, str] = {}
     finishes: dict[int, str] = {}
     pieces: dict[int, int] = {}
     for chunk in chunks:
@@ -278,6 +280,8 @@ def streamed(lines: list[str]) -> dict[str, Any]:
             delta = choice.get("delta")
             piece = choice.get("text") if delta is None else delta.get("content")
             texts[choice["index"]] = texts.get(choice["index"], "") + (piece or "")
+            if delta is not None and delta.get("reasoning"):
+                reasoning[choice["index"]] = reasoning.get(choice["index"], "") + delta["reasoning"]
             pieces[choice["index"]] = pieces.get(choice["index"], 0) + bool(piece)
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
@@ -294,6 +298,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
     ]
     return {
         "texts": texts,
+        "reasoning": reasoning,
         "pieces": pieces,
         "finishes": finishes,
         "usage": usage,
@@ -391,6 +396,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 2"]["usage"]["completion_tokens"] < 256
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
+    assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     cached_again = expected[f"request {len(SAME_REQUESTS) - 1}"]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached_again > 0 and expected["request 0"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     for key, value in expected.items():
@@ -404,10 +410,16 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             assert (mine["finishes"], mine["usage"], mine["done"]) == (value["finishes"], value["usage"], True), key
             assert mine["fingerprinted"] == value["fingerprinted"] and value["fingerprinted"], key
             assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
+            assert mine["reasoning"].keys() == value["reasoning"].keys(), key
+            for index, text in value["reasoning"].items():
+                assert same_text(mine["reasoning"][index], text), (
+                    f"{key} reasoning {index}: {mine['reasoning'][index]!r}"
+                )
         elif isinstance(value, dict) and "choices" in value:
             mine = got[key]
             for theirs, ours in zip(value["choices"], mine["choices"], strict=True):
                 assert same_text(ours.pop("text"), theirs.pop("text")), f"{key}: {mine}"
+                assert same_text(ours.pop("reasoning"), theirs.pop("reasoning")), f"{key}: {mine}"
                 assert ours == theirs, f"{key}: detok {ours!r}, vLLM {theirs!r}"
             assert (mine["model"], mine["usage"]) == (value["model"], value["usage"]), key
             assert mine["system_fingerprint"] == value["system_fingerprint"] is not None, key

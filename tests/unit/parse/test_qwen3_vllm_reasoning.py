@@ -1,0 +1,42 @@
+"""`qwen3_vllm`: vLLM 0.32's qwen3 reasoning rule (what `--reasoning-parser qwen3` means on `--source vllm`): the
+output reasons from its first character until `</think>` unless the prompt closed the block (thinking off); a
+`<think>` inside the reasoning and a `</think>` in the content are dropped. Whole and however the text is cut."""
+
+from __future__ import annotations
+
+import pytest
+
+from detok_worker.parse.base import ParsedOutput
+from detok_worker.parse.registry import create_parser
+
+THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def parsed(text: str, cuts: list[int], prompt_tail: str) -> ParsedOutput:
+    parser = create_parser("qwen3_vllm", "", prompt_tail)
+    assert parser is not None
+    out = ParsedOutput()
+    for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        if end > start:
+            out.extend(parser.feed(text[start:end]))
+    out.extend(parser.finish())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("text", "prompt_tail", "reasoning", "content"),
+    [
+        ("plan it</think>\n\nThe answer.", "<|im_start|>assistant\n", "plan it", "\n\nThe answer."),
+        ("<think>a<think>b</think>c</think>d", "<|im_start|>assistant\n", "ab", "cd"),
+        ("no end marker at all", "<|im_start|>assistant\n", "no end marker at all", ""),
+        ("<thin", "<|im_start|>assistant\n", "<thin", ""),
+        ("Just the answer.</think> more", THINKING_OFF, "", "Just the answer. more"),
+        ("x</thin", "<|im_start|>assistant\n", "x</thin", ""),
+    ],
+)
+def test_the_split_is_vllms_and_cut_independent(text: str, prompt_tail: str, reasoning: str, content: str) -> None:
+    whole = parsed(text, [], prompt_tail)
+    assert (whole.reasoning, whole.content) == (reasoning, content)
+    for cut in range(1, len(text)):
+        assert parsed(text, [cut], prompt_tail) == whole, cut
+    assert parsed(text, list(range(1, len(text))), prompt_tail) == whole
