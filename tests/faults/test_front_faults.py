@@ -104,8 +104,9 @@ COMPLETION_BODIES: list[tuple[bytes, int]] = [
     (b'{"prompt": []}', 400),
     (b'{"prompt": [-1]}', 400),
     (b'{"prompt": [1000000000]}', 400),
-    (b'{"prompt": ["a", "b"]}', 400),
-    (b'{"prompt": [[1, 2], [3]]}', 400),
+    (b'{"prompt": ["a", ""]}', 400),  # a batch (OpenAI's list of prompts) with an empty one
+    (b'{"prompt": [[1, 2], []]}', 400),
+    (b'{"prompt": ["a", [1]]}', 400),  # strings and token lists mixed
     (b'{"prompt": [1, "a"]}', 400),
     (b'{"prompt": ""}', 400),
     (b'{"prompt": "x", "temperature": 1e999}', 400),
