@@ -233,6 +233,15 @@ def rounded(values: list[float | None] | None) -> list[float | None] | None:
     return None if values is None else [None if value is None else round(value, 3) for value in values]
 
 
+def usage_compared(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The usage as compared: what it gives, but vLLM's count of reasoning tokens (`completion_tokens_details`, with a
+    reasoning parser), which detok does not report (docs/http_api.md, "still different")."""
+    compared = given(usage)
+    if compared is not None:
+        compared.pop("completion_tokens_details", None)
+    return compared
+
+
 def given(fields: dict[str, Any] | None) -> dict[str, Any] | None:
     """The fields that hold a value, nested ones too (vLLM also writes the ones it leaves empty as null)."""
     if fields is None:
@@ -263,7 +272,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": data["model"],
         "choices": choices,
-        "usage": given(data.get("usage")),
+        "usage": usage_compared(data.get("usage")),
         "system_fingerprint": data.get("system_fingerprint"),
     }
 
@@ -285,7 +294,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
             pieces[choice["index"]] = pieces.get(choice["index"], 0) + bool(piece)
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
-    usage = [given(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
+    usage = [usage_compared(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
     # which chunks carry the system_fingerprint (each choice's last, or the usage chunk), and its value
     fingerprinted = [
         (
