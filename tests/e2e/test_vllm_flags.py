@@ -125,7 +125,7 @@ def test_front_end_flags_set_the_fronts_options(cli_runs: dict[str, tuple[int, s
     assert config["api_keys"] == ["k1", "k2"]
     assert (config["model_name"], config["model_aliases"]) == ("a", ["b"])
     assert (config["host"], config["port"], config["processes"]) == ("0.0.0.0", 8123, 2)
-    assert (config["tool_call_parser"], config["reasoning_parser"]) == ("hermes", "qwen3")
+    assert (config["tool_call_parser"], config["reasoning_parser"]) == ("hermes", "qwen3_vllm")  # vLLM 0.32's qwen3
     assert config["cors_allowed_origins"] == ["https://app.example"]
     assert (config["cors_allowed_methods"], config["cors_allowed_headers"]) == (["*"], ["*"])  # vLLM's defaults
     assert config["access_log"] is False
