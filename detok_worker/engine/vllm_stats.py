@@ -139,7 +139,9 @@ class VllmStats:
             scheduler_stats=outputs.scheduler_stats, iteration_stats=stats, engine_idx=outputs.engine_index
         )
         if self.awaiting_verdict:
-            self._verdicts({})
+            per_engine: dict[int, IterationStats] = {}
+            self._verdicts({}, per_engine)
+            self._record(per_engine)
         StepHistogram.flush_all()
 
     def ended(self, rids: list[str], finishes: dict[str, Finish], delivered: Sequence[str] = ()) -> None:
@@ -147,58 +149,58 @@ class VllmStats:
         its client left or detok failed it (see the module doc); `delivered`: ended for their client before their
         worker's Finish came (it is on its way: they wait for it as for a verdict). Recorded at once: the engine may
         have no further step to record them with."""
-        per_engine: dict[int, IterationStats] = {}
         for rid in delivered:
-            entry = self.requests.pop(rid, None)
-            if entry is not None and rid not in finishes:
+            if rid not in finishes and (entry := self.requests.pop(rid, None)) is not None:
                 self.awaiting_verdict[rid] = (entry, FinishReason.STOP, time.monotonic())
-            elif entry is not None:
-                self.requests[rid] = entry
+        per_engine: dict[int, IterationStats] = {}
         for rid in rids:
             entry = self.requests.pop(rid, None)
-            if entry is None:
-                continue
-            stats = per_engine.get(entry.engine)
-            if stats is None:
-                stats = per_engine[entry.engine] = IterationStats()
-            finish = finishes.get(rid)
-            if finish is not None and finish.n_tokens >= 0:
-                entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
-            if entry.deferred:
-                stats.num_generation_tokens += entry.stats.num_generation_tokens
-            if finish is None:
-                self.lora_states.request_finished(rid, entry.lora)
-            else:
-                reason = FinishReason.ERROR if finish.reason == FINISH_ERROR else FinishReason.STOP
-                self._finished(stats, rid, entry, reason)
-        for engine, stats in per_engine.items():
-            self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
+            if entry is not None:
+                finish = finishes.get(rid)
+                self._end(per_engine, rid, entry, finish, None if finish is None else FinishReason.STOP)
         if self.awaiting_verdict:
-            self._verdicts(finishes)
+            self._verdicts(finishes, per_engine)
+        self._record(per_engine)
         StepHistogram.flush_all()
 
-    def _verdicts(self, finishes: dict[str, Finish]) -> None:
+    def _verdicts(self, finishes: dict[str, Finish], per_engine: dict[int, IterationStats]) -> None:
         """Requests with stop strings that the engine ended, and requests whose client had their end before their
         worker's Finish came: each ends as its worker's Finish says (a stop string in its last ids: "stop", with the
         ids kept), or as the engine said once VERDICT_WAIT_S passed without one."""
         now = time.monotonic()
-        per_engine: dict[int, IterationStats] = {}
         for rid, (entry, engine_reason, since) in list(self.awaiting_verdict.items()):
             finish = finishes.get(rid)
             if finish is None and now - since < VERDICT_WAIT_S:
                 continue
             del self.awaiting_verdict[rid]
-            stats = per_engine.get(entry.engine)
-            if stats is None:
-                stats = per_engine[entry.engine] = IterationStats()
-            reason = engine_reason
-            if finish is not None:
-                if finish.n_tokens >= 0:
-                    entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
-                reason = _FINISH_REASONS.get(finish.reason, engine_reason)
-            if entry.deferred:  # its ids wait for its end (the others were counted as they came)
-                stats.num_generation_tokens += entry.stats.num_generation_tokens
+            self._end(per_engine, rid, entry, finish, engine_reason)
+
+    def _end(
+        self,
+        per_engine: dict[int, IterationStats],
+        rid: str,
+        entry: _Request,
+        finish: Finish | None,
+        reason: FinishReason | None,
+    ) -> None:
+        """One request's end in its engine's stats: the ids its worker kept (`finish`), its ids counted now when
+        they waited for its end, and finished as `finish` says, else with `reason` (None: no finished request, its
+        client left or detok failed it)."""
+        stats = per_engine.get(entry.engine)
+        if stats is None:
+            stats = per_engine[entry.engine] = IterationStats()
+        if finish is not None:
+            if finish.n_tokens >= 0:
+                entry.stats.num_generation_tokens = min(entry.stats.num_generation_tokens, finish.n_tokens)
+            reason = _FINISH_REASONS.get(finish.reason, reason)
+        if entry.deferred:  # its ids wait for its end (the others were counted as they came)
+            stats.num_generation_tokens += entry.stats.num_generation_tokens
+        if reason is None:
+            self.lora_states.request_finished(rid, entry.lora)
+        else:
             self._finished(stats, rid, entry, reason)
+
+    def _record(self, per_engine: dict[int, IterationStats]) -> None:
         for engine, stats in per_engine.items():
             self.loggers.record(scheduler_stats=None, iteration_stats=stats, engine_idx=engine)
 
