@@ -91,29 +91,23 @@ def chat_logprobs(entries: list[LogprobText], as_ids: bool = False) -> ChatLogpr
     """choices[].logprobs of chat: per token its string, logprob, bytes and top candidates. `as_ids`
     (return_tokens_as_token_ids): each string is "token_id:<id>"; the sampled token keeps its own bytes, a
     candidate's are its string's (vLLM's)."""
-    if as_ids:
-        return ChatLogprobs(
-            [
-                TokenLogprobOut(
-                    token_id_placeholder(entry),
-                    _logprob_value(entry.logprob),
-                    list(entry.token_bytes),
-                    [_top_as_id(top) for top in entry.top],
-                )
-                for entry in entries
-            ]
-        )
+    token = token_id_placeholder if as_ids else _token_string
+    candidate = _top_as_id if as_ids else _top_as_text
     return ChatLogprobs(
         [
             TokenLogprobOut(
-                entry.token,
+                token(entry),
                 _logprob_value(entry.logprob),
                 list(entry.token_bytes),
-                [TopLogprobOut(top.token, _logprob_value(top.logprob), list(top.token_bytes)) for top in entry.top],
+                [candidate(top) for top in entry.top],
             )
             for entry in entries
         ]
     )
+
+
+def _top_as_text(top: LogprobText) -> TopLogprobOut:
+    return TopLogprobOut(top.token, _logprob_value(top.logprob), list(top.token_bytes))
 
 
 def _top_as_id(top: LogprobText) -> TopLogprobOut:
@@ -164,11 +158,14 @@ class ChunkUsage:
     def __init__(self, include_usage: bool, continuous: bool) -> None:
         self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self._continuous = continuous
-        self.include_usage = include_usage
 
     @property
     def continuous(self) -> bool:
         return self._continuous
+
+    @property
+    def include_usage(self) -> bool:
+        return self._fixed is None
 
     def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
         return usage_of(stream) if self._continuous else self._fixed
@@ -259,7 +256,10 @@ class CompletionFormatter(FormatterBase):
 
     def _chunk(self, choice: CompletionChoice, stream: RequestStream) -> bytes:
         usage = self._usage.of(stream)
-        return _encode(CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage))
+        chunk = CompletionResponse(self.rid, self.created, self.model, [choice], usage=usage)
+        if choice.finish_reason is not None:
+            chunk.system_fingerprint = self._last_fingerprint
+        return _encode(chunk)
 
     def _with_ids(self, choice: CompletionChoice, token_ids: list[int] | None) -> CompletionChoice:
         if self.token_ids is not None:
@@ -286,12 +286,7 @@ class CompletionFormatter(FormatterBase):
         return self._logprobs.setdefault(index, CompletionLogprobsBuilder(self.tokens_as_ids)).build(entries or [])
 
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        choice = self._with_ids(CompletionChoice(index, "", stream.finish, stream.stop_reason), None)
-        usage = self._usage.of(stream)
-        last = CompletionResponse(
-            self.rid, self.created, self.model, [choice], usage, system_fingerprint=self._last_fingerprint
-        )
-        return _encode(last)
+        return self._chunk(self._with_ids(CompletionChoice(index, "", stream.finish, stream.stop_reason), None), stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
         usage = choices.usage()
