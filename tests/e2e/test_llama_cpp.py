@@ -18,7 +18,7 @@ import httpx
 import pytest
 from helpers.grpc_engine_server import EngineServer
 from helpers.llama_oracle import greedy_ids, llama_detokenize, smollm2
-from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, sse_payloads, wait_for
 
 from detok_worker.engine.sources.llama import default_model_path
 from detok_worker.tokenizer import create_tokenizer
@@ -118,10 +118,7 @@ async def _stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> Strea
     streamed = Streamed("", None, None)
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
+        async for event in sse_payloads(response.aiter_lines()):
             assert "error" not in event, event
             if event.get("usage"):
                 streamed.completion_tokens = event["usage"]["completion_tokens"]

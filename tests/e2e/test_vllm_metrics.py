@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import REPO, wait_for
+from helpers.serve_helpers import REPO, sse_payloads, wait_for
 from helpers.vllm_cpu import ENGINE_FLAGS, ENV, SERVED_NAME, detok_vllm, model_dir, require_venv, vllm_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,10 +97,7 @@ async def stream(
     outcome: dict[str, Any] = {"text": "", "finish": None, "usage": None, "events": 0, "watched": None}
     async with client.stream("POST", "/v1/completions", json=payload) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
+        async for event in sse_payloads(response.aiter_lines()):
             if event.get("usage"):
                 outcome["usage"] = event["usage"]
             for choice in event.get("choices", []):

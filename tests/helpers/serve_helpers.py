@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,13 @@ def process_cmdline(pid: int) -> str | None:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return None
+
+
+async def sse_payloads(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of an SSE stream's lines (an httpx response's `aiter_lines()`), up to `[DONE]`."""
+    async for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[len("data: ") :])
 
 
 def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
