@@ -90,7 +90,7 @@ def _thinking_token_budget(budget: int | None) -> int | None:
     """vLLM's rule: a non-negative integer, or -1 (as null) for no limit."""
     if budget is None or budget == -1:
         return None
-    if isinstance(budget, bool) or budget < 0:
+    if budget < 0:  # the body's type already refused a non-integer (true, 1.5)
         raise bad_request(
             "thinking_token_budget must be a non-negative integer or -1 for unlimited", "thinking_token_budget"
         )
