@@ -48,7 +48,7 @@ class ParserChoice:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
         return cls(reasoning, tool_calls, config.front.tool_call_parser not in ("", "none"))
 
-    def forced(self, body: ChatCompletionRequest) -> tuple[str, str]:
+    def _forced(self, body: ChatCompletionRequest) -> tuple[str, str]:
         """(the stage, the named function) of a tool_choice that forces calls we turn into tool calls: REQUIRED_CALLS
         or NAMED_CALL; ("", "") for none."""
         choice = body.tool_choice
@@ -62,7 +62,7 @@ class ParserChoice:
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named."""
-        forced, function = self.forced(body)
+        forced, function = self._forced(body)
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")
         if not (self.reasoning or tool_calls):
             return params
