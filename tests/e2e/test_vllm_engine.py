@@ -316,7 +316,8 @@ def test_clients_that_never_read_do_not_hold_back_a_normal_client(service: Serve
     """The normal client's first token comes within 1 s, or within three engine steps where one step of the 300
     stalled sequences is longer than a third of that on this machine: it waits for no stalled client, only for
     the engine to schedule it (the step running when it arrives, then its own prefill step)."""
-    stalled = [stalled_stream(service, {**seeded(1000 + i, 64), "stream": True}) for i in range(300)]
+    # long enough that the first stalled requests are still generating when the last one is admitted
+    stalled = [stalled_stream(service, {**seeded(1000 + i, 512), "stream": True}) for i in range(300)]
     try:
         seen: list[dict[str, Any]] = []
 
