@@ -151,6 +151,25 @@ def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]
     return kwargs
 
 
+def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools as the chat template sees them, in vLLM's server's shape (its request model dumped): a function
+    tool is `{"type", "function": {"name", "description", "parameters", "strict"}}` in that order, description and
+    parameters null when not given, strict only when given, other fields dropped; other tools as given."""
+    if tools is None:
+        return None
+    shaped = []
+    for tool in tools:
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict):
+            shaped.append(tool)
+            continue
+        fields = {name: function.get(name) for name in ("name", "description", "parameters")}
+        if function.get("strict") is not None:
+            fields["strict"] = function["strict"]
+        shaped.append({"type": "function", "function": fields})
+    return shaped
+
+
 def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
     messages = _template_messages(request.messages)
     check_prompt_chars(sum(len(message["content"]) for message in messages), limits, "messages")
@@ -158,7 +177,7 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits
     try:
         text = tokenizer.apply_chat_template(
             messages,
-            tools=None if excluded else request.tools,
+            tools=None if excluded else template_tools(request.tools),
             documents=request.documents,
             add_generation_prompt=request.add_generation_prompt is not False,  # null = the default, true
             continue_final_message=bool(request.continue_final_message),

@@ -59,6 +59,9 @@ VLLM_CHAT_FIELDS = {
 }  # fmt: skip
 VLLM_COMPLETION_FIELDS = {"prompt_embeds"}
 
+TEMPLATE_PARAMETERS = {
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+}
 TOOLS = [
     {
         "type": "function",
@@ -267,7 +270,14 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         Prompt(lambda t, s: t.template_messages[-1]["content"] == "Other words"),
     ),
     "max_completion_tokens": ({"max_completion_tokens": 6}, Engine(lambda p: p.max_tokens == 6)),
-    "tools": ({"tools": TOOLS}, template_kwarg("tools", TOOLS)),
+    # the template sees vLLM's shape of a tool (its request model dumped): description null when not given
+    "tools": (
+        {"tools": [{**TOOLS[0], "function": {**TOOLS[0]["function"], "extra": 1}}]},
+        template_kwarg(
+            "tools",
+            [{"type": "function", "function": {"name": "get_weather", "description": None, **TEMPLATE_PARAMETERS}}],
+        ),
+    ),
     "tool_choice": (
         {"tools": TOOLS, "tool_choice": "required"},
         constraint(Constraint("json_schema", json.dumps(REQUIRED_TOOL_SCHEMA, separators=(",", ":")))),
