@@ -59,6 +59,9 @@ CONSTRAINT_REGEX = "regex"
 CONSTRAINT_GRAMMAR = "grammar"  # an EBNF / GBNF / Lark grammar, as the engine's backend reads it
 CONSTRAINT_CHOICE = "choice"  # spec ""; choices: the allowed outputs
 CONSTRAINT_STRUCTURAL_TAG = "structural_tag"  # spec: the structural tag, as JSON text
+# spec: a chat request's {"tools", "tool_choice", "parallel_tool_calls"} as JSON text; the engine builds the tool-call
+# parser's grammar from it (the vLLM source, front.tool_choice_grammar = "tool_parser"), or none where it has none
+CONSTRAINT_TOOL_CALLS = "tool_calls"
 CONSTRAINT_KINDS = (
     CONSTRAINT_JSON_SCHEMA,
     CONSTRAINT_JSON_OBJECT,
@@ -66,6 +69,7 @@ CONSTRAINT_KINDS = (
     CONSTRAINT_GRAMMAR,
     CONSTRAINT_CHOICE,
     CONSTRAINT_STRUCTURAL_TAG,
+    CONSTRAINT_TOOL_CALLS,
 )
 
 

@@ -138,6 +138,11 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # logprob tokens written "token_id:<id>" for requests that do not say (their return_tokens_as_token_ids)
     return_tokens_as_token_ids: bool = False
     tool_call_parser: str = "auto"
+    # how a chat tool_choice that forces calls ("required", a named function) constrains the output: "json_schema",
+    # to call JSON (vLLM's schemas) that the front turns into calls; "tool_parser", to the tool-call parser's own
+    # format (the engine builds it: vLLM's structural tag of --tool-call-parser; source = vllm only), read by that
+    # parser. `detok serve --source vllm` picks it as vLLM's server does (its parser's supports_required_and_named)
+    tool_choice_grammar: Literal["json_schema", "tool_parser"] = "json_schema"
     # chat template arguments of every request, under the request's own chat_template_kwargs (vLLM's
     # --default-chat-template-kwargs), e.g. {enable_thinking = false}
     chat_template_kwargs: dict[str, Any] = {}
@@ -302,6 +307,11 @@ def _check_relations(config: DetokConfig) -> None:
         (
             engine.source == "vllm" or not config.front.prompt_tokens_details,
             "front.prompt_tokens_details (the engine's cached prompt tokens) needs engine.source = vllm",
+        ),
+        (
+            engine.source == "vllm" or config.front.tool_choice_grammar == "json_schema",
+            "front.tool_choice_grammar = tool_parser (the engine builds the tool-call grammar) needs engine.source = "
+            "vllm",
         ),
         (
             bool(config.front.ssl_keyfile) == bool(config.front.ssl_certfile),

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from detok_worker.bus.messages import MAX_TOP_LOGPROBS
@@ -71,9 +72,15 @@ def _parser(table: Mapping[str, str], key: str, flag: str) -> Flag:
 
 def _tool_call_parser(value: str, args: argparse.Namespace) -> Overrides:
     """The front parses tool calls (and turns a forcing tool_choice into tool calls) only with
-    --enable-auto-tool-choice, as vLLM's server; a parser detok does not have is refused either way."""
+    --enable-auto-tool-choice, as vLLM's server; a parser detok does not have is refused either way. Where vLLM
+    constrains forced calls to the parser's own format (its structural tag), the engine builds that grammar."""
     overrides = _parser(TOOL_CALL_PARSERS, "front.tool_call_parser", "--tool-call-parser")(value, args)
-    return overrides if args.enable_auto_tool_choice else {}
+    if not args.enable_auto_tool_choice:
+        return {}
+    parser = ToolParserManager.get_tool_parser(value)
+    if parser.structural_tag_model is not None and not parser.supports_required_and_named:
+        overrides["front.tool_choice_grammar"] = "tool_parser"
+    return overrides
 
 
 def _served_names(value: list[str], _args: argparse.Namespace) -> Overrides:
@@ -139,6 +146,8 @@ HONOURED: dict[str, Flag] = {
     "return_tokens_as_token_ids": _to("front.return_tokens_as_token_ids"),
     "tool_call_parser": _tool_call_parser,
     "enable_auto_tool_choice": _nothing,  # read with --tool-call-parser (vLLM's own check: not without it)
+    # the engine builds the tool-call grammar with it, by vLLM's parser classes (vllm_tool_grammar.py)
+    "tool_strict_level": _nothing,
     # the engine process makes vLLM's system_fingerprint with them (vllm_source.py); the fronts write it
     "fingerprint_mode": _nothing,
     "fingerprint_value": _nothing,
@@ -176,7 +185,6 @@ REFUSED: dict[str, str] = {
     "trust_request_chat_template": "detok does not render chat templates sent in requests",
     "trust_request_mm_kwargs": _NO_MULTIMODAL,
     "tool_parser_plugin": "detok loads no parser plugins",
-    "tool_strict_level": "detok does not constrain tool calls with structural tags",
     "tool_server": "detok runs no built-in tools",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",

@@ -35,6 +35,7 @@ from detok_worker.bus.messages import (
     CONSTRAINT_JSON_SCHEMA,
     CONSTRAINT_REGEX,
     CONSTRAINT_STRUCTURAL_TAG,
+    CONSTRAINT_TOOL_CALLS,
     FINISH_LENGTH,
     FINISH_STOP,
     Constraint,
@@ -44,6 +45,7 @@ from detok_worker.bus.messages import (
     TokenLogprob,
 )
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.engine.vllm_tool_grammar import ToolGrammar
 
 # how the engine core ends a request -> the bus's finish; ABORT and ERROR are handled by the source itself
 FINISHES = {FinishReason.STOP: FINISH_STOP, FinishReason.LENGTH: FINISH_LENGTH, FinishReason.REPETITION: FINISH_STOP}
@@ -72,10 +74,16 @@ class RequestBuilder:
     by vLLM's own rule (`get_max_tokens`: the rest of the context, capped by the generation config)."""
 
     def __init__(
-        self, processor: InputProcessor, model_config: ModelConfig, loras: Mapping[str, LoRARequest] | None = None
+        self,
+        processor: InputProcessor,
+        model_config: ModelConfig,
+        loras: Mapping[str, LoRARequest] | None = None,
+        tool_grammar: ToolGrammar | None = None,
     ) -> None:
-        """`loras`: the LoRA adapters loaded into the engine core, by the name requests give (RequestParams.lora)."""
+        """`loras`: the LoRA adapters loaded into the engine core, by the name requests give (RequestParams.lora).
+        `tool_grammar`: builds the grammar of a CONSTRAINT_TOOL_CALLS constraint (none: such requests are refused)."""
         self.processor = processor
+        self.tool_grammar = tool_grammar
         self.loras = dict(loras or {})
         self.max_model_len = model_config.max_model_len
         self.defaults: dict[str, Any] = model_config.get_diff_sampling_param()
@@ -137,7 +145,7 @@ class RequestBuilder:
                 logit_bias=dict(sampling.logit_bias) or None,
                 allowed_token_ids=sampling.allowed_token_ids,
                 bad_words=list(sampling.bad_words) or None,
-                structured_outputs=structured_outputs(sampling.constraint),
+                structured_outputs=structured_outputs(sampling.constraint, self.tool_grammar),
                 detokenize=False,
                 output_kind=RequestOutputKind.DELTA,
                 **fields,
@@ -153,16 +161,24 @@ class RequestBuilder:
                 priority=params.priority,
                 session_id=params.session_id,
             )
+        except UnsupportedParameter:
+            raise
         except VLLMValidationError as exc:
             raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc
         except ValueError as exc:
             raise UnsupportedParameter("request", f"vLLM refused the request: {exc}") from exc
 
 
-def structured_outputs(constraint: Constraint | None) -> StructuredOutputsParams | None:
+def structured_outputs(
+    constraint: Constraint | None, tool_grammar: ToolGrammar | None = None
+) -> StructuredOutputsParams | None:
     if constraint is None:
         return None
     kind = constraint.kind
+    if kind == CONSTRAINT_TOOL_CALLS:
+        if tool_grammar is None:
+            raise UnsupportedParameter("tool_choice", "the engine has no tool-call parser to build the grammar from")
+        return tool_grammar.structured_outputs(constraint.spec)
     if kind == CONSTRAINT_JSON_OBJECT:
         return StructuredOutputsParams(json_object=True)
     if kind == CONSTRAINT_CHOICE:

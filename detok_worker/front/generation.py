@@ -51,7 +51,6 @@ from detok_worker.front.validation import (
     with_vllm_headers,
 )
 from detok_worker.parse.base import ParsedOutput
-from detok_worker.parse.registry import NAMED_CALL, REQUIRED_CALLS
 from detok_worker.tokenizer.protocol import Tokenizer
 
 # A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU than the work
@@ -152,7 +151,7 @@ class Generation:
         else:  # chat template + tokenizing of a long prompt: off the loop
             ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body, self.context_length())
         echo = None
-        chat = self.chat_shape(body, params) if isinstance(body, ChatCompletionRequest) else {}
+        chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
         if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
         elif isinstance(body, ChatCompletionRequest) and body.echo:
@@ -183,7 +182,7 @@ class Generation:
         echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
         return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
 
-    def chat_shape(self, body: ChatCompletionRequest, params: RequestParams) -> dict[str, Any]:
+    def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """How a chat answer is shaped (ChatFormatter's options): where it carries its reasoning (front.reasoning_field,
         or nowhere: include_reasoning false), the calls its tool_choice forces, whether it keeps more than one call,
         its role (front.response_role when the prompt asks for an answer, else the last message's: vLLM's rule)."""
@@ -192,7 +191,7 @@ class Generation:
         return {
             "role": self.intake.config.response_role if asks or not isinstance(last_role, str) else last_role,
             "reasoning_field": "" if body.include_reasoning is False else self.intake.config.reasoning_field,
-            "forced_calls": forced if (forced := params.detok.tool_call_parser) in (REQUIRED_CALLS, NAMED_CALL) else "",
+            "forced_calls": self.parsers.forced_shape(body),
             "parallel_tool_calls": body.parallel_tool_calls is not False,
         }
 

@@ -7,7 +7,8 @@ and `tool_choice` is not "none"; parsers whose markers are special tokens turn `
 A `tool_choice` of "required" or a named function constrains the output to call JSON (front/sampling.py); where the
 front parses tool calls (front.tool_call_parser is not "none": on `--source vllm`, vLLM's
 `--enable-auto-tool-choice`), that output is turned into tool calls, as vLLM's server does: the worker runs the
-stage for it in place of the family's parser.
+stage for it in place of the family's parser. With front.tool_choice_grammar = "tool_parser" the engine constrains
+the output to the family's own call format instead, and the family's parser reads it (vLLM's structural tags).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ParserChoice:
     reasoning: str  # "" = none
     tool_calls: str
     forced_calls: bool = True  # a tool_choice that forces calls gives tool calls (else their JSON is content)
+    parser_reads_forced: bool = False  # front.tool_choice_grammar = "tool_parser": forced calls in the family's format
 
     @classmethod
     def from_config(cls, config: DetokConfig, tokenizer: Tokenizer) -> ParserChoice:
@@ -46,23 +48,23 @@ class ParserChoice:
             check_names(reasoning, tool_calls)
         except ParserError as exc:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
-        return cls(reasoning, tool_calls, config.front.tool_call_parser not in ("", "none"))
+        forced_calls = config.front.tool_call_parser not in ("", "none")
+        return cls(reasoning, tool_calls, forced_calls, config.front.tool_choice_grammar == "tool_parser")
 
-    def _forced(self, body: ChatCompletionRequest) -> tuple[str, str]:
-        """(the stage, the named function) of a tool_choice that forces calls we turn into tool calls: REQUIRED_CALLS
-        or NAMED_CALL; ("", "") for none."""
+    def forced_shape(self, body: ChatCompletionRequest) -> str:
+        """How the answer to a tool_choice that forces calls we turn into tool calls is shaped: REQUIRED_CALLS or
+        NAMED_CALL (front/responses.py); "" for none."""
         choice = body.tool_choice
         if not (self.forced_calls and body.tools and self.tool_calls != HARMONY):
-            return "", ""
+            return ""
         if choice == "required":
-            return REQUIRED_CALLS, ""
-        if isinstance(choice, dict):
-            return NAMED_CALL, str((choice.get("function") or {}).get("name") or "")
-        return "", ""
+            return REQUIRED_CALLS
+        return NAMED_CALL if isinstance(choice, dict) else ""
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named."""
-        forced, function = self._forced(body)
+        forced = "" if self.parser_reads_forced else self.forced_shape(body)
+        function = str((body.tool_choice.get("function") or {}).get("name") or "") if forced == NAMED_CALL else ""
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")
         if not (self.reasoning or tool_calls):
             return params

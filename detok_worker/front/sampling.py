@@ -5,7 +5,9 @@ asked for so the engine can honour it, and refuses (400 naming the field) what i
 Constraint sources, as vLLM reads them: `response_format` (json_object, json_schema, structural_tag),
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, `structural_tag`, `structured_outputs`
 (vLLM >= 0.10: json, regex, choice, grammar, json_object, structural_tag), and a chat `tool_choice` of
-"required" or a named function (a JSON schema over the request's tools, built as vLLM builds it). At most one.
+"required" or a named function (a JSON schema over the request's tools, built as vLLM builds it; or, with
+front.tool_choice_grammar = "tool_parser", the request's tools for the engine to build the tool-call parser's own
+grammar from, for "auto" too when nothing else constrains the output). At most one.
 
 vLLM's engine fields (allowed_token_ids, bad_words, prompt_logprobs; priority and cache_salt, which go on the
 RequestParams) are checked here as vLLM's server checks them; validation.py refuses them for an engine source that
@@ -25,6 +27,7 @@ from detok_worker.bus.messages import (
     CONSTRAINT_JSON_SCHEMA,
     CONSTRAINT_REGEX,
     CONSTRAINT_STRUCTURAL_TAG,
+    CONSTRAINT_TOOL_CALLS,
     MAX_TOP_LOGPROBS,
     Constraint,
     SamplingParams,
@@ -62,10 +65,14 @@ _STRUCTURED_OPTIONS = frozenset(
 
 
 def sampling_params(
-    request: CompletionRequest | ChatCompletionRequest, vocab_size: int, scores_prompts: bool = False
+    request: CompletionRequest | ChatCompletionRequest,
+    vocab_size: int,
+    scores_prompts: bool = False,
+    tool_parser_grammar: bool = False,
 ) -> SamplingParams:
     """The request's SamplingParams (n=1: validation.py refuses the others). `scores_prompts`: the engine source
-    computes prompt logprobs (see prompt_logprobs_of)."""
+    computes prompt logprobs (see prompt_logprobs_of). `tool_parser_grammar`: the engine builds the tool-call
+    grammar (front.tool_choice_grammar)."""
     _check_ranges(request)
     return SamplingParams(
         temperature=request.temperature,
@@ -78,7 +85,7 @@ def sampling_params(
         seed=request.seed,
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
         logprobs=logprobs_of(request),
-        constraint=constraint_of(request),
+        constraint=constraint_of(request, tool_parser_grammar),
         allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
         bad_words=_bad_words(request.bad_words),
         prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
@@ -205,7 +212,9 @@ def cache_salt_of(salt: str | None) -> str | None:
 # ---- constraints --------------------------------------------------------------------------------------------
 
 
-def constraint_of(request: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
+def constraint_of(
+    request: CompletionRequest | ChatCompletionRequest, tool_parser_grammar: bool = False
+) -> Constraint | None:
     """The one structured-output constraint the request asks for, or None; two sources are a 400."""
     found: list[tuple[str, Constraint]] = []
     if request.response_format is not None:
@@ -221,7 +230,10 @@ def constraint_of(request: CompletionRequest | ChatCompletionRequest) -> Constra
     if request.structured_outputs is not None:
         found += [("structured_outputs", c) for c in [_from_structured_outputs(request.structured_outputs)] if c]
     if isinstance(request, ChatCompletionRequest):
-        found += [("tool_choice", c) for c in [tool_choice_constraint(request)] if c]
+        tools = tool_choice_constraint(request, tool_parser_grammar)
+        # "auto" asks for no grammar of its own: another constraint wins (vLLM keeps it too)
+        if tools is not None and not (found and request.tool_choice in (None, "auto")):
+            found.append(("tool_choice", tools))
     if len(found) > 1:
         first, second = found[0][0], found[1][0]
         raise bad_request(f"{second}: a request takes one structured-output constraint (also got {first})", second)
@@ -290,17 +302,22 @@ def _from_structured_outputs(options: dict[str, Any]) -> Constraint | None:
     return _constraint(_STRUCTURED_KINDS[key], value, "structured_outputs")
 
 
-def tool_choice_constraint(request: ChatCompletionRequest) -> Constraint | None:
+def tool_choice_constraint(request: ChatCompletionRequest, tool_parser_grammar: bool = False) -> Constraint | None:
     """tool_choice "required" or a named function: the output must be tool call JSON (vLLM's schemas: for
     "required" a non-empty array of {"name", "parameters"} over the request's tools; for a named function its
-    parameters). "none", "auto" and null need no constraint."""
+    parameters). "none", "auto" and null need no constraint. With `tool_parser_grammar` the engine builds the
+    grammar from the request's tools (CONSTRAINT_TOOL_CALLS), for "auto" as well."""
     choice = request.tool_choice
-    if choice is None or choice in ("none", "auto"):
+    if choice == "none" or (choice in (None, "auto") and not (tool_parser_grammar and request.tools)):
         return None
     tools = _function_tools(request.tools)
+    if choice in (None, "auto"):
+        return _tool_calls(request)
     if choice == "required":
         if not tools:
             raise bad_request('tool_choice "required" needs tools', "tool_choice")
+        if tool_parser_grammar:
+            return _tool_calls(request)
         variants = [
             {
                 "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
@@ -316,8 +333,20 @@ def tool_choice_constraint(request: ChatCompletionRequest) -> Constraint | None:
         name = (choice.get("function") or {}).get("name")
         if name not in tools:
             raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+        if tool_parser_grammar:
+            return _tool_calls(request)
         return _constraint(CONSTRAINT_JSON_SCHEMA, tools[name], "tool_choice")
     raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", ...}', "tool_choice")
+
+
+def _tool_calls(request: ChatCompletionRequest) -> Constraint:
+    """What the engine builds the tool-call grammar from: the tools, the tool_choice, parallel_tool_calls."""
+    spec = {
+        "tools": request.tools,
+        "tool_choice": request.tool_choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
+    }
+    return Constraint(CONSTRAINT_TOOL_CALLS, json.dumps(spec, ensure_ascii=False, separators=(",", ":")))
 
 
 def _function_tools(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:

@@ -53,6 +53,7 @@ class Limits:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
     prompt_tokens_details: bool = False  # front.prompt_tokens_details: the engine reports cached prompt tokens
+    tool_parser_grammar: bool = False  # front.tool_choice_grammar = "tool_parser": the engine builds it
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
     added_tokens_known: bool = True
 
@@ -78,6 +79,7 @@ class Limits:
             chat_template_kwargs=MappingProxyType(dict(config.front.chat_template_kwargs)),
             engine_source=config.engine.source,
             prompt_tokens_details=config.front.prompt_tokens_details,
+            tool_parser_grammar=config.front.tool_choice_grammar == "tool_parser",
             added_tokens_known=added_token_contents(tokenizer) is not None,
         )
 
@@ -346,7 +348,9 @@ def check_generation(
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1", "truncate_prompt_tokens")
     vocab_size = max(limits.vocab_size, model_vocab_size)
-    sampling = sampling_params(request, vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE)
+    sampling = sampling_params(
+        request, vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE, limits.tool_parser_grammar
+    )
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens, engine_max_tokens = _max_tokens(request, limits, override, echo)

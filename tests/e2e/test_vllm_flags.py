@@ -16,6 +16,7 @@ import httpx
 import pytest
 import tomllib
 from helpers.serve_helpers import REPO, children_of, pid_alive
+from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import (
     ENV,
     detok_vllm,
@@ -68,6 +69,7 @@ CLI_CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "front flags": (config_argv(*FRONT_FLAGS), {}),
     "no flags": (config_argv(), {}),
     "parser without auto tool choice": (config_argv("--tool-call-parser", "hermes"), {}),
+    "mistral parser": (config_argv("--tool-call-parser", "mistral", "--enable-auto-tool-choice"), {}),
     "key from the environment": (config_argv(), {"VLLM_API_KEY": "from-env"}),
     "key flag and environment": (config_argv("--api-key", "flag"), {"VLLM_API_KEY": "from-env"}),
     "disagreeing port": (config_argv("--port", "8123", detok=("--port", "9000")), {}),
@@ -157,6 +159,16 @@ def test_a_tool_call_parser_parses_only_with_auto_tool_choice(cli_runs: dict[str
     assert effective_config(cli_runs, "parser without auto tool choice")["front"]["tool_call_parser"] == "none"
 
 
+def test_forced_calls_take_the_tool_parsers_grammar_where_vllms_parser_has_one(
+    cli_runs: dict[str, tuple[int, str, str]],
+) -> None:
+    """hermes has a structural tag in vLLM (the engine builds it); mistral's forced calls are JSON, as in vLLM."""
+    cases = ("front flags", "mistral parser", "parser without auto tool choice")
+    grammar = {case: effective_config(cli_runs, case)["front"]["tool_choice_grammar"] for case in cases}
+    assert grammar["front flags"] == "tool_parser"
+    assert grammar["mistral parser"] == grammar["parser without auto tool choice"] == "json_schema"
+
+
 def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins(
     cli_runs: dict[str, tuple[int, str, str]],
 ) -> None:
@@ -195,17 +207,50 @@ def test_detok_serve_with_a_refused_flag_starts_no_process() -> None:
 
 def shared_flags() -> tuple[str, ...]:
     """The same flags to both servers: two keys, two served names, a LoRA adapter, a short context (chat's default
-    max_tokens is the rest of it), streams sent every 4 ids, the usage's cached prompt tokens, a reasoning parser."""
+    max_tokens is the rest of it), streams sent every 4 ids, the usage's cached prompt tokens, a reasoning parser,
+    a tool-call parser (with a structural tag in vLLM: forced calls are written in its own format)."""
     return (
         "--api-key", "key-one", "key-two", "--served-model-name", "first", "second", "--max-model-len", "256",
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"adapter={lora_adapter()}",
         "--stream-interval", "4", "--enable-prompt-tokens-details", "--reasoning-parser", "qwen3",
+        "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
     )  # fmt: skip
 
 
 PROMPT = "Story number 3:"
 CHAT = [{"role": "user", "content": "Hi"}]
 LONG_PROMPT = " ".join(f"word{index}" for index in range(60))
+
+
+def whitespace_bias() -> dict[str, int]:
+    """A logit bias against the tokens that are only whitespace: a tool call's JSON may hold any whitespace, which
+    random weights would otherwise write until max_tokens; the grammar still picks one where nothing else fits."""
+    tokenizer = reference_hf_tokenizer("qwen3")
+    texts = ((token_id, tokenizer.decode([token_id])) for token_id in range(tokenizer.get_vocab_size()))
+    return {str(token_id): -100 for token_id, text in texts if text and not text.strip() and "\ufffd" not in text}
+
+
+# a strict tool whose arguments the grammar pins to a few tokens; thinking off, so the grammar holds from the start
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+TOOL_CHAT = {
+    "messages": CHAT,
+    "tools": [WEATHER],
+    "chat_template_kwargs": {"enable_thinking": False},
+    "logit_bias": whitespace_bias(),
+}
+NAMED = {"type": "function", "function": {"name": "weather"}}
 SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     # sampling and max_tokens left to the server: the generation config's defaults, vLLM's max_tokens rule
     ("/v1/completions", {"model": "first", "prompt": PROMPT, "seed": 3}),  # max_tokens: vLLM's 16
@@ -226,6 +271,13 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
+    # tool_choice required, named (streamed) and auto
+    (
+        "/v1/chat/completions",
+        {**TOOL_CHAT, "seed": 19, "max_tokens": 60, "tool_choice": "required", "parallel_tool_calls": False},
+    ),
+    ("/v1/chat/completions", {**TOOL_CHAT, "seed": 20, "max_tokens": 60, "stream": True, "tool_choice": NAMED}),
+    ("/v1/chat/completions", {**TOOL_CHAT, "seed": 21, "max_tokens": 8, "parallel_tool_calls": False}),
 ]
 
 
@@ -255,6 +307,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     """A whole answer as compared: each choice's text, ids, finish and sampled logprobs, and the usage."""
     choices = []
     for choice in sorted(data["choices"], key=lambda choice: choice["index"]):
+        calls = choice.get("message", {}).get("tool_calls") or []
         logprobs = choice.get("logprobs")
         if logprobs and "content" in logprobs:  # chat: the sampled tokens (top candidates tie on random weights)
             logprobs = [(entry["token"], round(entry["logprob"], 3)) for entry in logprobs["content"]]
@@ -264,6 +317,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
             {
                 "text": choice["text"] if "text" in choice else choice["message"]["content"],
                 "reasoning": choice.get("message", {}).get("reasoning"),
+                "tool_calls": [(call["function"]["name"], call["function"]["arguments"]) for call in calls],
                 "token_ids": choice.get("token_ids"),
                 "finish_reason": choice["finish_reason"],
                 "logprobs": logprobs,
@@ -278,9 +332,11 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def streamed(lines: list[str]) -> dict[str, Any]:
-    """A stream as compared: each choice's joined text and finish, the usage, the end marker."""
+    """A stream as compared: each choice's joined text and finish, its calls (name, joined arguments), the usage, the
+    end marker."""
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     texts: dict[int, str] = {}
+    calls: dict[tuple[int, int], list[str]] = {}
     reasoning: dict[int, str] = {}
     finishes: dict[int, str] = {}
     pieces: dict[int, int] = {}
@@ -291,6 +347,10 @@ def streamed(lines: list[str]) -> dict[str, Any]:
             texts[choice["index"]] = texts.get(choice["index"], "") + (piece or "")
             if delta is not None and delta.get("reasoning"):
                 reasoning[choice["index"]] = reasoning.get(choice["index"], "") + delta["reasoning"]
+            for call in (delta or {}).get("tool_calls") or []:
+                name_and_arguments = calls.setdefault((choice["index"], call["index"]), ["", ""])
+                name_and_arguments[0] += call["function"].get("name") or ""
+                name_and_arguments[1] += call["function"].get("arguments") or ""
             pieces[choice["index"]] = pieces.get(choice["index"], 0) + bool(piece)
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
@@ -308,6 +368,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
     return {
         "texts": texts,
         "reasoning": reasoning,
+        "tool_calls": calls,
         "pieces": pieces,
         "finishes": finishes,
         "usage": usage,
@@ -359,6 +420,8 @@ def settled_metrics(client: httpx.Client) -> dict[str, Any]:
 
 
 COUNTED = ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success")
+# vLLM's families detok does not export, each in docs/http_api.md ("Still different")
+NOT_EXPORTED = frozenset({"vllm:tool_call_parser_invocations"})
 
 
 def vllm_metrics(text: str) -> dict[str, Any]:
@@ -406,7 +469,10 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
-    cached_again = expected[f"request {len(SAME_REQUESTS) - 1}"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]
+    assert required["choices"][0]["tool_calls"] and required["choices"][0]["finish_reason"] == "tool_calls"
+    assert list(named["tool_calls"].values())[0][0] == "weather" and named["finishes"] == {0: "stop"}
+    cached_again = expected[f"request {len(SAME_REQUESTS) - 4}"]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached_again > 0 and expected["request 0"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     for key, value in expected.items():
         if key == "metrics":
@@ -419,6 +485,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             assert (mine["finishes"], mine["usage"], mine["done"]) == (value["finishes"], value["usage"], True), key
             assert mine["fingerprinted"] == value["fingerprinted"] and value["fingerprinted"], key
             assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
+            assert mine["tool_calls"] == value["tool_calls"], key
             assert mine["reasoning"].keys() == value["reasoning"].keys(), key
             for index, text in value["reasoning"].items():
                 assert same_text(mine["reasoning"][index], text), (
@@ -436,7 +503,11 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"
     assert got["unknown model"] == expected["unknown model"] == 404
     metrics, theirs = got.pop("metrics"), expected["metrics"]
-    missing = {name: kind for name, kind in theirs["families"].items() if metrics["families"].get(name) != kind}
+    missing = {
+        name: kind
+        for name, kind in theirs["families"].items()
+        if metrics["families"].get(name) != kind and name not in NOT_EXPORTED
+    }
     assert not missing, f"vLLM's families that detok lacks or types or labels differently: {missing}"
     assert metrics["counts"] == theirs["counts"] and theirs["counts"][("vllm:generation_tokens_total", None)] > 0
     assert (

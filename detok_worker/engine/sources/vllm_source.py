@@ -43,6 +43,7 @@ from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, load_loras, output_logprobs
 from detok_worker.engine.vllm_stats import VllmStats
+from detok_worker.engine.vllm_tool_grammar import ToolGrammar
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -273,9 +274,9 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
         envs.enable_envs_cache()
         try:
             loras = await load_loras(client, args.lora_modules)
-            requests = RequestBuilder(
-                InputProcessor(vllm_config, renderer_from_config(vllm_config)), model_config, loras
-            )
+            processor = InputProcessor(vllm_config, renderer_from_config(vllm_config))
+            tool_grammar = ToolGrammar.from_args(args, model_config, processor.tokenizer)
+            requests = RequestBuilder(processor, model_config, loras, tool_grammar)
             link = EngineLink(
                 config,
                 eos_ids=eos_ids,

@@ -10,7 +10,7 @@ import os
 import subprocess
 
 from helpers.serve_helpers import REPO
-from helpers.vllm_cpu import require_venv
+from helpers.vllm_cpu import model_dir, require_venv
 
 SCRIPT = """
 import json
@@ -72,3 +72,69 @@ def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
     assert unknown == {"refused": "model"}
     assert in_session["session_id"] == "conv-1" and defaulted["session_id"] is None  # vLLM's session_id
     assert (in_session["thinking_token_budget"], defaulted["thinking_token_budget"]) == (32, None)
+
+
+TOOL_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+from vllm.tokenizers import get_tokenizer
+from detok_worker.bus.messages import CONSTRAINT_TOOL_CALLS, Constraint, RequestParams, SamplingParams, Submit
+from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.engine.vllm_requests import RequestBuilder
+from detok_worker.engine.vllm_tool_grammar import ToolGrammar
+
+class Recorder:
+    tokenizer = None
+    def process_inputs(self, rid, prompt, params, tasks, arrival, lora_request=None, priority=0, session_id=None):
+        tag = params.structured_outputs and params.structured_outputs.structural_tag
+        return {"tag": tag and json.loads(tag)}
+
+tokenizer = get_tokenizer(sys.argv[1])
+model = SimpleNamespace(max_model_len=100, generation_config="auto", override_generation_config={},
+                        get_diff_sampling_param=lambda: {}, model=sys.argv[1],
+                        hf_config=SimpleNamespace(model_type="qwen3"))
+args = SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser=None,
+                       tool_strict_level="auto")
+with_grammar = RequestBuilder(Recorder(), model, tool_grammar=ToolGrammar.from_args(args, model, tokenizer))
+without = RequestBuilder(Recorder(), model)
+tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}}}}
+
+def build(builder, **fields):
+    spec = json.dumps({"tools": [tool], "tool_choice": None, "parallel_tool_calls": None, **fields})
+    params = RequestParams(8, sampling=SamplingParams(constraint=Constraint(CONSTRAINT_TOOL_CALLS, spec)))
+    try:
+        return builder.build(Submit("r", list(range(10)), params), params.detok)
+    except UnsupportedParameter as error:
+        return {"refused": error.param}
+
+print(json.dumps([
+    build(with_grammar, tool_choice="required"),
+    build(with_grammar, tool_choice={"type": "function", "function": {"name": "weather"}}),
+    build(with_grammar, tool_choice="auto"),
+    build(with_grammar, tool_choice="auto", parallel_tool_calls=False),
+    build(with_grammar, tool_choice="required", tools="not a list"),
+    build(without, tool_choice="required"),
+]))
+"""
+
+
+def test_the_tool_grammar_is_vllms_structural_tag_of_the_tool_call_parser() -> None:
+    """With hermes: tool_choice required / named get hermes's `<tool_call>` tag over the tools, auto none unless
+    parallel_tool_calls is false (then a tag triggered by `<tool_call>`), as vLLM's parser adjusts a request."""
+    result = subprocess.run(
+        [str(require_venv()), "-c", TOOL_SCRIPT, str(model_dir())],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    required, named, auto, single_auto, bad_tools, no_parser = json.loads(result.stdout.splitlines()[-1])
+    for built in (required, named):
+        text = json.dumps(built["tag"])
+        assert "<tool_call>" in text and '\\"weather\\"' in text, text
+    assert auto == {"tag": None}
+    assert single_auto["tag"]["format"]["triggers"] == ["<tool_call>"]
+    assert bad_tools == {"refused": "request"}  # vLLM's request model refuses it
+    assert no_parser == {"refused": "tool_choice"}

@@ -265,6 +265,49 @@ def test_tools_are_left_out_of_the_prompt_when_tool_choice_is_none_if_asked(qwen
     assert "get_weather" not in left_none
 
 
+def test_with_the_tool_parsers_grammar_the_engine_gets_the_tools_and_the_family_parser_reads_forced_calls(
+    qwen3: Any,
+) -> None:
+    """front.tool_choice_grammar = tool_parser (vLLM's parsers with a structural tag): a forcing tool_choice, and
+    auto when nothing else constrains the output, send the engine the fields it builds the grammar from; the calls
+    are read by the family's parser (hermes), not by the JSON stages."""
+    options = {
+        "engine.source": "vllm",
+        "engine.model": "m",
+        "front.tool_call_parser": "hermes",
+        "front.tool_choice_grammar": "tool_parser",
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    bodies = [
+        {"tool_choice": "required", "parallel_tool_calls": False},
+        {"tool_choice": named},
+        {},
+        {"tool_choice": "auto", "response_format": {"type": "json_object"}},
+        {"tool_choice": "none"},
+    ]
+    with running_front(qwen3, **options) as front:
+        for extra in bodies:
+            body = {**CHAT, "max_tokens": 1, "tools": [WEATHER_TOOL], **extra}
+            assert httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30).is_success
+        submits = [next_submit(front).params for _ in bodies]
+        unnamed = {**CHAT, "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}}
+        refused = httpx.post(f"{front.url}/v1/chat/completions", json=unnamed, timeout=30)
+    required, forced, auto, formatted, none = submits
+    for params, choice, parallel in ((required, "required", False), (forced, named, None), (auto, None, None)):
+        assert params.sampling.constraint is not None and params.sampling.constraint.kind == "tool_calls"
+        spec = {"tools": [WEATHER_TOOL], "tool_choice": choice, "parallel_tool_calls": parallel}
+        assert json.loads(params.sampling.constraint.spec) == spec
+        assert (params.detok.tool_call_parser, params.detok.tool_function) == ("hermes", "")
+    assert formatted.sampling.constraint is not None and formatted.sampling.constraint.kind == "json_object"
+    assert none.sampling.constraint is None and none.detok.tool_call_parser == ""
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "tool_choice")
+
+
+def test_the_tool_parsers_grammar_needs_the_vllm_source() -> None:
+    with pytest.raises(ConfigError, match="front.tool_choice_grammar"):
+        load_config(None, {"front.tool_choice_grammar": "tool_parser"})
+
+
 def test_the_access_log_leaves_out_the_paths_asked(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
     options = {"front.access_log_skip_paths": ["/health"]}
     with caplog.at_level(logging.INFO, logger="detok.access"), running_front(qwen3, **options) as front:
