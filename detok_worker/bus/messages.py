@@ -114,6 +114,8 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     prompt_logprobs: int | None = None
     # the most reasoning tokens before the engine ends the reasoning (vLLM's thinking_token_budget; None: no limit)
     thinking_token_budget: int | None = None
+    # vLLM's SamplingParams.extra_args (the request's vllm_xargs): for the engine's custom logits processors
+    extra_args: dict[str, str | int | float | list[str | int | float]] | None = None
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):

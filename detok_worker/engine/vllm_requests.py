@@ -145,6 +145,7 @@ class RequestBuilder:
                 logit_bias=dict(sampling.logit_bias) or None,
                 allowed_token_ids=sampling.allowed_token_ids,
                 bad_words=list(sampling.bad_words) or None,
+                extra_args=dict(sampling.extra_args) if sampling.extra_args else None,
                 structured_outputs=structured_outputs(sampling.constraint, self.tool_grammar),
                 detokenize=False,
                 output_kind=RequestOutputKind.DELTA,

@@ -73,6 +73,8 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     prompt_logprobs: int | None = None  # top candidates per prompt token (-1: all); not with stream (as vLLM)
     session_id: str | None = None  # a conversation's stable id (vLLM's; also its X-Session-ID header)
     thinking_token_budget: int | None = None  # vLLM's: the most reasoning tokens (-1: no limit)
+    # vLLM's: extra arguments for the engine's custom logits processors (its SamplingParams.extra_args)
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None
@@ -82,7 +84,6 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     logits_processors: Any = None
     return_tokens_as_token_ids: bool | None = None  # null: front.return_tokens_as_token_ids
     kv_transfer_params: Any = None
-    vllm_xargs: Any = None
 
 
 class CompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):

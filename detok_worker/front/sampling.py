@@ -90,6 +90,7 @@ def sampling_params(
         bad_words=_bad_words(request.bad_words),
         prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
         thinking_token_budget=_thinking_token_budget(request.thinking_token_budget),
+        extra_args=request.vllm_xargs or None,
     )
 
 

@@ -227,7 +227,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "guided_whitespace_pattern": _is_set,
     "logits_processors": _is_set,
     "kv_transfer_params": _is_set,
-    "vllm_xargs": _is_set,
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
     "suffix": _is_set,
@@ -261,6 +260,7 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "session_id": _is_set,
     "thinking_token_budget": _not(None, -1),
     "prompt_logprobs": _is_set,
+    "vllm_xargs": _truthy,
 }
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
 

@@ -268,6 +268,7 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
     ("/v1/completions", {"prompt": [PROMPT, "Once upon a time"], "seed": 15, "max_tokens": 6, "n": 2}),  # a batch
     ("/v1/chat/completions", {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True}),  # fingerprint on the end
+    ("/v1/completions", {"prompt": PROMPT, "seed": 22, "max_tokens": 4, "vllm_xargs": {"note": "x", "k": [1, 2]}}),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),

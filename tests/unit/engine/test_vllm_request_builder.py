@@ -26,7 +26,7 @@ class Recorder:
         return {"rid": rid, "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                 "max_tokens": params.max_tokens, "lora": lora_request and [lora_request.lora_name,
                 lora_request.lora_int_id, lora_request.lora_path], "session_id": session_id,
-                "thinking_token_budget": params.thinking_token_budget}
+                "thinking_token_budget": params.thinking_token_budget, "extra_args": params.extra_args}
 
 model = SimpleNamespace(max_model_len=100, generation_config="auto", override_generation_config={},
                         get_diff_sampling_param=lambda: {"temperature": 0.6, "top_k": 20, "top_p": 0.95})
@@ -47,7 +47,8 @@ print(json.dumps([
     build(RequestParams(101)),
     build(RequestParams(8, lora="adapter")),
     build(RequestParams(8, lora="other")),
-    build(RequestParams(8, session_id="conv-1", sampling=SamplingParams(thinking_token_budget=32))),
+    build(RequestParams(8, session_id="conv-1", sampling=SamplingParams(thinking_token_budget=32,
+                                                                         extra_args={"k": [1, "a"]}))),
 ]))
 """
 
@@ -72,6 +73,7 @@ def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
     assert unknown == {"refused": "model"}
     assert in_session["session_id"] == "conv-1" and defaulted["session_id"] is None  # vLLM's session_id
     assert (in_session["thinking_token_budget"], defaulted["thinking_token_budget"]) == (32, None)
+    assert (in_session["extra_args"], defaulted["extra_args"]) == ({"k": [1, "a"]}, None)  # vllm_xargs
 
 
 TOOL_SCRIPT = """

@@ -261,7 +261,10 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         VllmEngine(lambda p: p.sampling.thinking_token_budget == 64),
     ),
     "kv_transfer_params": ({"kv_transfer_params": {}}, REFUSED),
-    "vllm_xargs": ({"vllm_xargs": {"a": 1}}, REFUSED),
+    "vllm_xargs": (
+        {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}},
+        VllmEngine(lambda p: p.sampling.extra_args == {"a": 1, "b": ["x", 2.5]}),
+    ),
 }
 CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     **SHARED_CASES,
@@ -527,6 +530,8 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
         ({"thinking_token_budget": -2}, "thinking_token_budget"),
         ({"thinking_token_budget": 1.5}, "thinking_token_budget"),
         ({"thinking_token_budget": True}, "thinking_token_budget"),
+        ({"vllm_xargs": {"a": {"nested": 1}}}, "vllm_xargs"),
+        ({"vllm_xargs": ["a"]}, "vllm_xargs"),
     ],
 )
 def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
