@@ -300,6 +300,9 @@ class ParsedDelta(msgspec.Struct, array_like=True, gc=False):
     reasoning: str = ""
     reasoning_offset: int = 0
     tool_calls: list[ToolCallDelta] = []
+    # the request's reasoning tokens so far, as vLLM counts them (parse/reasoning.py, ReasoningTokenCount; 0 where the
+    # parser has no count): a running total, so a re-sent delta carries the same value
+    reasoning_tokens: int = 0
 
 
 class LogprobText(msgspec.Struct, array_like=True, gc=False, frozen=True):

@@ -101,7 +101,9 @@ class ParsedReassembly:
                 calls.append(ToolCallDelta(call.index, name, arguments, call.arguments_offset))
         self.content += len(content)
         self.reasoning += len(reasoning)
-        return ParsedDelta(content, parsed.content_offset, reasoning, parsed.reasoning_offset, calls)
+        return ParsedDelta(
+            content, parsed.content_offset, reasoning, parsed.reasoning_offset, calls, parsed.reasoning_tokens
+        )
 
 
 def _fresh(text: str, offset: int, delivered: int) -> str | None:

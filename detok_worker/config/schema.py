@@ -132,6 +132,9 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # the chat answer's field for the reasoning: detok's reasoning_content, or vLLM 0.32's reasoning (the default on
     # source = vllm)
     reasoning_field: Literal["reasoning_content", "reasoning"] = "reasoning_content"
+    # chat usage with completion_tokens_details.reasoning_tokens, counted as vLLM's parser of that family counts
+    # them (front.reasoning_parser qwen3_vllm or deepseek_r1; else 0): vLLM's server with --reasoning-parser
+    reasoning_tokens_details: bool = False
     # the role of a chat answer when its prompt asks for one (add_generation_prompt; else the last message's role),
     # vLLM's --response-role
     response_role: str = "assistant"

@@ -29,6 +29,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from detok_worker.bus.messages import MAX_TOP_LOGPROBS
 from detok_worker.config import ConfigError, DetokConfig, FrontConfig, validate
+from detok_worker.parse.registry import COUNTED_REASONING
 
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 # vLLM's parser names -> detok's parser of the same output format
@@ -80,6 +81,13 @@ def _tool_call_parser(value: str, args: argparse.Namespace) -> Overrides:
     parser = ToolParserManager.get_tool_parser(value)
     if parser.structural_tag_model is not None and not parser.supports_required_and_named:
         overrides["front.tool_choice_grammar"] = "tool_parser"
+    return overrides
+
+
+def _reasoning_parser(value: str, args: argparse.Namespace) -> Overrides:
+    """The front's parser of that family, and the usage's reasoning tokens where detok counts them as vLLM does."""
+    overrides = _parser(REASONING_PARSERS, "front.reasoning_parser", "--reasoning-parser")(value, args)
+    overrides["front.reasoning_tokens_details"] = overrides["front.reasoning_parser"] in COUNTED_REASONING
     return overrides
 
 
@@ -166,7 +174,7 @@ HONOURED: dict[str, Flag] = {
 # engine flags the front honours too (they also go to the engine core)
 FRONT_ENGINE_FLAGS: dict[str, Flag] = {
     "served_model_name": _served_names,
-    "reasoning_parser": _parser(REASONING_PARSERS, "front.reasoning_parser", "--reasoning-parser"),
+    "reasoning_parser": _reasoning_parser,
     "max_logprobs": _max_logprobs,  # vLLM's input processing refuses more than this per request
     "tokenizer": _to("tokenizer.path"),
     "enable_log_requests": _to("front.log_requests"),

@@ -14,7 +14,7 @@ import msgspec
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.front.errors import APIError
-from detok_worker.front.openai_api import PromptTokensDetails, Usage
+from detok_worker.front.openai_api import CompletionTokensDetails, PromptTokensDetails, Usage
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.stream.stop.rules import StopRules
@@ -105,11 +105,16 @@ class Choices:
         values = [v for stream in self.streams if (v := stream.mean_itl_s()) is not None]
         return sum(values) / len(values) if values else None
 
-    def usage(self, created: bool = False) -> Usage:
+    def usage(self, created: bool = False, reasoning: bool = False) -> Usage:
         """With the engine's cached prompt tokens when it told them (front.prompt_tokens_details); `created`: with the
-        tokens its prefill wrote to the prefix cache too (vLLM's chat usage has them, its completions' not)."""
+        tokens its prefill wrote to the prefix cache too (vLLM's chat usage has them, its completions' not);
+        `reasoning`: with the reasoning tokens (front.reasoning_tokens_details)."""
         completion = sum(stream.n_tokens for stream in self.streams)
         usage = Usage(self.prompt_tokens, completion, self.prompt_tokens + completion)
+        if reasoning:
+            usage.completion_tokens_details = CompletionTokensDetails(
+                sum(stream.reasoning_tokens for stream in self.streams)
+            )
         cached = self.streams[0].cached_tokens
         if cached is not None:
             details = PromptTokensDetails(cached[0])

@@ -161,7 +161,8 @@ class Generation:
         choices = self._submit(ids, params, checked, rid)
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
         self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
-        usage = ChunkUsage(checked.include_usage, checked.continuous_usage)
+        reasoning_tokens = isinstance(body, ChatCompletionRequest) and self.intake.config.reasoning_tokens_details
+        usage = ChunkUsage(checked.include_usage, checked.continuous_usage, reasoning_tokens)
         token_ids = TokenIds(ids) if body.return_token_ids else None
         fingerprint = self.dispatcher.system_fingerprint
         as_ids = body.return_tokens_as_token_ids

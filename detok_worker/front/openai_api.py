@@ -137,11 +137,16 @@ class PromptTokensDetails(msgspec.Struct):
     created_cache_tokens: int | UnsetType = UNSET  # computed by its prefill and written to the prefix cache
 
 
+class CompletionTokensDetails(msgspec.Struct):
+    reasoning_tokens: int
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET  # front.prompt_tokens_details (vLLM's)
+    completion_tokens_details: CompletionTokensDetails | UnsetType = UNSET  # front.reasoning_tokens_details (chat)
 
 
 class CompletionLogprobs(msgspec.Struct):

@@ -49,6 +49,7 @@ class RequestStream:
         "_parsed",
         "parsed_reassembly",
         "tool_calls_seen",
+        "reasoning_tokens",
         "_stop_rules",
         "_wakeup",
         "_logprobs",
@@ -89,6 +90,7 @@ class RequestStream:
         self._parsed: ParsedOutput | None = ParsedOutput() if parsed else None
         self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
         self.tool_calls_seen = False
+        self.reasoning_tokens = 0  # as vLLM counts them (ParsedDelta.reasoning_tokens)
         self._stop_rules = stop_rules
         # the n choices of one HTTP request share one event: their handler waits for news from any of them
         self._wakeup = wakeup or asyncio.Event()
@@ -202,6 +204,7 @@ class RequestStream:
             self._gap()
             return False
         news = self._parsed
+        self.reasoning_tokens = fresh.reasoning_tokens
         news.content += fresh.content
         news.reasoning += fresh.reasoning
         for call in fresh.tool_calls:

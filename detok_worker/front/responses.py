@@ -23,6 +23,7 @@ from detok_worker.front.openai_api import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    CompletionTokensDetails,
     FunctionCallOut,
     PromptLogprobsOut,
     TokenLogprobOut,
@@ -73,9 +74,13 @@ class ChunkTemplates:
         return template
 
 
-def usage_of(stream: RequestStream) -> Usage:
-    """One choice's running usage (vLLM's continuous_usage_stats: per choice)."""
-    return Usage(stream.prompt_tokens, stream.n_tokens, stream.prompt_tokens + stream.n_tokens)
+def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
+    """One choice's running usage (vLLM's continuous_usage_stats: per choice); `reasoning`: with its reasoning
+    tokens."""
+    usage = Usage(stream.prompt_tokens, stream.n_tokens, stream.prompt_tokens + stream.n_tokens)
+    if reasoning:
+        usage.completion_tokens_details = CompletionTokensDetails(stream.reasoning_tokens)
+    return usage
 
 
 def _logprob_value(value: float) -> float | None:
@@ -155,9 +160,11 @@ class ChunkUsage:
     """What a streamed chunk carries as `usage`: absent; null (include_usage: OpenAI puts "usage": null on
     every chunk and the totals on one last chunk); or (continuous_usage_stats) the choice's running counts."""
 
-    def __init__(self, include_usage: bool, continuous: bool) -> None:
+    def __init__(self, include_usage: bool, continuous: bool, reasoning: bool = False) -> None:
+        """`reasoning`: usage with the reasoning tokens (a chat answer, front.reasoning_tokens_details)."""
         self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self._continuous = continuous
+        self.reasoning = reasoning
 
     @property
     def continuous(self) -> bool:
@@ -168,7 +175,7 @@ class ChunkUsage:
         return self._fixed is None
 
     def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
-        return usage_of(stream) if self._continuous else self._fixed
+        return usage_of(stream, self.reasoning) if self._continuous else self._fixed
 
 
 class TokenIds:
@@ -419,7 +426,7 @@ class ChatFormatter(FormatterBase):
         return self._chunk(choice, stream)
 
     def usage_chunk(self, choices: Choices) -> bytes:
-        usage = choices.usage(created=True)
+        usage = choices.usage(created=True, reasoning=self._usage.reasoning)
         return _encode(
             ChatCompletionChunk(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
         )
@@ -444,7 +451,8 @@ class ChatFormatter(FormatterBase):
             )
             for index, stream in enumerate(choices.streams)
         ]
-        response = ChatCompletionResponse(self.rid, self.created, self.model, out, choices.usage(created=True))
+        usage = choices.usage(created=True, reasoning=self._usage.reasoning)
+        response = ChatCompletionResponse(self.rid, self.created, self.model, out, usage)
         response.system_fingerprint = self.fingerprint
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids

@@ -93,3 +93,44 @@ class ThinkStage(TextStage):
             out.reasoning += held
         else:
             out.content += held
+
+
+class ReasoningTokenCount:
+    """vLLM's count of a request's reasoning tokens (usage.completion_tokens_details.reasoning_tokens), over its
+    output ids, for families whose think markers are single tokens. `until_end` (vLLM 0.32's qwen3 parser): the ids
+    before the first end marker, start markers aside, from the start of the output unless the prompt closed the
+    block (then none). Else (vLLM's deepseek_r1, its BaseThinkingReasoningParser): the ids inside start ... end
+    pairs of the output itself, markers aside (a start the prompt holds does not count). Per batch of ids: the
+    markers are looked for with list methods, ids are only walked one by one in a batch that holds one."""
+
+    __slots__ = ("start_id", "end_id", "until_end", "depth", "count")
+
+    def __init__(self, start_id: int, end_id: int, *, until_end: bool, counting: bool = True) -> None:
+        self.start_id = start_id
+        self.end_id = end_id
+        self.until_end = until_end
+        # until_end: 1 while the output reasons, 0 once it ended (or never began); else the markers' nesting depth
+        self.depth = int(counting) if until_end else 0
+        self.count = 0
+
+    def add(self, ids: list[int]) -> None:
+        start, end = self.start_id, self.end_id
+        if self.until_end:
+            if not self.depth:
+                return
+            if end in ids:
+                ids = ids[: ids.index(end)]
+                self.depth = 0
+            self.count += len(ids) - ids.count(start)
+            return
+        if start not in ids and end not in ids:
+            if self.depth:
+                self.count += len(ids)
+            return
+        for token_id in ids:
+            if token_id == start:
+                self.depth += 1
+            elif token_id == end:
+                self.depth = max(self.depth - 1, 0)
+            elif self.depth:
+                self.count += 1

@@ -13,7 +13,14 @@ from collections.abc import Callable, Sequence
 
 from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
 from detok_worker.parse.harmony import HarmonyStage
-from detok_worker.parse.reasoning import ThinkStage, ThinkState, initial_state
+from detok_worker.parse.reasoning import (
+    THINK_END,
+    THINK_START,
+    ReasoningTokenCount,
+    ThinkStage,
+    ThinkState,
+    initial_state,
+)
 from detok_worker.parse.tool_calls import Llama3JsonCalls, MistralCalls, NamedCall, RequiredCalls, TaggedJsonCalls
 
 AUTO = "auto"
@@ -30,6 +37,9 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     ),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
 }
+# the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> `until_end`
+# (ReasoningTokenCount)
+COUNTED_REASONING = {"qwen3_vllm": True, "deepseek_r1": False}
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
     "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
@@ -121,3 +131,16 @@ def create_parser(
     elif tool_calls:
         stages.append(TOOL_CALL_PARSERS[tool_calls]())
     return StagedParser(stages) if stages else None
+
+
+def reasoning_token_count(
+    reasoning: str, prompt_tail_text: str, token_to_id: Callable[[str], int | None]
+) -> ReasoningTokenCount | None:
+    """The count of a request's reasoning tokens, for a parser in COUNTED_REASONING whose markers are tokens of the
+    tokenizer; else None."""
+    until_end = COUNTED_REASONING.get(reasoning)
+    start, end = token_to_id(THINK_START), token_to_id(THINK_END)
+    if until_end is None or start is None or end is None:
+        return None
+    counting = initial_state(prompt_tail_text, ThinkState.OPENING_TO_REASONING) is not ThinkState.CONTENT
+    return ReasoningTokenCount(start, end, until_end=until_end, counting=counting)

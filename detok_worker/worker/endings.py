@@ -57,6 +57,8 @@ class RidEndings:
         consumed = out.consumed
         state.n_tokens += consumed
         self.tokens_consumed += consumed
+        if state.parsing is not None:
+            state.parsing.count(ids[:consumed])
         self.unknown_ids += out.unknown_ids
         text = out.text
         if state.parsing is not None:
@@ -110,6 +112,8 @@ class RidEndings:
             text, stop_reason, error = out.text, out.stop_reason, out.error
             state.n_tokens += out.consumed
             self.tokens_consumed += out.consumed
+            if state.parsing is not None:
+                state.parsing.count(item.ids[: out.consumed])
             self.unknown_ids += out.unknown_ids
             if not out.stopped and error is None:
                 text += decoder.flush().text  # a stop string may still match in the flushed text

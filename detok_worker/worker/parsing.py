@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from detok_worker.bus.messages import DetokParams, ParsedDelta, ToolCallDelta
 from detok_worker.parse.base import OutputParser, ParsedOutput
-from detok_worker.parse.registry import create_parser
+from detok_worker.parse.reasoning import ReasoningTokenCount
+from detok_worker.parse.registry import create_parser, reasoning_token_count
 from detok_worker.stream.decode import decode_text
 from detok_worker.stream.stop.matcher import StopStringFilter, StopStringMatch, compile_stop_strings
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -26,6 +27,12 @@ class RidParsing:
     content_offset: int = 0
     reasoning_offset: int = 0
     arguments_offsets: dict[int, int] = field(default_factory=dict)  # tool call index -> arguments emitted
+    reasoning_tokens: ReasoningTokenCount | None = None  # vLLM's count of the reasoning tokens, where it has one
+
+    def count(self, ids: list[int]) -> None:
+        """The request's next output ids (those its decoder consumed), for the count of its reasoning tokens."""
+        if self.reasoning_tokens is not None:
+            self.reasoning_tokens.add(ids)
 
     def take(self, text: str, *, final: bool) -> tuple[ParsedDelta, StopStringMatch | None]:
         """Parse the next raw text (and flush at the end); returns the delta and a stop string found in content."""
@@ -38,7 +45,10 @@ class RidParsing:
             content, match = self.stop_filter.feed_one(content)
             if match is None and final:
                 content += self.stop_filter.release()
-        delta = ParsedDelta(content, self.content_offset, out.reasoning, self.reasoning_offset, self._calls(out))
+        counted = self.reasoning_tokens.count if self.reasoning_tokens is not None else 0
+        delta = ParsedDelta(
+            content, self.content_offset, out.reasoning, self.reasoning_offset, self._calls(out), counted
+        )
         self.content_offset += len(content)
         self.reasoning_offset += len(out.reasoning)
         return delta, match
@@ -65,4 +75,5 @@ def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int
         stops = tuple(dict.fromkeys(params.stop))
         hidden, visible = ((), stops) if params.include_stop_str_in_output else (stops, ())
         stop_filter = StopStringFilter(compile_stop_strings(hidden, visible))
-    return RidParsing(parser, stop_filter)
+    counter = reasoning_token_count(params.reasoning_parser, tail_text, tokenizer.token_to_id)
+    return RidParsing(parser, stop_filter, reasoning_tokens=counter)

@@ -128,6 +128,7 @@ def test_front_end_flags_set_the_fronts_options(cli_runs: dict[str, tuple[int, s
     assert (config["model_name"], config["model_aliases"]) == ("a", ["b"])
     assert (config["host"], config["port"], config["processes"]) == ("0.0.0.0", 8123, 2)
     assert (config["tool_call_parser"], config["reasoning_parser"]) == ("hermes", "qwen3_vllm")  # vLLM 0.32's qwen3
+    assert config["reasoning_tokens_details"] is True
     assert config["cors_allowed_origins"] == ["https://app.example"]
     assert (config["cors_allowed_methods"], config["cors_allowed_headers"]) == (["*"], ["*"])  # vLLM's defaults
     assert config["access_log"] is False
@@ -286,15 +287,6 @@ def rounded(values: list[float | None] | None) -> list[float | None] | None:
     return None if values is None else [None if value is None else round(value, 3) for value in values]
 
 
-def usage_compared(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The usage as compared: what it gives, but vLLM's count of reasoning tokens (`completion_tokens_details`, with a
-    reasoning parser), which detok does not report (docs/http_api.md, "still different")."""
-    compared = given(usage)
-    if compared is not None:
-        compared.pop("completion_tokens_details", None)
-    return compared
-
-
 def given(fields: dict[str, Any] | None) -> dict[str, Any] | None:
     """The fields that hold a value, nested ones too (vLLM also writes the ones it leaves empty as null)."""
     if fields is None:
@@ -327,7 +319,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": data["model"],
         "choices": choices,
-        "usage": usage_compared(data.get("usage")),
+        "usage": given(data.get("usage")),
         "system_fingerprint": data.get("system_fingerprint"),
     }
 
@@ -355,7 +347,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
             pieces[choice["index"]] = pieces.get(choice["index"], 0) + bool(piece)
             if choice.get("finish_reason"):
                 finishes[choice["index"]] = choice["finish_reason"]
-    usage = [usage_compared(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
+    usage = [given(chunk["usage"]) for chunk in chunks if chunk.get("usage")]
     # which chunks carry the system_fingerprint (each choice's last, or the usage chunk), and its value
     fingerprinted = [
         (
@@ -470,8 +462,10 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
+    assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]
     assert required["choices"][0]["tool_calls"] and required["choices"][0]["finish_reason"] == "tool_calls"
+    assert required["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}  # thinking off
     assert list(named["tool_calls"].values())[0][0] == "weather" and named["finishes"] == {0: "stop"}
     cached_again = expected[f"request {len(SAME_REQUESTS) - 4}"]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached_again > 0 and expected["request 0"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
