@@ -35,7 +35,14 @@ from detok_worker.front.prompt_logprobs import (
     prompt_info,
     render_prompt_logprobs,
 )
-from detok_worker.front.prompts import chat_echo_text, chat_prompt_ids, completion_prompt_ids, echo_text, prompt_chars
+from detok_worker.front.prompts import (
+    chat_echo_text,
+    chat_prompt_ids,
+    chat_prompt_text,
+    completion_prompt_ids,
+    echo_text,
+    prompt_chars,
+)
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.request_log import log_request
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
@@ -156,6 +163,8 @@ class Generation:
             echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
         elif isinstance(body, ChatCompletionRequest) and body.echo:
             echo = chat_echo_text(body, chat["role"])
+        if isinstance(body, ChatCompletionRequest) and body.return_prompt_text:
+            chat["prompt_text"] = await self.intake.off_loop(chat_prompt_text, body, self.tokenizer, self.limits)
         if self.intake.config.log_requests:
             log_request(rid, params, ids, self.intake.config.max_log_len)
         choices = self._submit(ids, params, checked, rid)

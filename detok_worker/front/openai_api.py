@@ -103,6 +103,7 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fiel
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # null = true
     include_reasoning: bool | None = None  # vLLM's: false leaves the parsed reasoning out of the answer
+    return_prompt_text: bool | None = None  # vLLM's: the answer carries the rendered prompt (prompt_text)
     continue_final_message: bool | None = None
     reasoning_effort: str | None = None
     top_logprobs: int | None = None
@@ -257,6 +258,7 @@ class ChatCompletionResponse(msgspec.Struct):
     object: str = "chat.completion"
     system_fingerprint: str | UnsetType = UNSET
     prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids (vLLM's)
+    prompt_text: str | UnsetType = UNSET  # with return_prompt_text (vLLM's): the rendered prompt
     prompt_logprobs: PromptLogprobsOut | UnsetType = UNSET  # with prompt_logprobs (vLLM's)
 
 
@@ -286,6 +288,7 @@ class ChatCompletionChunk(msgspec.Struct):
     object: str = "chat.completion.chunk"
     system_fingerprint: str | UnsetType = UNSET
     prompt_token_ids: list[int] | UnsetType = UNSET  # with return_token_ids: on each choice's first chunk
+    prompt_text: str | UnsetType = UNSET  # with return_prompt_text: on each choice's first chunk
 
 
 class ModelCard(msgspec.Struct):

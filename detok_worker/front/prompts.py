@@ -170,7 +170,8 @@ def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] |
     return shaped
 
 
-def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+def chat_prompt_text(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> str:
+    """The prompt the chat template renders for the request (vLLM's return_prompt_text gives it back)."""
     messages = _template_messages(request.messages)
     check_prompt_chars(sum(len(message["content"]) for message in messages), limits, "messages")
     excluded = request.tool_choice == "none" and limits.exclude_tools_when_tool_choice_none
@@ -186,6 +187,11 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits
     except TokenizerError as exc:  # ChatTemplateError, or a backend's own "no chat template" error
         raise bad_request(str(exc), "messages", code="chat_template_error") from exc
     check_prompt_chars(len(text), limits, "messages")  # the rendered text: a template may add a lot
+    return text
+
+
+def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+    text = chat_prompt_text(request, tokenizer, limits)
     add_special = bool(request.add_special_tokens)
     ids = encode_text(tokenizer, text, add_special, "rendered chat")
     check_prompt_tokens(ids, limits, "messages")

@@ -337,18 +337,21 @@ class ChatFormatter(FormatterBase):
         forced_calls: str = "",
         parallel_tool_calls: bool = True,
         role: str = "assistant",
+        prompt_text: str | None = None,
         **kwargs: Any,
     ) -> None:
         """`reasoning_field`: the field that carries the reasoning ("reasoning_content", or vLLM 0.32's "reasoning";
         "" = none: the request asked include_reasoning false). `forced_calls`: the stage of a tool_choice that forces
         calls (REQUIRED_CALLS, NAMED_CALL; front/parsing.py), shaped as vLLM's server shapes them: the message's
         content "" and (required) each call's arguments its parameters as JSON, and a named call ends with its own
-        finish reason. `parallel_tool_calls` false: the first call only (vLLM's filter). `role`: the answer's role."""
+        finish reason. `parallel_tool_calls` false: the first call only (vLLM's filter). `role`: the answer's role.
+        `prompt_text` (return_prompt_text): the rendered prompt, on the whole answer and each choice's first chunk."""
         super().__init__(*args, **kwargs)
         self.reasoning_field = reasoning_field
         self.forced_calls = forced_calls
         self.parallel_tool_calls = parallel_tool_calls
         self.role = role
+        self.prompt_text = msgspec.UNSET if prompt_text is None else prompt_text
         # (choice, tool call index) -> the call's id (made here: the worker has none)
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
@@ -357,9 +360,12 @@ class ChatFormatter(FormatterBase):
             self._tool_call_ids[choice, index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
         return self._tool_call_ids[choice, index]
 
-    def _chunk(self, choice: ChatChunkChoice, stream: RequestStream) -> bytes:
+    def _chunk(self, choice: ChatChunkChoice, stream: RequestStream, first: bool = False) -> bytes:
+        """`first`: the choice's first chunk (with the rendered prompt, return_prompt_text)."""
         usage = self._usage.of(stream)
         chunk = ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage)
+        if first:
+            chunk.prompt_text = self.prompt_text
         if choice.finish_reason is not None:
             chunk.system_fingerprint = self._last_fingerprint
         if self.token_ids is not None:
@@ -368,7 +374,7 @@ class ChatFormatter(FormatterBase):
 
     def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
         """The role, then (echo) the last message's content, as vLLM's server sends them."""
-        chunks = [self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream)]
+        chunks = [self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream, first=True)]
         if self._echo:
             chunks.append(self._chunk(ChatChunkChoice(index, ChatDelta(content=self._echo)), stream))
         return chunks
@@ -454,6 +460,7 @@ class ChatFormatter(FormatterBase):
         usage = choices.usage(created=True, reasoning=self._usage.reasoning)
         response = ChatCompletionResponse(self.rid, self.created, self.model, out, usage)
         response.system_fingerprint = self.fingerprint
+        response.prompt_text = self.prompt_text
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids
         if prompt_logprobs is not None:

@@ -263,12 +263,26 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": CHAT, "seed": 8, "max_tokens": 12, "temperature": 0.9, "top_p": 0.8}),
     ("/v1/completions", {"prompt": PROMPT, "seed": 9, "max_tokens": 8, "n": 2}),
     ("/v1/completions", {"prompt": PROMPT, "seed": 10, "max_tokens": 6, "logprobs": 2, "echo": True}),
-    ("/v1/chat/completions", {"messages": CHAT, "seed": 11, "max_tokens": 6, "logprobs": True, "top_logprobs": 2}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "seed": 11,
+            "max_tokens": 6,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "return_prompt_text": True,
+        },
+    ),
     ("/v1/completions", {"prompt": PROMPT, "seed": 12, "max_tokens": 10, "stream": True, "n": 2}),
     ("/v1/completions", {"model": "adapter", "prompt": PROMPT, "seed": 14, "max_tokens": 8}),  # on the LoRA adapter
     ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
     ("/v1/completions", {"prompt": [PROMPT, "Once upon a time"], "seed": 15, "max_tokens": 6, "n": 2}),  # a batch
-    ("/v1/chat/completions", {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True}),  # fingerprint on the end
+    # the fingerprint on the end; the rendered prompt on the first chunk
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True, "return_prompt_text": True},
+    ),
     ("/v1/completions", {"prompt": PROMPT, "seed": 22, "max_tokens": 4, "vllm_xargs": {"note": "x", "k": [1, 2]}}),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
@@ -320,6 +334,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         "model": data["model"],
         "choices": choices,
         "usage": given(data.get("usage")),
+        "prompt_text": data.get("prompt_text"),
         "system_fingerprint": data.get("system_fingerprint"),
     }
 
@@ -362,6 +377,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
         "texts": texts,
         "reasoning": reasoning,
         "tool_calls": calls,
+        "prompt_texts": [chunk["prompt_text"] for chunk in chunks if chunk.get("prompt_text")],
         "pieces": pieces,
         "finishes": finishes,
         "usage": usage,
@@ -461,6 +477,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 2"]["usage"]["completion_tokens"] < 256
     assert expected["max_tokens above the context"] == (400, "max_tokens")
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
+    assert expected["request 8"]["prompt_text"].startswith("<|im_start|>user\nHi")  # return_prompt_text
+    assert expected["request 13"]["prompt_texts"] == [expected["request 8"]["prompt_text"]]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]
@@ -481,6 +499,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
             assert mine["fingerprinted"] == value["fingerprinted"] and value["fingerprinted"], key
             assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
             assert mine["tool_calls"] == value["tool_calls"], key
+            assert mine["prompt_texts"] == value["prompt_texts"], key
             assert mine["reasoning"].keys() == value["reasoning"].keys(), key
             for index, text in value["reasoning"].items():
                 assert same_text(mine["reasoning"][index], text), (
@@ -492,7 +511,11 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
                 assert same_text(ours.pop("text"), theirs.pop("text")), f"{key}: {mine}"
                 assert same_text(ours.pop("reasoning"), theirs.pop("reasoning")), f"{key}: {mine}"
                 assert ours == theirs, f"{key}: detok {ours!r}, vLLM {theirs!r}"
-            assert (mine["model"], mine["usage"]) == (value["model"], value["usage"]), key
+            assert (mine["model"], mine["usage"], mine["prompt_text"]) == (
+                value["model"],
+                value["usage"],
+                value["prompt_text"],
+            ), key
             assert mine["system_fingerprint"] == value["system_fingerprint"] is not None, key
         else:
             assert got[key] == value, f"{key}: detok {got[key]!r}, vLLM {value!r}"

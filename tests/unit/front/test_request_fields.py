@@ -55,7 +55,7 @@ VLLM_FIELDS = {
 }  # fmt: skip
 VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
-    "mm_processor_kwargs", "include_reasoning",
+    "mm_processor_kwargs", "include_reasoning", "return_prompt_text",
 }  # fmt: skip
 VLLM_COMPLETION_FIELDS = {"prompt_embeds"}
 
@@ -305,6 +305,13 @@ CHAT_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "include_reasoning": (
         {"include_reasoning": False},
         Response(lambda r: "reasoning_content" not in r.json()["choices"][0]["message"]),
+    ),
+    # the prompt as the chat template rendered it: the recording tokenizer's render (its messages and arguments)
+    "return_prompt_text": (
+        {"return_prompt_text": True},
+        Response(
+            lambda r: r.json()["prompt_text"] == "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+        ),
     ),
     "continue_final_message": (
         {
