@@ -116,6 +116,9 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     thinking_token_budget: int | None = None
     # vLLM's SamplingParams.extra_args (the request's vllm_xargs): for the engine's custom logits processors
     extra_args: dict[str, str | int | float | list[str | int | float]] | None = None
+    # the request's own vLLM stream_interval (at least 1): its ids go to its worker every this many, or every
+    # --stream-interval if that is larger (the vLLM source)
+    stream_interval: int | None = None
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):

@@ -75,6 +75,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     thinking_token_budget: int | None = None  # vLLM's: the most reasoning tokens (-1: no limit)
     # vLLM's: extra arguments for the engine's custom logits processors (its SamplingParams.extra_args)
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    stream_interval: int | None = None  # vLLM's: a stream's pieces every this many tokens (at least the server's)
     # refused when set (validation.py): detok cannot honour them (yet)
     best_of: Any = None
     use_beam_search: Any = None

@@ -91,7 +91,14 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
         thinking_token_budget=_thinking_token_budget(request.thinking_token_budget),
         extra_args=request.vllm_xargs or None,
+        stream_interval=_stream_interval(request.stream_interval),
     )
+
+
+def _stream_interval(interval: int | None) -> int | None:
+    if interval is not None and interval < 1:
+        raise bad_request("stream_interval must be at least 1", "stream_interval")
+    return interval
 
 
 def _thinking_token_budget(budget: int | None) -> int | None:

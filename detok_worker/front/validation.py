@@ -261,6 +261,7 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "thinking_token_budget": _not(None, -1),
     "prompt_logprobs": _is_set,
     "vllm_xargs": _truthy,
+    "stream_interval": _is_set,
 }
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
 

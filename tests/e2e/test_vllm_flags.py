@@ -15,10 +15,13 @@ from typing import Any
 import httpx
 import pytest
 import tomllib
-from helpers.serve_helpers import REPO, children_of, pid_alive
+from helpers.serve_helpers import REPO, children_of, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import (
     ENV,
+    LOG_EVERY_SECOND,
+    SERVED_NAME,
+    STATS_LINE,
     detok_vllm,
     lora_adapter,
     model_with_sampling_defaults,
@@ -276,7 +279,11 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("/v1/completions", {"prompt": PROMPT, "seed": 12, "max_tokens": 10, "stream": True, "n": 2}),
     ("/v1/completions", {"model": "adapter", "prompt": PROMPT, "seed": 14, "max_tokens": 8}),  # on the LoRA adapter
-    ("/v1/chat/completions", {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}}),
+    # a request's own stream_interval above the server's 4
+    (
+        "/v1/chat/completions",
+        {"messages": CHAT, "seed": 13, "stream": True, "stream_options": {"include_usage": True}, "stream_interval": 6},
+    ),
     ("/v1/completions", {"prompt": [PROMPT, "Once upon a time"], "seed": 15, "max_tokens": 6, "n": 2}),  # a batch
     # the fingerprint on the end; the rendered prompt on the first chunk
     (
@@ -538,11 +545,22 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     )
 
 
-def test_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
-    """`detok serve` stops as `vllm serve` does: the engine process shuts vLLM's engine core down itself (vLLM gives
-    it seconds), and is not killed after the supervisor's usual few seconds."""
-    service = detok_vllm()
+def test_disable_log_stats_then_sigterm_lets_vllms_engine_core_stop_on_its_own() -> None:
+    """--disable-log-stats: no vllm: family (detok's own stay) and no stats line, however long the engine runs.
+    Then `detok serve` stops as `vllm serve` does: the engine process shuts vLLM's engine core down itself (vLLM
+    gives it seconds), and is not killed after the supervisor's usual few seconds. (One service for both: a vLLM
+    start is the suite's dearest step.)"""
+    service = detok_vllm(engine_flags=("--disable-log-stats",), env=LOG_EVERY_SECOND)
     try:
+        with httpx.Client(base_url=service.url, timeout=120) as client:
+            body = {"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 64, "temperature": 1.0, "seed": 1}
+            response = client.post("/v1/completions", json=body)
+            assert response.status_code == 200
+            assert response.json()["usage"]["completion_tokens"] > 0
+            time.sleep(3)  # three periods of the stats line
+            wait_for(lambda: "detok_front_tokens_total" in client.get("/metrics").text, 10, what="detok's families")
+            assert "vllm:" not in client.get("/metrics").text
+        assert STATS_LINE not in service.log(None)
         engine = service.child_pids("engine")
         assert len(engine) == 1
         cores = list(children_of(engine[0]))  # vLLM's EngineCore process

@@ -17,8 +17,18 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import REPO, sse_payloads, wait_for
-from helpers.vllm_cpu import ENGINE_FLAGS, ENV, SERVED_NAME, detok_vllm, model_dir, require_venv, vllm_server
+from helpers.serve_helpers import REPO, sse_payloads
+from helpers.vllm_cpu import (
+    ENGINE_FLAGS,
+    ENV,
+    LOG_EVERY_SECOND,
+    SERVED_NAME,
+    STATS_LINE,
+    detok_vllm,
+    model_dir,
+    require_venv,
+    vllm_server,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, more on a loaded machine
@@ -36,9 +46,6 @@ STOPPED = [{"prompt": f"Tale {seed} begins", "max_tokens": 48, "temperature": 1.
 # engine makes in the seconds a server may take to see it gone on a busy machine
 LEFT = [{"prompt": f"Long story {seed}", "max_tokens": 1500, "temperature": 1.0, "seed": seed} for seed in range(8)]
 LEFT_AFTER_EVENTS = 3
-# vLLM's stats line every second instead of every 10 (VLLM_LOG_STATS_INTERVAL): a short run logs it too
-LOG_EVERY_SECOND = {"VLLM_LOG_STATS_INTERVAL": "1"}
-STATS_LINE = "Avg prompt throughput"
 
 Shape = tuple[str, frozenset[str], tuple[float, ...]]  # a family's type, label names and histogram buckets
 
@@ -245,23 +252,6 @@ def test_vllms_stats_line_in_the_engine_log(detok_run: Run) -> None:
     lines = [line for line in detok_run.log.splitlines() if STATS_LINE in line]
     assert lines, "no vLLM stats line in the log"
     assert all(" engine[" in line for line in lines)  # written by the engine process
-
-
-def test_disable_log_stats_turns_vllms_metrics_and_stats_line_off() -> None:
-    """--disable-log-stats: no vllm: family (detok's own stay) and no stats line, however long the engine runs."""
-    service = detok_vllm(engine_flags=("--disable-log-stats",), env=LOG_EVERY_SECOND)
-    try:
-        with httpx.Client(base_url=service.url, timeout=120) as client:
-            body = {"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 64, "temperature": 1.0, "seed": 1}
-            response = client.post("/v1/completions", json=body)
-            assert response.status_code == 200
-            assert response.json()["usage"]["completion_tokens"] > 0
-            time.sleep(3)  # three periods of the stats line
-            wait_for(lambda: "detok_front_tokens_total" in client.get("/metrics").text, 10, what="detok's families")
-            assert "vllm:" not in client.get("/metrics").text
-        assert STATS_LINE not in service.log(None)
-    finally:
-        service.stop()
 
 
 # VllmStats on made-up engine steps, in vLLM's interpreter: requests A (stop strings: its ids wait for its end), C and

@@ -38,6 +38,9 @@ ENGINE_FLAGS = (
     "--max-num-batched-tokens", "8192",
 )  # fmt: skip
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# vLLM's stats line every second instead of every 10 (VLLM_LOG_STATS_INTERVAL): a short run logs it too
+LOG_EVERY_SECOND = {"VLLM_LOG_STATS_INTERVAL": "1"}
+STATS_LINE = "Avg prompt throughput"
 # Qwen3-0.6B's generation_config.json sampling defaults
 QWEN3_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 STARTUP_TIMEOUT_S = 300.0  # an engine start is ~30 s here; under a loaded CI much longer

@@ -69,7 +69,9 @@ class VllmSource:
         metrics and stats log (None: --disable-log-stats)."""
         self.stats = stats
         self.link = link
+        # None while neither the server nor a request asks for more than each step's ids
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
+        self.server_interval = stream_interval
         self.client = client
         self.requests = requests
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
@@ -146,6 +148,11 @@ class VllmSource:
             self.prompt_rows[submit.rid] = PromptRows(submit.rid, self.link.config.bus.max_message_bytes)
         if submit.params.report_cached:
             self.report_cached.add(submit.rid)
+        own_interval = submit.params.sampling.stream_interval
+        if own_interval is not None and own_interval > self.server_interval:
+            if self.interval is None:
+                self.interval = StreamInterval(self.server_interval)
+            self.interval.ask(submit.rid, own_interval)
         await self.client.add_request_async(request)
 
     async def _read_outputs(self) -> None:
@@ -154,7 +161,6 @@ class VllmSource:
         on_engine = self.on_engine
         prompt_rows = self.prompt_rows
         report_cached = self.report_cached
-        interval = self.interval
         while True:
             try:
                 step = await client.get_output_async()
@@ -184,8 +190,8 @@ class VllmSource:
                         continue
                 ids = output.new_token_ids
                 logprobs = output_logprobs(output) if output.new_logprobs is not None else None
-                if interval is not None:
-                    taken = interval.take(rid, ids, logprobs, finish is not None)
+                if self.interval is not None:
+                    taken = self.interval.take(rid, ids, logprobs, finish is not None)
                     if taken is None:
                         continue
                     ids, logprobs = taken

@@ -40,7 +40,12 @@ def test_a_submit_from_before_the_fields_decodes_with_their_defaults() -> None:
 
 def test_new_fields_travel_last() -> None:
     sampling = SamplingParams(
-        allowed_token_ids=[5, 9], bad_words=["no"], prompt_logprobs=-1, thinking_token_budget=8, extra_args={"k": 1}
+        allowed_token_ids=[5, 9],
+        bad_words=["no"],
+        prompt_logprobs=-1,
+        thinking_token_budget=8,
+        extra_args={"k": 1},
+        stream_interval=3,
     )
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
     params = RequestParams(
@@ -60,8 +65,8 @@ def test_new_fields_travel_last() -> None:
     assert raw[3][-6:] == [-2, "s1", True, "adapter", "c", True]
     # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
     assert raw[3][1][-3:] == [True, False, "f"]
-    # SamplingParams: ..., allowed_token_ids, bad_words, prompt_logprobs, thinking_token_budget, extra_args
-    assert raw[3][3][-5:] == [[5, 9], ["no"], -1, 8, {"k": 1}]
+    # SamplingParams: ..., bad_words, prompt_logprobs, thinking_token_budget, extra_args, stream_interval
+    assert raw[3][3][-5:] == [["no"], -1, 8, {"k": 1}, 3]
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 
 

@@ -34,3 +34,16 @@ def test_an_output_without_ids_does_not_count_as_the_first() -> None:
     assert gate.take("r", [], None, False) == ([], None)  # a prefill chunk: nothing yet
     assert gate.take("r", [1], None, False) == ([1], None)
     assert gate.take("r", [2], None, False) is None
+
+
+def test_a_requests_own_interval_holds_where_it_is_the_larger() -> None:
+    """vLLM clamps a request's stream_interval to the server's: each rid gathers by the larger of the two."""
+    gate = StreamInterval(1)
+    gate.ask("own", 3)
+    sent = [gate.take("own", [i], None, False) for i in range(1, 6)] + [gate.take("own", [6], None, True)]
+    assert [None if s is None else s[0] for s in sent] == [[1], None, None, [2, 3, 4], None, [5, 6]]
+    assert [gate.take("plain", [i], None, False) for i in (1, 2)] == [([1], None), ([2], None)]
+    server = StreamInterval(4)
+    server.ask("small", 2)  # below the server's: the server's holds
+    taken = [server.take("small", [i], None, False) for i in range(1, 6)]
+    assert [None if s is None else s[0] for s in taken] == [[1], None, None, None, [2, 3, 4, 5]]

@@ -51,7 +51,7 @@ VLLM_FIELDS = {
     "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs", "priority", "request_id",
     "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
-    "vllm_xargs", "echo", "session_id", "thinking_token_budget",
+    "vllm_xargs", "echo", "session_id", "thinking_token_budget", "stream_interval",
 }  # fmt: skip
 VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
@@ -261,6 +261,7 @@ SHARED_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
         VllmEngine(lambda p: p.sampling.thinking_token_budget == 64),
     ),
     "kv_transfer_params": ({"kv_transfer_params": {}}, REFUSED),
+    "stream_interval": ({"stream_interval": 5}, VllmEngine(lambda p: p.sampling.stream_interval == 5)),
     "vllm_xargs": (
         {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}},
         VllmEngine(lambda p: p.sampling.extra_args == {"a": 1, "b": ["x", 2.5]}),
@@ -539,6 +540,7 @@ def test_named_tool_choice_and_json_object(front: FrontUnderTest) -> None:
         ({"thinking_token_budget": True}, "thinking_token_budget"),
         ({"vllm_xargs": {"a": {"nested": 1}}}, "vllm_xargs"),
         ({"vllm_xargs": ["a"]}, "vllm_xargs"),
+        ({"stream_interval": 0}, "stream_interval"),
     ],
 )
 def test_bad_engine_field_values_name_the_field(vllm_front: FrontUnderTest, extra: dict[str, Any], param: str) -> None:
