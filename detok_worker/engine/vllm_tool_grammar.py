@@ -51,8 +51,16 @@ class ToolGrammar:
 
     def structured_outputs(self, spec: str) -> StructuredOutputsParams | None:
         """`spec`: the CONSTRAINT_TOOL_CALLS fields as JSON text. Raises ValueError (pydantic's, vLLM's) for fields
-        vLLM's request refuses."""
-        fields: dict[str, Any] = {name: value for name, value in json.loads(spec).items() if value is not None}
-        request = ChatCompletionRequest(messages=[], **{name: fields[name] for name in FIELDS if name in fields})
-        parser = self.parser_cls(self.tokenizer, request.tools, model_config=self.model_config, chat_template_kwargs={})
-        return parser.adjust_request(request).structured_outputs
+        vLLM's request refuses, and for any other failure of vLLM's parser on them: the client's tools end only
+        their own request."""
+        try:
+            fields: dict[str, Any] = {name: value for name, value in json.loads(spec).items() if value is not None}
+            request = ChatCompletionRequest(messages=[], **{name: fields[name] for name in FIELDS if name in fields})
+            parser = self.parser_cls(
+                self.tokenizer, request.tools, model_config=self.model_config, chat_template_kwargs={}
+            )
+            return parser.adjust_request(request).structured_outputs
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - vLLM's parser code on the client's tools
+            raise ValueError(f"vLLM's tool-call parser could not build the tools' grammar: {exc!r}") from exc
