@@ -31,12 +31,13 @@ from helpers.serve_helpers import ServeProcess, wait_for
 
 # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive; and > the front's
 # ENGINE_STALE_S (3 s): a request waiting for the front must not be refused for stats it has not read yet
-FREEZE_S = 4.0
+FREEZE_S = 6.0
 LONG_TOKEN = 89180  # qwen3: 114 characters
 LONG_REQUESTS = 10
-# 1250 steps of 4 ids, ~2.5 s at 2 ms a step: unhindered, generation ends within the freeze; paused, ~2 s of it
+# 1250 steps of 4 ids, ~3.75 s at 3 ms a step: unhindered, generation ends within the freeze; paused, ~3 s of it
 # remain after the front resumes, time for the resumed front (a backlog of 40 streams) to answer /stats
 LONG_TOKENS = 5000
+STEP_MS = 3
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
     serve = echo_service(
-        2, 2, "--tokens-per-step", "4", "--set", "bus.high_water_mark=4", "--set", "front.max_tokens_limit=10000",
+        2, STEP_MS, "--tokens-per-step", "4", "--set", "bus.high_water_mark=4", "--set", "front.max_tokens_limit=10000",
     )  # fmt: skip
     with serving(serve):
         yield serve
