@@ -139,8 +139,10 @@ def reasoning_token_count(
     """The count of a request's reasoning tokens, for a parser in COUNTED_REASONING whose markers are tokens of the
     tokenizer; else None."""
     until_end = COUNTED_REASONING.get(reasoning)
+    if until_end is None:
+        return None
     start, end = token_to_id(THINK_START), token_to_id(THINK_END)
-    if until_end is None or start is None or end is None:
+    if start is None or end is None:
         return None
     counting = initial_state(prompt_tail_text, ThinkState.OPENING_TO_REASONING) is not ThinkState.CONTENT
     return ReasoningTokenCount(start, end, until_end=until_end, counting=counting)

@@ -54,12 +54,7 @@ class RidEndings:
     ) -> None:
         """The output of an item the fused branch did not take (several ids, a parser, a stop, an error, an id the
         tokenizer lacks)."""
-        consumed = out.consumed
-        state.n_tokens += consumed
-        self.tokens_consumed += consumed
-        if state.parsing is not None:
-            state.parsing.count(ids[:consumed])
-        self.unknown_ids += out.unknown_ids
+        self._consumed(state, ids, out)
         text = out.text
         if state.parsing is not None:
             self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
@@ -71,6 +66,15 @@ class RidEndings:
             self.chars_out += len(text)
         elif ids:
             self.holds += 1
+
+    def _consumed(self, state: RidState, ids: list[int], out: StopBatchOutput) -> None:
+        """What the decoder took of `ids` (up to a stop): the rid's and the worker's counts, and its parser's."""
+        consumed = out.consumed
+        state.n_tokens += consumed
+        self.tokens_consumed += consumed
+        self.unknown_ids += out.unknown_ids
+        if state.parsing is not None:
+            state.parsing.count(ids[:consumed])
 
     def _parsed_step(
         self, rid: str, state: RidState, out: StopBatchOutput, deltas: list[TextDelta], finishes: list[Finish]
@@ -110,11 +114,7 @@ class RidEndings:
         try:
             out = decoder.process_tokens(item.ids)
             text, stop_reason, error = out.text, out.stop_reason, out.error
-            state.n_tokens += out.consumed
-            self.tokens_consumed += out.consumed
-            if state.parsing is not None:
-                state.parsing.count(item.ids[: out.consumed])
-            self.unknown_ids += out.unknown_ids
+            self._consumed(state, item.ids, out)
             if not out.stopped and error is None:
                 text += decoder.flush().text  # a stop string may still match in the flushed text
                 stop_reason = decoder.stop_reason

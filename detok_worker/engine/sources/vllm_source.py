@@ -71,7 +71,6 @@ class VllmSource:
         self.link = link
         # None while neither the server nor a request asks for more than each step's ids
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
-        self.server_interval = stream_interval
         self.client = client
         self.requests = requests
         self.on_engine: set[str] = set()  # rids added to the engine core and not ended there
@@ -149,10 +148,10 @@ class VllmSource:
         if submit.params.report_cached:
             self.report_cached.add(submit.rid)
         own_interval = submit.params.sampling.stream_interval
-        if own_interval is not None and own_interval > self.server_interval:
-            if self.interval is None:
-                self.interval = StreamInterval(self.server_interval)
-            self.interval.ask(submit.rid, own_interval)
+        if own_interval is not None and own_interval > 1:
+            if self.interval is None:  # the server sends each step's ids
+                self.interval = StreamInterval(1)
+            self.interval.ask(submit.rid, own_interval)  # held where it is larger than the server's
         await self.client.add_request_async(request)
 
     async def _read_outputs(self) -> None:
