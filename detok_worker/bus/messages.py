@@ -3,11 +3,11 @@ can tell them apart. Per-step messages (TokenBatch, TextBatch and their items) a
 they are created by the thousand per second and hold no reference cycles.
 
 Directions (see docs/protocol.md):
-  front  -> engine : FrontHello, Submit, Abort, Delivered
+  front  -> engine : FrontHello, Submit, Abort, Delivered, AdapterCall
   engine -> worker : TokenBatch (opens + items), Shutdown
   worker -> engine : Hello, Heartbeat, Finish, Goodbye
   worker -> front  : TextBatch, WorkerStats
-  engine -> front  : Reject, PromptLogprobs, PromptCached, EngineStats
+  engine -> front  : Reject, PromptLogprobs, PromptCached, EngineStats, AdapterAnswer
 """
 
 from __future__ import annotations
@@ -174,6 +174,20 @@ class Delivered(msgspec.Struct, tag="delivered", array_like=True, gc=False):
     rid's history, so that it can re-open the rid if its worker dies before the final text reached the front."""
 
     rid: str
+
+
+class AdapterCall(msgspec.Struct, tag="adapter_call", array_like=True, gc=False):
+    """Load (`path` given) or unload (`path` "") the LoRA adapter `name` in the engine at run time (vLLM's
+    /v1/load_lora_adapter and /v1/unload_lora_adapter). The engine answers the calling front with an AdapterAnswer
+    of the same `call` id. load_inplace: replace an adapter of that name (else loading a known name is refused);
+    is_3d: the adapter's MoE weights are stored as 3D tensors (vLLM's is_3d_lora_weight)."""
+
+    call: str
+    front: int
+    name: str
+    path: str = ""
+    load_inplace: bool = False
+    is_3d: bool = False
 
 
 # ---- engine -> worker ------------------------------------------------------------------------------
@@ -429,8 +443,21 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     vocab_size: int = 0
     # the real engine's system_fingerprint (vLLM's --fingerprint-mode), which the fronts' responses carry ("" = none)
     system_fingerprint: str = ""
+    # the LoRA adapters loaded in the engine, name -> path: each served as a model (None: the engine loads none)
+    lora_adapters: dict[str, str] | None = None
 
 
-ToEngine = FrontHello | Submit | Abort | Delivered | Hello | Heartbeat | Finish | Goodbye
+class AdapterAnswer(msgspec.Struct, tag="adapter_answer", array_like=True, gc=False):
+    """The engine's answer to an AdapterCall: `status` 200 (done), 400 (the call is invalid), 404 (no such
+    adapter, or none at that path) or 500 (the engine failed to load it); `message` says what happened, as vLLM's
+    server says it; `lora_adapters` is the engine's table after the call (as in EngineStats)."""
+
+    call: str
+    status: int
+    message: str
+    lora_adapters: dict[str, str] = {}
+
+
+ToEngine = FrontHello | Submit | Abort | Delivered | AdapterCall | Hello | Heartbeat | Finish | Goodbye
 ToWorker = TokenBatch | Shutdown
-ToFront = TextBatch | WorkerStats | Reject | PromptLogprobs | PromptCached | EngineStats
+ToFront = TextBatch | WorkerStats | Reject | PromptLogprobs | PromptCached | EngineStats | AdapterAnswer

@@ -115,6 +115,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     model_name: str = ""  # "" = derived from the tokenizer name
     model_aliases: list[str] = []  # more names requests may give for the model (responses carry model_name)
     lora_adapters: dict[str, str] = {}  # LoRA adapter name -> its path: served as models (source = vllm only)
+    runtime_lora_updating: bool = False  # /v1/load_lora_adapter, /v1/unload_lora_adapter (source = vllm only)
     api_key: str = ""  # "" = no auth
     api_keys: list[str] = []  # keys of which any one is accepted (vLLM's --api-key K1 K2); instead of api_key
     max_request_bytes: AtLeastOne = 4 * 1024 * 1024
@@ -306,6 +307,10 @@ def _check_relations(config: DetokConfig) -> None:
         (
             engine.source == "vllm" or not config.front.lora_adapters,
             "front.lora_adapters (LoRA adapters) needs engine.source = vllm",
+        ),
+        (
+            engine.source == "vllm" or not config.front.runtime_lora_updating,
+            "front.runtime_lora_updating (LoRA adapters loaded at run time) needs engine.source = vllm",
         ),
         (
             engine.source == "vllm" or not config.front.prompt_tokens_details,

@@ -1,7 +1,8 @@
 """The engine's side of its connections to the front processes, a part of EngineLink (link.py).
 
-`FrontChannel` takes Submit/Abort/Delivered/FrontHello from the engine's PULL (Submits become BusNews for the
-engine loop, Aborts and Delivered go to the Scheduler), and sends Rejects, PromptLogprobs and EngineStats to the
+`FrontChannel` takes Submit/Abort/Delivered/FrontHello/AdapterCall from the engine's PULL (Submits and adapter calls
+become BusNews for the engine loop, Aborts and Delivered go to the Scheduler), and sends Rejects, PromptLogprobs,
+AdapterAnswers and EngineStats to the
 fronts' PUSH sockets; Rejects and PromptLogprobs wait in a bounded outbox while a front is stalled. With several
 front processes (front.processes) it remembers each rid's Submit.front: the rid's Opens name it (the worker sends the
 rid's text there) and the rid's Reject and PromptLogprobs go there; a FrontHello aborts the rids of that front index
@@ -21,6 +22,8 @@ import zmq
 from detok_worker.bus.codec import FrameDecoder, encode
 from detok_worker.bus.messages import (
     Abort,
+    AdapterAnswer,
+    AdapterCall,
     Delivered,
     Finish,
     FrontHello,
@@ -54,6 +57,8 @@ class BusNews:
     # of the stopped rids, those whose front had their final text before their worker's Finish came: they ended for
     # their client (the worker's Finish, on its way, says how)
     delivered: list[str] = field(default_factory=list)
+    # LoRA adapters to load or unload (the engine source answers each: EngineLink.answer)
+    adapter_calls: list[AdapterCall] = field(default_factory=list)
 
 
 class FrontChannel:
@@ -97,12 +102,14 @@ class FrontChannel:
             except zmq.Again:
                 return
             message = self.decoder.decode(frame) if frame is not None else None
-            if isinstance(message, (Submit, FrontHello)) and not 0 <= message.front < len(self.pushes):
+            if isinstance(message, (Submit, FrontHello, AdapterCall)) and not 0 <= message.front < len(self.pushes):
                 self.decoder.count_bad(BAD_FRONT_INDEX, message.front)  # no such front: nowhere to answer
             elif isinstance(message, Submit):
                 news.submitted.append(message)
             elif isinstance(message, FrontHello):
                 self._front_restarted(message, news)
+            elif isinstance(message, AdapterCall):
+                news.adapter_calls.append(message)
             elif isinstance(message, Abort):
                 if scheduler.abort(message.rid):
                     news.stopped.append(message.rid)
@@ -149,9 +156,12 @@ class FrontChannel:
     def send(self, message: Reject | PromptLogprobs, front: int | None = None) -> None:
         """Queue a Reject or PromptLogprobs for the rid's front (`front` when given); `flush` sends what the fronts
         can take."""
+        if front is None:
+            front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
+        self.send_to(front, message)
+
+    def send_to(self, front: int, message: Reject | PromptLogprobs | AdapterAnswer) -> None:
         if len(self.outbox) < FRONT_OUTBOX_LIMIT:
-            if front is None:
-                front = self.rid_fronts.get(message.rid, 0) if self.rid_fronts else 0
             self.outbox.append((front, encode(message)))
 
     def flush(self) -> None:

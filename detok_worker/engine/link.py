@@ -38,6 +38,7 @@ import zmq
 from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import (
     FINISH_ERROR,
+    AdapterAnswer,
     DetokParams,
     EngineStats,
     PromptCached,
@@ -101,6 +102,8 @@ class EngineLink:
         self.engine_version = engine_version
         self.system_fingerprint = system_fingerprint
         self.vocab_size = vocab_size
+        # the LoRA adapters the engine has loaded, name -> path, for the fronts (EngineStats); None: it loads none
+        self.lora_adapters: dict[str, str] | None = None
         self.scheduler = Scheduler(
             max_batch=engine.max_batch,
             tokens_per_step=engine.tokens_per_step,
@@ -188,7 +191,7 @@ class EngineLink:
     def has_news(self) -> bool:
         """A `poll(0)` now would return news: frames wait to be read (a poll takes a bounded number per socket), or
         a step stopped requests (rejected for want of a worker)."""
-        if self._news.submitted or self._news.stopped:
+        if self._news.submitted or self._news.stopped or self._news.adapter_calls:
             return True
         return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
 
@@ -268,6 +271,12 @@ class EngineLink:
         self.fronts.flush()
         return sent
 
+    def answer(self, answer: AdapterAnswer, front: int) -> None:
+        """Answer a front's AdapterCall (`front`: its AdapterCall.front); it leaves now, in order with that front's
+        Rejects, and the table it carries is the one the next EngineStats report."""
+        self.fronts.send_to(front, answer)
+        self.fronts.flush()
+
     def reject(self, rid: str, error: str, *, front: int = 0) -> None:
         """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
         Submit.front."""
@@ -309,6 +318,7 @@ class EngineLink:
             engine_version=self.engine_version,
             vocab_size=self.vocab_size,
             system_fingerprint=self.system_fingerprint,
+            lora_adapters=self.lora_adapters,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

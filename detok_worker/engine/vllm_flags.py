@@ -32,6 +32,9 @@ from detok_worker.config import ConfigError, DetokConfig, FrontConfig, validate
 from detok_worker.parse.registry import COUNTED_REASONING
 
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# vLLM's LoRA resolver plugins: a request naming an unknown model loads an adapter of that name from there
+LORA_RESOLVER_ENVS = ("VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST")
 # vLLM's parser names -> detok's parser of the same output format
 REASONING_PARSERS = {"qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss"}
 TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "openai": "gpt_oss"}
@@ -274,6 +277,14 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
             flags.update(honour(value, args))
     if "api_key" not in given and environ.get(VLLM_API_KEY_ENV):
         flags["front.api_keys"] = [environ[VLLM_API_KEY_ENV]]
+    if runtime_lora_updating(environ):
+        resolvers = [name for name in LORA_RESOLVER_ENVS if environ.get(name)]
+        if resolvers:
+            raise ConfigError(
+                f"{', '.join(resolvers)}: detok does not resolve LoRA adapters by the model a request names; load "
+                "them with /v1/load_lora_adapter or --lora-modules"
+            )
+        flags["front.runtime_lora_updating"] = True
     defaults: Overrides = {
         "front.reasoning_parser": "none",
         "front.tool_call_parser": "none",
@@ -284,6 +295,11 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
         "front.max_tokens_limit": MAX_TOKENS_LIMIT,
     }
     return flags, defaults
+
+
+def runtime_lora_updating(environ: Mapping[str, str]) -> bool:
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING as vLLM reads it (vllm.envs: "1" or "true", any case)."""
+    return environ.get(RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true")
 
 
 def apply_vllm_flags(config: DetokConfig, environ: Mapping[str, str] | None = None) -> DetokConfig:

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm.config import ModelConfig
-from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
@@ -24,7 +23,6 @@ from vllm.renderers.params import TokenizeParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.outputs import LogprobsTensors
 
@@ -80,11 +78,12 @@ class RequestBuilder:
         loras: Mapping[str, LoRARequest] | None = None,
         tool_grammar: ToolGrammar | None = None,
     ) -> None:
-        """`loras`: the LoRA adapters loaded into the engine core, by the name requests give (RequestParams.lora).
+        """`loras`: the LoRA adapters loaded into the engine core, by the name requests give (RequestParams.lora); a
+        live table (LoraAdapters.requests: adapters come and go at run time).
         `tool_grammar`: builds the grammar of a CONSTRAINT_TOOL_CALLS constraint (none: such requests are refused)."""
         self.processor = processor
         self.tool_grammar = tool_grammar
-        self.loras = dict(loras or {})
+        self.loras = loras if loras is not None else {}
         self.max_model_len = model_config.max_model_len
         self.defaults: dict[str, Any] = model_config.get_diff_sampling_param()
         # vLLM's serving classes: a generation config directory's max_new_tokens caps every request, as does
@@ -235,20 +234,3 @@ class PromptRows:
 
     def message(self) -> PromptLogprobs:
         return PromptLogprobs(self.rid, self.token_ids, self.logprobs, self.ranks)
-
-
-async def load_loras(client: EngineCoreClient, modules: list[LoRAModulePath] | None) -> dict[str, LoRARequest]:
-    """vLLM's --lora-modules loaded into the engine core at start, as vLLM's server does (numbered from 1 in order);
-    an adapter the engine cannot load fails the start."""
-    loras = {}
-    for number, module in enumerate(modules or [], start=1):
-        lora = LoRARequest(
-            lora_name=module.name,
-            lora_int_id=number,
-            lora_path=module.path,
-            base_model_name=module.base_model_name,
-            is_3d_lora_weight=module.is_3d_lora_weight,
-        )
-        await client.add_lora_async(lora)
-        loras[module.name] = lora
-    return loras

@@ -2,7 +2,8 @@
 
 POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models[/{id}], POST /tokenize and
 /detokenize, GET /version, GET /health (never needs the API key: supervisors and load balancers poll it),
-GET /stats. X-Request-Id and CORS: middleware.py. Every failure a client can cause is a 4xx with an
+GET /stats, and with front.runtime_lora_updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+(lora_api.py). X-Request-Id and CORS: middleware.py. Every failure a client can cause is a 4xx with an
 OpenAI error body; see errors.py for the shape and sse.py for errors after a stream has started. The generation
 routes: generation.py; the API key check, body reading and prompt threads every route shares: request_intake.py.
 """
@@ -31,6 +32,7 @@ from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import JSON, NOT_FOUND, SERVER_ERROR, APIError, error_response
 from detok_worker.front.generation import INLINE_PROMPT_CHARS as INLINE_PROMPT_CHARS  # tests import it from here
 from detok_worker.front.generation import Generation
+from detok_worker.front.lora_api import LoraAdapterRoutes
 from detok_worker.front.middleware import middleware_for
 from detok_worker.front.openai_api import ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
@@ -62,9 +64,10 @@ class Front:
         # every prompt goes through the encode cache when [tokenizer.cache] enables it; calls are timed for /metrics
         self.encode_cache = wrap_with_encode_cache(tokenizer, config.tokenizer.cache)
         self.tokenizer = InstrumentedTokenizer(self.encode_cache)
-        self.limits = Limits.from_config(config, config.front.model_name or tokenizer.name, tokenizer)
-        self._tokenizer_max_len: int | None = getattr(tokenizer, "model_max_length", None)
         self.dispatcher = Dispatcher(config, index)
+        model_name = config.front.model_name or tokenizer.name
+        self.limits = Limits.from_config(config, model_name, tokenizer, self.dispatcher.lora_adapters)
+        self._tokenizer_max_len: int | None = getattr(tokenizer, "model_max_length", None)
         self.dispatcher.metrics.also_flush(self.tokenizer)
         self.parsers = ParserChoice.from_config(config, tokenizer)
         self.intake = RequestIntake(config.front)
@@ -277,6 +280,10 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
     ]
     if config.front.openapi:
         routes.append(Route("/openapi.json", front.openapi, methods=["GET"]))
+    if config.front.runtime_lora_updating:
+        adapters = LoraAdapterRoutes(front.dispatcher, front.intake)
+        routes.append(Route("/v1/load_lora_adapter", adapters.load, methods=["POST"]))
+        routes.append(Route("/v1/unload_lora_adapter", adapters.unload, methods=["POST"]))
     observer = RequestObserver(
         front.dispatcher.metrics,
         config.front.access_log,

@@ -1,5 +1,5 @@
-"""The front's side of the bus: Submit/Abort out to the engine, TextBatch/WorkerStats/Reject/PromptLogprobs/EngineStats
-in.
+"""The front's side of the bus: Submit/Abort/AdapterCall out to the engine, TextBatch/WorkerStats/Reject/
+PromptLogprobs/EngineStats/AdapterAnswer in.
 
 Each live request has a RequestStream: its text not yet taken by its HTTP handler (or, for a plain text stream whose
 response writes from here, not yet taken by its connection), plus the request's end state. Deltas go through
@@ -34,6 +34,8 @@ from detok_worker.bus.codec import encode, front_decoder
 from detok_worker.bus.columns import has_text
 from detok_worker.bus.messages import (
     Abort,
+    AdapterAnswer,
+    AdapterCall,
     Delivered,
     EngineStats,
     FrontHello,
@@ -83,6 +85,10 @@ class Dispatcher:
         self.system_fingerprint = ""  # the real engine's system_fingerprint, once its EngineStats gave one
         self.engine_vocab_size = 0  # the model's vocabulary size, once its EngineStats gave one
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
+        # the LoRA adapters served as models, name -> path: front.lora_adapters, then the engine's table once it
+        # reports one (adapters it loads and unloads at run time); updated in place (Limits holds a view of it)
+        self.lora_adapters: dict[str, str] = dict(config.front.lora_adapters)
+        self._adapter_calls: dict[str, asyncio.Future[AdapterAnswer]] = {}  # call id -> its answer, to come
         self._workers: dict[str, tuple[WorkerStats, float]] = {}
         self._worker_stale_s = max(2.0, 4 * config.worker.stats_interval_s)
         self.counters: Counter[str] = Counter()
@@ -196,9 +202,28 @@ class Dispatcher:
             self.abort(stream, error, cause=cause)
         return len(streams)
 
+    async def call_adapter(self, call: AdapterCall) -> AdapterAnswer:
+        """Load or unload a LoRA adapter in the engine: its answer (the engine's table comes with it), or an
+        APIError when the engine goes away first."""
+        future = asyncio.get_running_loop().create_future()
+        self._adapter_calls[call.call] = future
+        self._outbox.post(encode(call))
+        try:
+            return await future
+        finally:
+            self._adapter_calls.pop(call.call, None)
+
+    def _adapters_reported(self, table: dict[str, str]) -> None:
+        if table != self.lora_adapters:
+            self.lora_adapters.clear()
+            self.lora_adapters.update(table)
+
     def _engine_lost(self, why: str) -> None:
         self._engine = None  # not alive until a (new) engine reports again
         error = APIError(502, f"the engine went away ({why})", type=ENGINE_ERROR, code="engine_lost")
+        for future in self._adapter_calls.values():
+            if not future.done():
+                future.set_exception(error)
         failed = self.fail_all(error, cause="engine_lost")
         log.warning("front: the engine went away (%s); %d live requests ended with an error", why, failed)
 
@@ -288,6 +313,13 @@ class Dispatcher:
                 self.system_fingerprint = message.system_fingerprint
             if message.vocab_size:
                 self.engine_vocab_size = message.vocab_size
+            if message.lora_adapters is not None:
+                self._adapters_reported(message.lora_adapters)
+        elif isinstance(message, AdapterAnswer):
+            self._adapters_reported(message.lora_adapters)
+            future = self._adapter_calls.get(message.call)
+            if future is not None and not future.done():
+                future.set_result(message)
         elif isinstance(message, PromptLogprobs):
             stream = self._prompt_waiting.get(message.rid)
             if stream is not None:

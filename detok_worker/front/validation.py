@@ -45,7 +45,7 @@ class Limits:
     check_ids: Callable[[Sequence[int]], None]
     model_name_set: bool = False  # front.model_name is set: it is served whatever the engine's model is named
     model_aliases: tuple[str, ...] = ()  # front.model_aliases: more names requests may give
-    # front.lora_adapters: LoRA adapter name -> path, each served as a model of its own
+    # LoRA adapter name -> path, each served as a model of its own (a live view: adapters come and go at run time)
     lora_adapters: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     completions_max_tokens_default: int = 0  # 0 = max_tokens_default
     force_include_usage: bool = False  # front.force_include_usage
@@ -58,7 +58,11 @@ class Limits:
     added_tokens_known: bool = True
 
     @classmethod
-    def from_config(cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer) -> Limits:
+    def from_config(
+        cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer, lora_adapters: dict[str, str] | None = None
+    ) -> Limits:
+        """`lora_adapters`: the table of the adapters served, kept up to date by its owner (Dispatcher); else
+        front.lora_adapters."""
         return cls(
             model_name=model_name,
             vocab_size=tokenizer.vocab_size,
@@ -72,7 +76,9 @@ class Limits:
             eos_ids=frozenset(tokenizer.eos_token_ids),
             model_name_set=bool(config.front.model_name),
             model_aliases=tuple(config.front.model_aliases),
-            lora_adapters=MappingProxyType(dict(config.front.lora_adapters)),
+            lora_adapters=MappingProxyType(
+                dict(config.front.lora_adapters) if lora_adapters is None else lora_adapters
+            ),
             completions_max_tokens_default=config.front.completions_max_tokens_default,
             force_include_usage=config.front.force_include_usage,
             exclude_tools_when_tool_choice_none=config.front.exclude_tools_when_tool_choice_none,
@@ -129,6 +135,7 @@ def decode_json(decoder: msgspec.json.Decoder, body: bytes):  # type: ignore[no-
 
 
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.([^`\[]*))?")
+_MISSING_FIELD = re.compile(r"missing required field `([^`]*)`(?: - at `\$\.([^`\[]*))?")
 _FIELD_PATH = re.compile(r" - at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -138,6 +145,10 @@ def _invalid_field(message: str) -> tuple[str | None, str]:
     if unknown is not None:
         name, parent = unknown.groups()
         return (f"{parent}.{name}" if parent else name), "unknown_parameter"
+    missing = _MISSING_FIELD.search(message)
+    if missing is not None:
+        name, parent = missing.groups()
+        return (f"{parent}.{name}" if parent else name), "missing_required_parameter"
     path = _FIELD_PATH.search(message)
     return (path.group(1) if path else None), "invalid_type"
 

@@ -76,6 +76,12 @@ CLI_CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "key from the environment": (config_argv(), {"VLLM_API_KEY": "from-env"}),
     "key flag and environment": (config_argv("--api-key", "flag"), {"VLLM_API_KEY": "from-env"}),
     "disagreeing port": (config_argv("--port", "8123", detok=("--port", "9000")), {}),
+    "runtime lora updating": (config_argv(), {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}),
+    "runtime lora updating off": (config_argv(), {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "yes"}),
+    "lora resolver": (
+        config_argv(),
+        {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_LORA_RESOLVER_CACHE_DIR": "/adapters"},
+    ),
     **{f"refused {named}": (config_argv(*flags), {}) for flags, named in REFUSED_FLAGS},
 }
 CLI_SCRIPT = """
@@ -180,6 +186,18 @@ def test_vllm_api_key_from_the_environment_guards_the_front_and_the_flag_wins(
     assert effective_config(cli_runs, "key flag and environment")["front"]["api_keys"] == ["flag"]
 
 
+def test_runtime_lora_updating_follows_vllms_variable_and_resolvers_are_refused(
+    cli_runs: dict[str, tuple[int, str, str]],
+) -> None:
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING as vLLM reads it ("1" or "true"); its LoRA resolvers, which load an adapter
+    by the model a request names, stop the start."""
+    assert effective_config(cli_runs, "runtime lora updating")["front"]["runtime_lora_updating"] is True
+    assert effective_config(cli_runs, "runtime lora updating off")["front"]["runtime_lora_updating"] is False
+    assert effective_config(cli_runs, "no flags")["front"]["runtime_lora_updating"] is False
+    code, _, stderr = cli_runs["lora resolver"]
+    assert code != 0 and "VLLM_LORA_RESOLVER_CACHE_DIR" in stderr
+
+
 def test_a_detok_option_that_disagrees_with_a_vllm_flag_stops_the_start(
     cli_runs: dict[str, tuple[int, str, str]],
 ) -> None:
@@ -255,6 +273,7 @@ TOOL_CHAT = {
     "logit_bias": whitespace_bias(),
 }
 NAMED = {"type": "function", "function": {"name": "weather"}}
+ON_ADAPTER = {"prompt": PROMPT, "seed": 14, "max_tokens": 8}
 SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     # sampling and max_tokens left to the server: the generation config's defaults, vLLM's max_tokens rule
     ("/v1/completions", {"model": "first", "prompt": PROMPT, "seed": 3}),  # max_tokens: vLLM's 16
@@ -278,7 +297,7 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("/v1/completions", {"prompt": PROMPT, "seed": 12, "max_tokens": 10, "stream": True, "n": 2}),
-    ("/v1/completions", {"model": "adapter", "prompt": PROMPT, "seed": 14, "max_tokens": 8}),  # on the LoRA adapter
+    ("/v1/completions", {"model": "adapter", **ON_ADAPTER}),  # on the LoRA adapter
     # a request's own stream_interval above the server's 4
     (
         "/v1/chat/completions",
@@ -418,7 +437,54 @@ def answers(url: str) -> dict[str, Any]:
             response = client.post(path, headers=good, json={**body, "return_token_ids": True})
             assert response.status_code == 200, response.text
             seen[f"request {index}"] = summary(response.json())
+        seen.update(runtime_adapters(client, good))
         seen["metrics"] = settled_metrics(client)
+    return seen
+
+
+# the LoRA adapter loaded at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is the static one's directory: the same
+# seeded request (ON_ADAPTER) on either gives the same text
+RUNTIME_LORA = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+
+
+def runtime_adapters(client: httpx.Client, headers: dict[str, str]) -> dict[str, Any]:
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter: loads, the refusals, the adapter served and used."""
+    path = str(lora_adapter())
+    seen: dict[str, Any] = {}
+
+    def call(route: str, body: dict[str, Any]) -> tuple[int, str]:
+        response = client.post(route, headers=headers, json=body)
+        text = response.text if response.status_code == 200 else response.json()["error"]["message"]
+        return response.status_code, text
+
+    def cards() -> list[tuple[str, str | None]]:
+        return [(card["id"], card["parent"]) for card in client.get("/v1/models", headers=headers).json()["data"]]
+
+    seen["adapter load"] = call("/v1/load_lora_adapter", {"lora_name": "runtime", "lora_path": path})
+    seen["adapter load again"] = call("/v1/load_lora_adapter", {"lora_name": "runtime", "lora_path": path})[0]
+    seen["adapter load in place"] = call(
+        "/v1/load_lora_adapter", {"lora_name": "runtime", "lora_path": path, "load_inplace": True}
+    )
+    seen["adapter load as a served name"] = call("/v1/load_lora_adapter", {"lora_name": "second", "lora_path": path})
+    seen["adapter load from nowhere"] = call(
+        "/v1/load_lora_adapter", {"lora_name": "nowhere", "lora_path": "/nonexistent/adapter"}
+    )
+    seen["adapter load without a path"] = client.post(
+        "/v1/load_lora_adapter", headers=headers, json={"lora_name": "x"}
+    ).status_code
+    seen["adapter load without a key"] = client.post(
+        "/v1/load_lora_adapter", json={"lora_name": "y", "lora_path": path}
+    ).status_code
+    seen["models with the runtime adapter"] = cards()
+    response = client.post("/v1/completions", headers=headers, json={**ON_ADAPTER, "model": "runtime"})
+    assert response.status_code == 200, response.text
+    seen["on the runtime adapter"] = summary(response.json())
+    seen["adapter unload"] = call("/v1/unload_lora_adapter", {"lora_name": "runtime"})
+    seen["adapter unload again"] = call("/v1/unload_lora_adapter", {"lora_name": "runtime"})[0]
+    seen["models after the unload"] = cards()
+    seen["on the unloaded adapter"] = client.post(
+        "/v1/completions", headers=headers, json={**ON_ADAPTER, "model": "runtime"}
+    ).status_code
     return seen
 
 
@@ -468,9 +534,9 @@ def same_text(detok: str | None, vllm: str | None) -> bool:
 def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     model = model_with_sampling_defaults()
     flags = shared_flags()
-    with vllm_server(*flags, model=model) as server:
+    with vllm_server(*flags, model=model, env=RUNTIME_LORA) as server:
         expected = answers(server.url)
-    service = detok_vllm(engine_flags=flags, model=model)
+    service = detok_vllm(engine_flags=flags, model=model, env=RUNTIME_LORA)
     try:
         got = answers(service.url)
     finally:
@@ -479,6 +545,15 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["models"] == [("first", None), ("second", None), ("adapter", "first")]
     on_adapter = next(index for index, (_, body) in enumerate(SAME_REQUESTS) if body.get("model") == "adapter")
     assert expected[f"request {on_adapter}"]["model"] == "adapter"
+    assert expected["adapter load"] == (200, "Success: LoRA adapter 'runtime' added successfully.")
+    assert expected["adapter load again"] == expected["adapter load as a served name"][0] == 400
+    assert expected["adapter load from nowhere"][0] == 404 and expected["adapter load without a key"] == 401
+    assert ("runtime", "first") in expected["models with the runtime adapter"]
+    assert ("runtime", "first") not in expected["models after the unload"]
+    runtime_text = expected["on the runtime adapter"]["choices"][0]["text"]
+    assert runtime_text == expected[f"request {on_adapter}"]["choices"][0]["text"]
+    assert expected["on the runtime adapter"]["model"] == "runtime"
+    assert (expected["adapter unload again"], expected["on the unloaded adapter"]) == (404, 404)
     assert expected["request 0"]["usage"]["completion_tokens"] == 16
     assert expected["request 2"]["choices"][0]["finish_reason"] == "length"
     assert expected["request 2"]["usage"]["completion_tokens"] < 256

@@ -20,6 +20,8 @@ import zmq
 from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import (
     Abort,
+    AdapterAnswer,
+    AdapterCall,
     EngineStats,
     PromptCached,
     PromptLogprobs,
@@ -161,6 +163,11 @@ class PlayedEngine:
     system_fingerprint: str = ""  # the EngineStats' (a real engine's system_fingerprint)
     cached_tokens: tuple[int, int] = (5, 2)  # the PromptCached a request with report_cached gets
     prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
+    # the EngineStats' LoRA adapters (None: the engine reports none), and the answer to an adapter call (None: no
+    # answer); every call is kept in `adapter_calls`
+    lora_adapters: dict[str, str] | None = None
+    adapter_answer: Callable[[AdapterCall], AdapterAnswer | None] = lambda call: None
+    adapter_calls: queue.Queue[AdapterCall] = field(default_factory=queue.Queue)
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
     aborts: queue.Queue[tuple[Abort, float]] = field(default_factory=queue.Queue)
     _jobs: dict[str, list[TextDelta]] = field(default_factory=dict)
@@ -216,6 +223,7 @@ class PlayedEngine:
                         engine_version=self.engine_version,
                         vocab_size=self.vocab_size,
                         system_fingerprint=self.system_fingerprint,
+                        lora_adapters=self.lora_adapters,
                     )
                     push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))
@@ -238,6 +246,12 @@ class PlayedEngine:
         elif isinstance(message, Abort):
             self.aborts.put((message, time.monotonic()))
             self._jobs.pop(message.rid, None)
+        elif isinstance(message, AdapterCall):
+            self.adapter_calls.put(message)
+            answer = self.adapter_answer(message)
+            if answer is not None:
+                self.lora_adapters = answer.lora_adapters
+                push.send(encode(answer))
 
     def _step(self, push: zmq.Socket[Any]) -> None:
         items = []

@@ -126,8 +126,8 @@ def detok_vllm(
 class VllmServer:
     """vLLM's own OpenAI server (`vllm serve`) on the same model and engine flags: the peer detok is compared with."""
 
-    def __init__(self, *flags: str, model: Path | None = None) -> None:
-        """`flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins)."""
+    def __init__(self, *flags: str, model: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """`flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins); `env`: more variables."""
         python = require_venv()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -136,7 +136,8 @@ class VllmServer:
             self.proc = subprocess.Popen(
                 [str(python.parent / "vllm"), "serve", str(model or model_dir()), *ENGINE_FLAGS, *flags,
                  "--host", "127.0.0.1", "--port", str(self.port)],
-                env=dict(os.environ, **ENV), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=dict(os.environ, **ENV, **(env or {})), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )  # fmt: skip
         try:
             wait_for(self._ready, STARTUP_TIMEOUT_S, interval=0.5, what="vllm serve")
@@ -168,8 +169,8 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def vllm_server(*flags: str, model: Path | None = None) -> Iterator[VllmServer]:
-    server = VllmServer(*flags, model=model)
+def vllm_server(*flags: str, model: Path | None = None, env: dict[str, str] | None = None) -> Iterator[VllmServer]:
+    server = VllmServer(*flags, model=model, env=env)
     try:
         yield server
     finally:

@@ -35,13 +35,14 @@ from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.executor import Executor
 from vllm.version import __version__ as VLLM_VERSION
 
-from detok_worker.bus.messages import PromptCached, Submit
+from detok_worker.bus.messages import AdapterAnswer, AdapterCall, PromptCached, Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
-from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, load_loras, output_logprobs
+from detok_worker.engine.vllm_loras import LoraAdapters
+from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
 from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
 from detok_worker.process.event_loop import run_event_loop
@@ -64,11 +65,17 @@ class VllmSource:
         requests: RequestBuilder,
         stream_interval: int = 1,
         stats: VllmStats | None = None,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's). `stats`: vLLM's
-        metrics and stats log (None: --disable-log-stats)."""
+        metrics and stats log (None: --disable-log-stats). `adapters`: the engine core's LoRA adapters (None: the
+        engine loads none, and refuses the fronts' adapter calls)."""
         self.stats = stats
         self.link = link
+        self.adapters = adapters
+        if adapters is not None:
+            link.lora_adapters = adapters.paths()
+        self.adapter_calls: set[asyncio.Task[None]] = set()
         # None while neither the server nor a request asks for more than each step's ids
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
         self.client = client
@@ -108,6 +115,10 @@ class VllmSource:
                         link.defer(news.submitted[index:])
                         break
                     await self._start(submit)
+                for call in news.adapter_calls:
+                    task = asyncio.create_task(self._adapter_call(call))  # a load may take seconds: off the bus loop
+                    self.adapter_calls.add(task)
+                    task.add_done_callback(self.adapter_calls.discard)
                 stopped = [rid for rid in news.stopped if rid in self.on_engine]
                 if stopped:
                     self.on_engine.difference_update(stopped)
@@ -128,6 +139,16 @@ class VllmSource:
             await asyncio.gather(outputs, *([stats_log] if stats_log is not None else []), return_exceptions=True)
             for fd in fds:
                 loop.remove_reader(fd)
+
+    async def _adapter_call(self, call: AdapterCall) -> None:
+        """Load or unload a LoRA adapter in the engine core (LoraAdapters), then answer the calling front."""
+        if self.adapters is None:
+            answer = AdapterAnswer(call.call, 400, "this engine loads no LoRA adapters")
+        else:
+            answer = await self.adapters.call(call)
+            self.link.lora_adapters = answer.lora_adapters
+        self.link.answer(answer, call.front)
+        self.bus.set()  # the answer went out on a bus socket: look again (see _read_outputs)
 
     async def _start(self, submit: Submit) -> None:
         link = self.link
@@ -278,10 +299,11 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
         # classes look one up for every request output of every step
         envs.enable_envs_cache()
         try:
-            loras = await load_loras(client, args.lora_modules)
+            adapters = LoraAdapters(client, args.served_model_name or [model_config.served_model_name])
+            await adapters.load_static(args.lora_modules)
             processor = InputProcessor(vllm_config, renderer_from_config(vllm_config))
             tool_grammar = ToolGrammar.from_args(args, model_config, processor.tokenizer)
-            requests = RequestBuilder(processor, model_config, loras, tool_grammar)
+            requests = RequestBuilder(processor, model_config, adapters.requests, tool_grammar)
             link = EngineLink(
                 config,
                 eos_ids=eos_ids,
@@ -301,7 +323,8 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 time.monotonic() - started,
             )
             stats = VllmStats(vllm_config, client.engine_ranks_managed) if log_stats else None
-            source = VllmSource(link, client, requests, vllm_config.scheduler_config.stream_interval, stats)
+            interval = vllm_config.scheduler_config.stream_interval
+            source = VllmSource(link, client, requests, interval, stats, adapters)
             try:
                 with stop_on_signals(source.request_stop):
                     await source.run()
