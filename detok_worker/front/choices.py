@@ -46,9 +46,10 @@ def choice_params(params: RequestParams, n: int) -> list[RequestParams]:
     ]
 
 
-def finished_streams(rids: list[str], prompt_tokens: int, stop_rules: StopRules) -> list[RequestStream]:
+def finished_streams(
+    rids: list[str], prompt_tokens: int, stop_rules: StopRules, wakeup: asyncio.Event
+) -> list[RequestStream]:
     """Choices that end before generating (echo with max_tokens 0): never sent to the engine."""
-    wakeup = asyncio.Event()
     streams = [RequestStream(rid, prompt_tokens, 0.0, stop_rules, wakeup=wakeup) for rid in rids]
     for stream in streams:
         stream.finish = FINISH_LENGTH
@@ -64,10 +65,13 @@ class Choices:
 
     __slots__ = ("rid", "streams", "prompt_tokens", "_ended")
 
-    def __init__(self, rid: str, streams: list[RequestStream]) -> None:
+    def __init__(self, rid: str, streams: list[RequestStream], per_prompt: int = 0) -> None:
+        """`streams` share one wakeup event. `per_prompt`: the choices of each prompt, for a request with several
+        prompts whose streams are the prompts' choices in order (0: one prompt)."""
         self.rid = rid
         self.streams = streams
-        self.prompt_tokens = streams[0].prompt_tokens  # one prompt: counted once, as vLLM does
+        # each prompt counted once, as vLLM does
+        self.prompt_tokens = sum(stream.prompt_tokens for stream in streams[:: per_prompt or len(streams)])
         self._ended: set[int] = set()
 
     @property

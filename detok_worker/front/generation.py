@@ -3,7 +3,8 @@
 submit one engine request per choice (choices.py), then answer with an SSE stream (its head once every choice has
 output: a request the engine refuses at admission gets that status instead) or one JSON body, releasing the engine
 requests when the response ends, fails or loses its client. The chunk and body shapes: responses.py and sse.py. A
-completions request with several prompts runs each as such a request and answers with their merge (prompt_batch.py).
+completions request with several prompts runs each as such a request and answers with their merge, or one stream of
+all their choices (prompt_batch.py).
 While the front drains (`draining`) new generations get a 503 with Retry-After.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -23,11 +25,11 @@ from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
 from detok_worker.front import sse, sse_direct
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
-from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
+from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_response
 from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.parsing import ParserChoice
-from detok_worker.front.prompt_batch import batch_prompts, merged_body, one_prompt
+from detok_worker.front.prompt_batch import BatchFormatter, batch_prompts, merged_body, one_prompt
 from detok_worker.front.prompt_logprobs import (
     PromptLogprobsError,
     arrived,
@@ -65,6 +67,19 @@ from detok_worker.tokenizer.protocol import Tokenizer
 INLINE_PROMPT_CHARS = 512
 RETRY_AFTER_S = 5  # what a request refused while draining is told
 R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One prompt's request, submitted: its choices, how its answer is shaped, what its answer needs of it."""
+
+    body: CompletionRequest | ChatCompletionRequest
+    choices: Choices
+    formatter: Formatter
+    checked: CheckedParams
+    ids: list[int]
+    params: RequestParams
+    echo: str | None
 
 
 class Generation:
@@ -118,21 +133,32 @@ class Generation:
         if prompts is None:
             return await self._generate_one(request, body, prompt_ids, formatter_type, rid)
         assert isinstance(body, CompletionRequest)
-        if body.stream:
-            raise bad_request("streaming is for one prompt: send one request per prompt, or stream false", "prompt")
         one = cast(Callable[[CompletionRequest], list[int]], prompt_ids)
-        answers = await asyncio.gather(
-            *(
-                self._generate_one(request, one_prompt(body, prompt), one, CompletionFormatter, f"{rid}-{index}")
-                for index, prompt in enumerate(prompts)
-            ),
-            return_exceptions=True,
-        )
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
+        # every prompt checked and submitted before any answer is read; one refused: those submitted are released
+        wakeup = asyncio.Event() if body.stream else None  # streamed: one stream waits for news from any prompt
+        parts: list[Prepared] = []
+        try:
+            for index, prompt in enumerate(prompts):
+                event = wakeup or asyncio.Event()
+                part = await self._prepare(
+                    one_prompt(body, prompt), one, CompletionFormatter, f"{rid}-{index}", rid, event
+                )
+                parts.append(part)
+        except BaseException:
+            for part in parts:
+                self._release(part.choices)
+            raise
+        per_prompt = len(parts[0].choices.streams)
+        choices = Choices(rid, [stream for part in parts for stream in part.choices.streams], per_prompt)
+        self._count(request, choices)
+        if body.stream:
+            formatter = BatchFormatter([cast(CompletionFormatter, part.formatter) for part in parts], per_prompt)
+            return await self._stream(request, choices, formatter, parts[0].checked.include_usage)
+        answers = await asyncio.gather(*(self._collect_one(request, part) for part in parts))
         for answer in answers:
             if answer.status_code != 200:
+                for part in parts:
+                    self._release(part.choices)
                 return answer
         bodies = [msgspec.json.decode(bytes(answer.body)) for answer in answers]
         return Response(msgspec.json.encode(merged_body(rid, bodies)), media_type=JSON)
@@ -145,6 +171,32 @@ class Generation:
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
         rid: str,
     ) -> Response:
+        prepared = await self._prepare(body, prompt_ids, formatter_type, rid, rid, asyncio.Event())
+        choices, formatter, checked = prepared.choices, prepared.formatter, prepared.checked
+        self._count(request, choices)
+        if body.stream:
+            return await self._stream(request, choices, formatter, checked.include_usage)
+        return await self._collect_one(request, prepared)
+
+    async def _collect_one(self, request: Request, prepared: Prepared) -> Response:
+        """The whole answer of one prompt's request."""
+        body = prepared.body
+        # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
+        echo_k = body.logprobs if prepared.echo is not None and isinstance(body, CompletionRequest) else None
+        prompt_k = prepared.params.sampling.prompt_logprobs
+        return await self._collect(request, prepared.choices, prepared.formatter, prepared.ids, prompt_k, echo_k)
+
+    async def _prepare(
+        self,
+        body: R,
+        prompt_ids: Callable[[R], list[int]],
+        formatter_type: type[CompletionFormatter] | type[ChatFormatter],
+        rid: str,
+        response_id: str,
+        wakeup: asyncio.Event,
+    ) -> Prepared:
+        """Check a request of one prompt, tokenize it, shape its answer and submit its choices (rids from `rid`, the
+        answer's id `response_id`, their streams woken by `wakeup`); nothing is submitted when a check fails."""
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size)
         params = (
@@ -167,9 +219,6 @@ class Generation:
             chat["prompt_text"] = await self.intake.off_loop(chat_prompt_text, body, self.tokenizer, self.limits)
         if self.intake.config.log_requests:
             log_request(rid, params, ids, self.intake.config.max_log_len)
-        choices = self._submit(ids, params, checked, rid)
-        request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
-        self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
         reasoning_tokens = isinstance(body, ChatCompletionRequest) and self.intake.config.reasoning_tokens_details
         usage = ChunkUsage(checked.include_usage, checked.continuous_usage, reasoning_tokens)
         token_ids = TokenIds(ids) if body.return_token_ids else None
@@ -177,20 +226,27 @@ class Generation:
         as_ids = body.return_tokens_as_token_ids
         as_ids = self.intake.config.return_tokens_as_token_ids if as_ids is None else as_ids
         formatter = formatter_type(
-            rid, model, usage, echo, params.sampling.logprobs is not None, token_ids, fingerprint, as_ids, **chat
-        )
-        if body.stream:
-            watch = await self._first_output(request, choices)
-            if isinstance(watch, APIError):
-                return error_response(watch)
-            writer = sse_direct.connection_writer(request.scope)
-            if writer is not None and not _attach_sinks(choices, formatter, writer):
-                writer = None
-            events = self._events(choices, formatter, checked.include_usage, writer)
-            return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
-        # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
-        echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
-        return await self._collect(request, choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
+            response_id, model, usage, echo, params.sampling.logprobs is not None, token_ids, fingerprint, as_ids,
+            **chat,
+        )  # fmt: skip
+        choices = self._submit(ids, params, checked, rid, wakeup)
+        return Prepared(body, choices, formatter, checked, ids, params, echo)
+
+    def _count(self, request: Request, choices: Choices) -> None:
+        request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
+        self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
+
+    async def _stream(
+        self, request: Request, choices: Choices, formatter: Formatter | BatchFormatter, include_usage: bool
+    ) -> Response:
+        watch = await self._first_output(request, choices)
+        if isinstance(watch, APIError):
+            return error_response(watch)
+        writer = sse_direct.connection_writer(request.scope)
+        if writer is not None and not _attach_sinks(choices, formatter, writer):
+            writer = None
+        events = self._events(choices, formatter, include_usage, writer)
+        return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
 
     def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
         """How a chat answer is shaped (ChatFormatter's options): where it carries its reasoning (front.reasoning_field,
@@ -205,13 +261,15 @@ class Generation:
             "parallel_tool_calls": body.parallel_tool_calls is not False,
         }
 
-    def _submit(self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str) -> Choices:
+    def _submit(
+        self, ids: list[int], params: RequestParams, checked: CheckedParams, rid: str, wakeup: asyncio.Event
+    ) -> Choices:
         """One engine request per choice (none for echo with max_tokens 0: the answer is the prompt)."""
         rids = choice_rids(rid, checked.n)
         if params.max_tokens == 0:
-            return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules))
+            return Choices(rid, finished_streams(rids, len(ids), checked.stop_rules, wakeup))
         requests = list(zip(rids, choice_params(params, checked.n), strict=True))
-        return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, asyncio.Event()))
+        return Choices(rid, self.dispatcher.submit_choices(ids, requests, checked.stop_rules, wakeup))
 
     async def _first_output(self, request: Request, choices: Choices) -> APIError | sse.DisconnectWatch:
         """Hold a stream's response head until every choice has its first delta (or has ended): a request the engine
@@ -249,7 +307,11 @@ class Generation:
             self.dispatcher.release(stream)
 
     async def _events(
-        self, choices: Choices, formatter: Formatter, include_usage: bool, writer: ConnectionWriter | None
+        self,
+        choices: Choices,
+        formatter: Formatter | BatchFormatter,
+        include_usage: bool,
+        writer: ConnectionWriter | None,
     ) -> AsyncIterator[bytes]:
         """The response's events. With a writer (sse_direct.py; its streams have sinks) the text that arrives while
         this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
@@ -368,7 +430,7 @@ class Generation:
             self.dispatcher.abort(stream, error)
 
 
-def _attach_sinks(choices: Choices, formatter: Formatter, writer: ConnectionWriter) -> bool:
+def _attach_sinks(choices: Choices, formatter: Formatter | BatchFormatter, writer: ConnectionWriter) -> bool:
     """Give every choice's stream an EventSink on `writer` when all their chunks are plain text; False if not."""
     parts = [formatter.text_event_parts(index, stream) for index, stream in enumerate(choices.streams)]
     if any(part is None for part in parts):

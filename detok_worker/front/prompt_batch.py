@@ -2,8 +2,9 @@
 
 Each prompt runs as its own request through the one generation path (its rid `<rid>-<p>`), all at once; the answer
 is vLLM's: one body whose choices are every prompt's, prompt p's choice j at index p * n + j, each with its own
-text, echo, logprobs and ids, and the usage summed over the prompts. A prompt that fails fails the request with its
-error.
+text, echo, logprobs and ids, and the usage summed over the prompts (each prompt's tokens once). Streamed, every
+choice of every prompt is in one stream, numbered so, each chunk shaped by its prompt's formatter (BatchFormatter).
+A prompt that fails fails the request with its error.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from typing import Any
 
 import msgspec
 
+from detok_worker.bus.messages import LogprobText
+from detok_worker.front.choices import Choices
 from detok_worker.front.openai_api import CompletionRequest
+from detok_worker.front.request_stream import RequestStream
+from detok_worker.front.responses import CompletionFormatter, TokenIds
 
 
 def batch_prompts(request: CompletionRequest) -> list[Any] | None:
@@ -43,3 +48,41 @@ def merged_body(rid: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
         **{key: sum(usage[key] for usage in usages) for key in ("prompt_tokens", "completion_tokens", "total_tokens")},
     }
     return merged
+
+
+class BatchFormatter:
+    """The chunks of a streamed request with several prompts: choice `index` (prompt index // per_prompt) by its
+    prompt's formatter, which writes that index (its own per-choice state is keyed by it); the usage chunk over
+    every prompt's choices. One response: one id and creation time."""
+
+    def __init__(self, formatters: list[CompletionFormatter], per_prompt: int) -> None:
+        self.formatters = formatters
+        self.per_prompt = per_prompt
+        for formatter in formatters[1:]:
+            formatter.created = formatters[0].created
+        self.token_ids: TokenIds | None = formatters[0].token_ids
+
+    def _of(self, index: int) -> CompletionFormatter:
+        return self.formatters[index // self.per_prompt]
+
+    def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
+        return self._of(index).first_chunks(index, stream)
+
+    def text_chunk(
+        self,
+        index: int,
+        text: str,
+        stream: RequestStream,
+        logprobs: list[LogprobText] | None = None,
+        token_ids: list[int] | None = None,
+    ) -> bytes:
+        return self._of(index).text_chunk(index, text, stream, logprobs, token_ids)
+
+    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
+        return self._of(index).text_event_parts(index, stream)
+
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return self._of(index).final_chunk(index, stream)
+
+    def usage_chunk(self, choices: Choices) -> bytes:
+        return self.formatters[0].usage_chunk(choices)

@@ -310,6 +310,18 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
         {"messages": CHAT, "seed": 16, "max_tokens": 4, "stream": True, "return_prompt_text": True},
     ),
     ("/v1/completions", {"prompt": PROMPT, "seed": 22, "max_tokens": 4, "vllm_xargs": {"note": "x", "k": [1, 2]}}),
+    # a batch streamed: every prompt's choices in one stream
+    (
+        "/v1/completions",
+        {
+            "prompt": [PROMPT, "Once upon a time"],
+            "seed": 23,
+            "max_tokens": 6,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
@@ -561,6 +573,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert len(expected["request 6"]["choices"]) == 2 and expected["request 7"]["choices"][0]["logprobs"]
     assert expected["request 8"]["prompt_text"].startswith("<|im_start|>user\nHi")  # return_prompt_text
     assert expected["request 13"]["prompt_texts"] == [expected["request 8"]["prompt_text"]]
+    assert expected["request 15"]["texts"].keys() == {0, 1, 2, 3}  # the streamed batch: 2 prompts, n = 2
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]
