@@ -7,7 +7,9 @@ writes the special tokens itself).
 
 Chat messages reach the template as the client sent them (extra keys such as tool_calls, tool_call_id or
 reasoning_content included), except that list-of-parts content is flattened to a string (the text parts joined
-with "\\n", like vLLM for string-content templates) and a null content becomes "".
+with "\\n", like vLLM for string-content templates), a null content becomes "", and an assistant message's tool
+calls carry their arguments as objects (vLLM's server decodes the JSON strings clients send). A developer message
+becomes a system one where the template has no developer role (the tokenizer's ChatTemplates.render).
 
 Length limits (front.max_prompt_chars, checked before any encoding, and the prompt-token limit, checked on the
 ids) refuse a prompt with a 400 naming the field ("prompt" or "messages").
@@ -15,6 +17,7 @@ ids) refuse a prompt with a 400 naming the field ("prompt" or "messages").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -136,8 +139,31 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             or (isinstance(message["tool_calls"], list) and all(isinstance(c, dict) for c in message["tool_calls"]))
         ):
             raise bad_request(f"messages[{index}].tool_calls must be a list of objects", "messages")
-        result.append({**message, "content": _flatten_content(message.get("content"), index)})
+        prepared = {**message, "content": _flatten_content(message.get("content"), index)}
+        if role == "assistant" and isinstance(message.get("tool_calls"), list):
+            calls = [_template_tool_call(call, index) for call in message["tool_calls"]]
+            if calls:
+                prepared["tool_calls"] = calls
+            else:  # an empty list keeps the template on its plain assistant path
+                del prepared["tool_calls"]
+        result.append(prepared)
     return result
+
+
+def _template_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """An assistant message's tool call as vLLM's server gives it to the template: its arguments as an object (a
+    JSON string decoded; none, or a string that is not a JSON object, as {}: a bad call in the history must not fail
+    every later turn), so the template writes them in its own way."""
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict):
+        raise bad_request(f"messages[{index}].tool_calls: only calls of type 'function' are supported", "messages")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
 
 
 def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -273,6 +273,24 @@ TOOL_CHAT = {
     "logit_bias": whitespace_bias(),
 }
 NAMED = {"type": "function", "function": {"name": "weather"}}
+DEVELOPER_CHAT = [
+    {"role": "system", "content": "Be kind."},
+    {"role": "user", "content": "Hi"},
+    {"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+    {"role": "user", "content": "Again"},
+]
+TOOL_HISTORY = [
+    {"role": "user", "content": "Weather?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":  "Paris"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": '{"city": '}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"}]},
+]
 ON_ADAPTER = {"prompt": PROMPT, "seed": 14, "max_tokens": 8}
 SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     # sampling and max_tokens left to the server: the generation config's defaults, vLLM's max_tokens rule
@@ -321,6 +339,16 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
             "stream": True,
             "stream_options": {"include_usage": True},
         },
+    ),
+    # the messages a template gets: developer ones as system ones (Qwen3's template has no developer role), the
+    # history's tool call arguments as objects (whatever their spacing, a broken one as {})
+    (
+        "/v1/chat/completions",
+        {"messages": DEVELOPER_CHAT, "seed": 24, "max_tokens": 2, "return_prompt_text": True},
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": TOOL_HISTORY, "seed": 25, "max_tokens": 2, "return_prompt_text": True},
     ),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
@@ -574,6 +602,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 8"]["prompt_text"].startswith("<|im_start|>user\nHi")  # return_prompt_text
     assert expected["request 13"]["prompt_texts"] == [expected["request 8"]["prompt_text"]]
     assert expected["request 15"]["texts"].keys() == {0, 1, 2, 3}  # the streamed batch: 2 prompts, n = 2
+    assert expected["request 16"]["prompt_text"].startswith("<|im_start|>system\nBe kind.\n\nBe\nbrief.<|im_end|>")
+    assert '"arguments": {"city": "Paris"}' in expected["request 17"]["prompt_text"]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]

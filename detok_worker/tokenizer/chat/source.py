@@ -74,8 +74,39 @@ class ChatTemplates:
         template_name: str | None = None,
         **kwargs: Any,
     ) -> str:
-        """select() then render_chat_template(); kwargs are render_chat_template's."""
-        return render_chat_template(self.select(tools=tools, name=template_name), messages, tools=tools, **kwargs)
+        """select() then render_chat_template(); kwargs are render_chat_template's. Developer messages are system
+        ones for a template without that role, as vLLM's server renders them (developer_as_system)."""
+        template = self.select(tools=tools, name=template_name)
+        return render_chat_template(template, developer_as_system(messages, template), tools=tools, **kwargs)
+
+
+def developer_as_system(messages: Sequence[Mapping[str, Any]], template: str) -> Sequence[Mapping[str, Any]]:
+    """vLLM's server: where a template never names the developer role (OpenAI's newer name for system), its
+    developer messages become system ones (without their own tools), and when a system message is then not only
+    the first, all of them merge into one first message (their texts joined by blank lines; a part list's texts
+    by newlines), as some templates need the system message first."""
+    if '"developer"' in template or "'developer'" in template or all(m.get("role") != "developer" for m in messages):
+        return messages
+    converted = [
+        {**{key: value for key, value in m.items() if key != "tools"}, "role": "system"}
+        if m.get("role") == "developer"
+        else m
+        for m in messages
+    ]
+    if all(m.get("role") != "system" for m in converted[1:]):
+        return converted
+    texts = [text for m in converted if m.get("role") == "system" and (text := _system_text(m.get("content")))]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in converted if m.get("role") != "system")]
+
+
+def _system_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(
+            part if isinstance(part, str) else part["text"]
+            for part in content
+            if isinstance(part, str) or (isinstance(part, Mapping) and "text" in part)
+        )
+    return content if isinstance(content, str) else ""
 
 
 def missing_template_error(tokenizer_name: str) -> ChatTemplateNotFoundError:

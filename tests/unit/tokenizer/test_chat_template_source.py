@@ -242,3 +242,27 @@ def test_special_tokens_become_template_variables() -> None:
     template = "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"
     assert render_chat_template(template, HELLO, special_tokens=variables) == "<s>hello</s>"
     assert render_chat_template(template, HELLO, special_tokens=variables, eos_token="!") == "<s>hello!"
+
+
+# a template that prints every message, and one that also knows the developer role (names it in a test)
+ROLES_ECHO = "{% for m in messages %}[{{ m.role }}|{{ m.content }}|{{ m.name or '' }}]{% endfor %}"
+WITH_DEVELOPER = ROLES_ECHO + "{% if false %}{{ 'developer' }}{% endif %}"
+
+
+def test_developer_messages_are_system_ones_where_the_template_has_no_developer_role() -> None:
+    """vLLM's server: developer -> system; a system message then not only the first: all merged into the first."""
+    only = [{"role": "developer", "content": "brief", "name": "ops", "tools": [{"x": 1}]}, *HELLO]
+    assert ChatTemplates({"default": ROLES_ECHO}, "t").render(only) == "[system|brief|ops][user|hello|]"
+    mixed = [
+        {"role": "system", "content": "S1"},
+        *HELLO,
+        {"role": "developer", "content": [{"type": "text", "text": "D"}, {"type": "text", "text": "2"}]},
+        {"role": "system", "content": ""},
+        {"role": "user", "content": "again"},
+    ]
+    merged = ChatTemplates({"default": ROLES_ECHO}, "t").render(mixed)
+    assert merged == "[system|S1\n\nD\n2|][user|hello|][user|again|]"
+    kept = ChatTemplates({"default": WITH_DEVELOPER}, "t").render(mixed)
+    assert kept.startswith("[system|S1|][user|hello|][developer|")
+    no_developer = [{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]
+    assert ChatTemplates({"default": ROLES_ECHO}, "t").render(no_developer) == "[user|a|][system|late|]"

@@ -1,0 +1,66 @@
+"""The chat messages a template gets, as vLLM's server prepares them: an assistant message's tool calls with their
+arguments as objects (a JSON string decoded; none, or one that is not a JSON object, as {}), an empty tool_calls
+list dropped, calls other than functions refused. (Rendered side by side with vLLM's server: test_vllm_flags.py.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from detok_worker.config import load_config
+from detok_worker.front.errors import APIError
+from detok_worker.front.prompts import chat_prompt_text
+from detok_worker.front.validation import Limits, decode_chat
+from detok_worker.tokenizer.backends.mock import MockTokenizer
+
+# prints each assistant call's arguments as the template sees them: their type, then their JSON
+TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}"
+    "{% if m.tool_calls is defined %}:{% for c in m.tool_calls %}"
+    "{{ c.function.name }}={{ 'object' if c.function.arguments is mapping else 'other' }}"
+    "{{ c.function.arguments | tojson }};{% endfor %}{% endif %}|{% endfor %}"
+)
+
+
+def rendered(messages: list[dict[str, Any]]) -> str:
+    tokenizer = MockTokenizer(chat_template=TEMPLATE)
+    limits = Limits.from_config(load_config(None, {}), "m", tokenizer)
+    body = decode_chat(json.dumps({"messages": messages, "add_generation_prompt": False}).encode())
+    return chat_prompt_text(body, tokenizer, limits)
+
+
+def call(name: str, arguments: Any) -> dict[str, Any]:
+    return {"id": name, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_tool_call_arguments_reach_the_template_as_objects() -> None:
+    calls = [
+        call("spaced", '{"city":   "Paris",  "n": 2}'),
+        call("given", {"k": [1]}),
+        call("broken", '{"city": '),
+        call("array", "[1, 2]"),
+        call("empty", ""),
+        call("none", None),
+    ]
+    text = rendered([{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": calls}])
+    expected = ";".join(
+        f"{name}=object{json.dumps(arguments)}"
+        for name, arguments in [
+            ("spaced", {"city": "Paris", "n": 2}),
+            ("given", {"k": [1]}),
+            ("broken", {}),
+            ("array", {}),
+            ("empty", {}),
+            ("none", {}),
+        ]
+    )
+    assert text == f"user|assistant:{expected};|"
+
+
+def test_an_empty_call_list_is_dropped_and_other_calls_are_refused() -> None:
+    assert rendered([{"role": "assistant", "content": "a", "tool_calls": []}]) == "assistant|"
+    with pytest.raises(APIError) as refused:
+        rendered([{"role": "assistant", "content": "a", "tool_calls": [{"type": "custom", "custom": {}}]}])
+    assert refused.value.status == 400 and refused.value.param == "messages"
