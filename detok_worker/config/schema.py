@@ -147,6 +147,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # format (the engine builds it: vLLM's structural tag of --tool-call-parser; source = vllm only), read by that
     # parser. `detok serve --source vllm` picks it as vLLM's server does (its parser's supports_required_and_named)
     tool_choice_grammar: Literal["json_schema", "tool_parser"] = "json_schema"
+    tools_need_parser: bool = False  # a chat request with tools is refused when no tool-call parser is on
     # chat template arguments of every request, under the request's own chat_template_kwargs (vLLM's
     # --default-chat-template-kwargs), e.g. {enable_thinking = false}
     chat_template_kwargs: dict[str, Any] = {}

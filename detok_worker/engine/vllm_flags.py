@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import msgspec
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -293,8 +296,28 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
         "front.max_tokens_default": 0,
         "front.completions_max_tokens_default": COMPLETIONS_MAX_TOKENS,
         "front.max_tokens_limit": MAX_TOKENS_LIMIT,
+        # vLLM's server refuses tools it cannot parse, but for gpt-oss, whose calls it reads through Harmony
+        "front.tools_need_parser": model_type(args.model, args.revision) != "gpt_oss",
     }
     return flags, defaults
+
+
+def model_type(model: str, revision: str | None) -> str:
+    """The model's config.json `model_type` (a local directory, or the Hugging Face cache); "" when not found."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        try:
+            cached = huggingface_hub.try_to_load_from_cache(model, "config.json", revision=revision)
+        except ValueError:  # not a repository id either
+            return ""
+        if not isinstance(cached, str):
+            return ""
+        path = Path(cached)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(config.get("model_type", "")) if isinstance(config, dict) else ""
 
 
 def runtime_lora_updating(environ: Mapping[str, str]) -> bool:

@@ -20,6 +20,7 @@ import msgspec
 from detok_worker.bus.messages import RequestParams
 from detok_worker.config import DetokConfig
 from detok_worker.config.schema import ConfigError
+from detok_worker.front.errors import bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest
 from detok_worker.parse.registry import (
     HARMONY,
@@ -39,6 +40,7 @@ class ParserChoice:
     tool_calls: str
     forced_calls: bool = True  # a tool_choice that forces calls gives tool calls (else their JSON is content)
     parser_reads_forced: bool = False  # front.tool_choice_grammar = "tool_parser": forced calls in the family's format
+    tools_need_parser: bool = False  # front.tools_need_parser: a request with tools and no parser is refused
 
     @classmethod
     def from_config(cls, config: DetokConfig, tokenizer: Tokenizer) -> ParserChoice:
@@ -49,7 +51,8 @@ class ParserChoice:
         except ParserError as exc:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
         forced_calls = config.front.tool_call_parser not in ("", "none")
-        return cls(reasoning, tool_calls, forced_calls, config.front.tool_choice_grammar == "tool_parser")
+        parser_reads_forced = config.front.tool_choice_grammar == "tool_parser"
+        return cls(reasoning, tool_calls, forced_calls, parser_reads_forced, config.front.tools_need_parser)
 
     def forced_shape(self, body: ChatCompletionRequest) -> str:
         """How the answer to a tool_choice that forces calls we turn into tool calls is shaped: REQUIRED_CALLS or
@@ -62,7 +65,17 @@ class ParserChoice:
         return NAMED_CALL if isinstance(choice, dict) else ""
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
-        """The request's params with its parsers named."""
+        """The request's params with its parsers named; a request with tools that no parser reads is refused where
+        front.tools_need_parser says so, with vLLM's server's words (tools without a tool_choice mean "auto")."""
+        if self.tools_need_parser and not self.tool_calls and body.tools and body.tool_choice != "none":
+            choice = body.tool_choice if body.tool_choice is not None else "auto"
+            if choice == "auto":
+                message = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            else:
+                named = isinstance(choice, dict) and (choice.get("function") or {}).get("name")
+                described = f'function "{named}"' if named else f'"{choice}"'
+                message = f"tool_choice={described} requires --tool-call-parser to be set"
+            raise bad_request(message, "tool_choice")
         forced = "" if self.parser_reads_forced else self.forced_shape(body)
         function = str((body.tool_choice.get("function") or {}).get("name") or "") if forced == NAMED_CALL else ""
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")

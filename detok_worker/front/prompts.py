@@ -26,7 +26,6 @@ from detok_worker.front.openai_api import ChatCompletionRequest, CompletionReque
 from detok_worker.front.validation import Limits, check_prompt_chars, check_prompt_tokens, check_token_ids
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # Names the renderer binds itself; a chat_template_kwargs entry may not shadow them.
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {
@@ -132,8 +131,8 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     result = []
     for index, message in enumerate(messages):
         role = message.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise bad_request(f"messages[{index}].role must be one of {sorted(ROLES)} (got {role!r})", "messages")
+        if not isinstance(role, str) or not role:  # any other role goes to the template, as in vLLM's server
+            raise bad_request(f"messages[{index}].role must be a non-empty string (got {role!r})", "messages")
         if "tool_calls" in message and not (
             message["tool_calls"] is None
             or (isinstance(message["tool_calls"], list) and all(isinstance(c, dict) for c in message["tool_calls"]))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -64,6 +66,11 @@ REFUSED_FLAGS = [
 ]
 
 
+# a model directory whose config names the gpt-oss family (vLLM's server reads its tool calls through Harmony)
+GPT_OSS_MODEL = Path(tempfile.mkdtemp(prefix="detok-gpt-oss-"))
+(GPT_OSS_MODEL / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+
+
 def config_argv(*flags: str, detok: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("config", "--source", "vllm", "--model", "/models/m", *detok, "--", *flags)
 
@@ -71,6 +78,7 @@ def config_argv(*flags: str, detok: tuple[str, ...] = ()) -> tuple[str, ...]:
 CLI_CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "front flags": (config_argv(*FRONT_FLAGS), {}),
     "no flags": (config_argv(), {}),
+    "gpt-oss model": (("config", "--source", "vllm", "--model", str(GPT_OSS_MODEL), "--"), {}),
     "parser without auto tool choice": (config_argv("--tool-call-parser", "hermes"), {}),
     "mistral parser": (config_argv("--tool-call-parser", "mistral", "--enable-auto-tool-choice"), {}),
     "key from the environment": (config_argv(), {"VLLM_API_KEY": "from-env"}),
@@ -161,6 +169,8 @@ def test_with_no_flags_the_front_takes_vllms_server_defaults(cli_runs: dict[str,
     assert config["request_timeout_s"] == 0.0
     assert (config["max_tokens_default"], config["completions_max_tokens_default"]) == (0, 16)
     assert config["api_keys"] == [] and config["cors_allowed_origins"] == []
+    assert config["tools_need_parser"] is True  # vLLM's server refuses tools without --enable-auto-tool-choice
+    assert effective_config(cli_runs, "gpt-oss model")["front"]["tools_need_parser"] is False  # read via Harmony
 
 
 def test_a_tool_call_parser_parses_only_with_auto_tool_choice(cli_runs: dict[str, tuple[int, str, str]]) -> None:

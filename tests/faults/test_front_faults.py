@@ -131,7 +131,7 @@ CHAT_BODIES: list[tuple[Any, int]] = [
     ({"messages": "hello"}, 400),
     ({"messages": ["hello"]}, 400),
     ({"messages": [{"content": "no role"}]}, 400),
-    ({"messages": [{"role": "narrator", "content": "x"}]}, 400),
+    ({"messages": [{"role": 5, "content": "x"}]}, 400),
     ({"messages": [{"role": "user", "content": 5}]}, 400),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400),

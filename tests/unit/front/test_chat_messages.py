@@ -64,3 +64,11 @@ def test_an_empty_call_list_is_dropped_and_other_calls_are_refused() -> None:
     with pytest.raises(APIError) as refused:
         rendered([{"role": "assistant", "content": "a", "tool_calls": [{"type": "custom", "custom": {}}]}])
     assert refused.value.status == 400 and refused.value.param == "messages"
+
+
+def test_any_role_reaches_the_template() -> None:
+    """vLLM's server passes every role on (Llama 3's templates know "ipython"); a role that is not a string is not."""
+    assert rendered([{"role": "ipython", "content": "42"}]) == "ipython|"
+    with pytest.raises(APIError) as refused:
+        rendered([{"role": 7, "content": "x"}])
+    assert refused.value.param == "messages"

@@ -482,3 +482,48 @@ def test_prompt_tokens_details_report_the_engines_cached_prompt_tokens(qwen3: An
     assert asked == [True, False, True, True]  # n = 2: choice 0 only
     with running_front(qwen3) as front:
         assert "prompt_tokens_details" not in httpx.post(f"{front.url}/v1/chat/completions", json=CHAT).json()["usage"]
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "message"),
+    [
+        (None, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
+        ("auto", '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
+        ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
+        (
+            {"type": "function", "function": {"name": "weather"}},
+            'tool_choice=function "weather" requires --tool-call-parser to be set',
+        ),
+    ],
+)
+def test_tools_no_parser_reads_are_refused_as_vllms_server_refuses_them(
+    qwen3: Any, tool_choice: Any, message: str
+) -> None:
+    """front.tools_need_parser (vLLM's server without --enable-auto-tool-choice): a request with tools is a 400
+    naming tool_choice, and nothing reaches the engine; tool_choice "none" and requests without tools run."""
+    options = {"front.tools_need_parser": True, "front.tool_call_parser": "none"}
+    with running_front(qwen3, **options) as front:
+        body = {**CHAT, "max_tokens": 2, "tools": WEATHER_TOOLS}
+        refused = httpx.post(
+            f"{front.url}/v1/chat/completions",
+            json={**body, **({} if tool_choice is None else {"tool_choice": tool_choice})},
+        )
+        none = httpx.post(f"{front.url}/v1/chat/completions", json={**body, "tool_choice": "none"}, timeout=30)
+        plain = httpx.post(f"{front.url}/v1/chat/completions", json={**CHAT, "max_tokens": 2}, timeout=30)
+        submitted = [next_submit(front) for _ in range(2)]
+        time.sleep(0.2)
+        left = front.engine.submits.qsize()
+    assert refused.status_code == 400
+    assert (refused.json()["error"]["param"], refused.json()["error"]["message"]) == ("tool_choice", message)
+    assert none.status_code == plain.status_code == 200 and len(submitted) == 2 and left == 0
+
+
+def test_tools_run_where_a_parser_reads_them(qwen3: Any) -> None:
+    options = {"front.tools_need_parser": True, "front.tool_call_parser": "hermes"}
+    with running_front(qwen3, **options) as front:
+        body = {**CHAT, "max_tokens": 2, "tools": WEATHER_TOOLS}
+        answer = httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
