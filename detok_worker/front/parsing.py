@@ -13,7 +13,9 @@ the output to the family's own call format instead, and the family's parser read
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -27,6 +29,7 @@ from detok_worker.parse.registry import (
     NAMED_CALL,
     NEEDS_SPECIAL_TOKENS,
     REQUIRED_CALLS,
+    THINKING_SWITCHED,
     ParserError,
     check_names,
     resolve,
@@ -41,6 +44,8 @@ class ParserChoice:
     forced_calls: bool = True  # a tool_choice that forces calls gives tool calls (else their JSON is content)
     parser_reads_forced: bool = False  # front.tool_choice_grammar = "tool_parser": forced calls in the family's format
     tools_need_parser: bool = False  # front.tools_need_parser: a request with tools and no parser is refused
+    # front.chat_template_kwargs: where a request's `enable_thinking` comes from when it gives none
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: DetokConfig, tokenizer: Tokenizer) -> ParserChoice:
@@ -52,7 +57,14 @@ class ParserChoice:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
         forced_calls = config.front.tool_call_parser not in ("", "none")
         parser_reads_forced = config.front.tool_choice_grammar == "tool_parser"
-        return cls(reasoning, tool_calls, forced_calls, parser_reads_forced, config.front.tools_need_parser)
+        return cls(
+            reasoning,
+            tool_calls,
+            forced_calls,
+            parser_reads_forced,
+            config.front.tools_need_parser,
+            dict(config.front.chat_template_kwargs),
+        )
 
     def forced_shape(self, body: ChatCompletionRequest) -> str:
         """How the answer to a tool_choice that forces calls we turn into tool calls is shaped: REQUIRED_CALLS or
@@ -63,6 +75,12 @@ class ParserChoice:
         if choice == "required":
             return REQUIRED_CALLS
         return NAMED_CALL if isinstance(choice, dict) else ""
+
+    def thinking(self, body: ChatCompletionRequest) -> bool:
+        """The chat's `enable_thinking` template argument (the request's over the server's), as vLLM's parsers read
+        it: thinking unless it is given and false."""
+        kwargs = {**self.template_kwargs, **(body.chat_template_kwargs or {})}
+        return bool(kwargs.get("enable_thinking", True))
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named; a request with tools that no parser reads is refused where
@@ -77,13 +95,16 @@ class ParserChoice:
                 message = f"tool_choice={described} requires --tool-call-parser to be set"
             raise bad_request(message, "tool_choice")
         forced = "" if self.parser_reads_forced else self.forced_shape(body)
+        reasoning = self.reasoning
+        if reasoning in THINKING_SWITCHED and not self.thinking(body):
+            reasoning = ""
         function = str((body.tool_choice.get("function") or {}).get("name") or "") if forced == NAMED_CALL else ""
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")
-        if not (self.reasoning or tool_calls):
+        if not (reasoning or tool_calls):
             return params
         detok = msgspec.structs.replace(
-            params.detok, reasoning_parser=self.reasoning, tool_call_parser=tool_calls, tool_function=function
+            params.detok, reasoning_parser=reasoning, tool_call_parser=tool_calls, tool_function=function
         )
-        if {self.reasoning, tool_calls} & NEEDS_SPECIAL_TOKENS:
+        if {reasoning, tool_calls} & NEEDS_SPECIAL_TOKENS:
             detok = msgspec.structs.replace(detok, skip_special_tokens=False)
         return msgspec.structs.replace(params, detok=detok)

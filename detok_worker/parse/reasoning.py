@@ -6,8 +6,9 @@ its prompt (`initial_state`): a template that pre-fills `<think>` starts in REAS
 (Qwen3's `enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's
 default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
 template pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's qwen3 parser (`qwen3_vllm`, what
-`--reasoning-parser qwen3` means on `--source vllm`) reasons from the first character unless the prompt closed the
-block, and drops a start marker inside the reasoning and an end marker in the content.
+`--reasoning-parser qwen3` means on `--source vllm`) reads no prompt: it reasons from the first character (thinking
+off, the request's `enable_thinking: false`, it is not run at all: parse/registry.py THINKING_SWITCHED), and drops
+a start marker inside the reasoning and an end marker in the content.
 """
 
 from __future__ import annotations

@@ -32,14 +32,17 @@ NAMED_CALL = "tool_choice_function"  # the output is the arguments of DetokParam
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
     "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
-    "qwen3_vllm": lambda prompt_tail: ThinkStage(
-        initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING), absorb=True
-    ),
+    # vLLM 0.32's qwen3 parser does not read the prompt: it reasons from the start unless thinking is off, when
+    # the front does not name it (THINKING_SWITCHED)
+    "qwen3_vllm": lambda prompt_tail: ThinkStage(ThinkState.OPENING_TO_REASONING, absorb=True),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
 }
 # the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> `until_end`
 # (ReasoningTokenCount)
 COUNTED_REASONING = {"qwen3_vllm": True, "deepseek_r1": False}
+# reasoning parsers that a chat's `enable_thinking` template argument turns off (vLLM's parser of that family reads
+# it from the request's chat_template_kwargs): with thinking off the whole output is content
+THINKING_SWITCHED = frozenset({"qwen3_vllm"})
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
     "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
@@ -144,5 +147,7 @@ def reasoning_token_count(
     start, end = token_to_id(THINK_START), token_to_id(THINK_END)
     if start is None or end is None:
         return None
-    counting = initial_state(prompt_tail_text, ThinkState.OPENING_TO_REASONING) is not ThinkState.CONTENT
+    counting = reasoning in THINKING_SWITCHED or (
+        initial_state(prompt_tail_text, ThinkState.OPENING_TO_REASONING) is not ThinkState.CONTENT
+    )
     return ReasoningTokenCount(start, end, until_end=until_end, counting=counting)

@@ -360,6 +360,29 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
         "/v1/chat/completions",
         {"messages": TOOL_HISTORY, "seed": 25, "max_tokens": 2, "return_prompt_text": True},
     ),
+    # vLLM's qwen3 parser reads enable_thinking, not the prompt: a continued answer reasons (though the template
+    # closed its think block), a continued user message with thinking off is all content
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [*CHAT, {"role": "assistant", "content": "Sure,"}],
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "seed": 26,
+            "max_tokens": 3,
+        },
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "seed": 27,
+            "max_tokens": 3,
+        },
+    ),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
@@ -614,6 +637,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 15"]["texts"].keys() == {0, 1, 2, 3}  # the streamed batch: 2 prompts, n = 2
     assert expected["request 16"]["prompt_text"].startswith("<|im_start|>system\nBe kind.\n\nBe\nbrief.<|im_end|>")
     assert '"arguments": {"city": "Paris"}' in expected["request 17"]["prompt_text"]
+    continued, thinking_off = expected["request 18"]["choices"][0], expected["request 19"]["choices"][0]
+    assert continued["reasoning"] and not thinking_off["reasoning"] and thinking_off["text"]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]

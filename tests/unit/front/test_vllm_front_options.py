@@ -527,3 +527,15 @@ def test_tools_run_where_a_parser_reads_them(qwen3: Any) -> None:
         body = {**CHAT, "max_tokens": 2, "tools": WEATHER_TOOLS}
         answer = httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
+
+
+def test_thinking_off_runs_no_qwen3_reasoning_parser(qwen3: Any) -> None:
+    """vLLM's qwen3 parser reads the chat's enable_thinking (the request's over --default-chat-template-kwargs): off,
+    the whole output is content, whatever the prompt; on, it reasons from the start."""
+    options = {"front.reasoning_parser": "qwen3_vllm", "front.chat_template_kwargs": {"enable_thinking": False}}
+    with running_front(qwen3, **options) as front:
+        for kwargs in ({}, {"enable_thinking": True}, {"enable_thinking": 0}):
+            body = {**CHAT, "max_tokens": 2, "chat_template_kwargs": kwargs}
+            assert httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+        parsers = [next_submit(front).params.detok.reasoning_parser for _ in range(3)]
+    assert parsers == ["", "qwen3_vllm", ""]

@@ -1,6 +1,7 @@
 """`qwen3_vllm`: vLLM 0.32's qwen3 reasoning rule (what `--reasoning-parser qwen3` means on `--source vllm`): the
-output reasons from its first character until `</think>` unless the prompt closed the block (thinking off); a
-`<think>` inside the reasoning and a `</think>` in the content are dropped. Whole and however the text is cut."""
+output reasons from its first character until `</think>`, whatever the prompt (with thinking off the front runs no
+reasoning parser: tests/unit/front/test_vllm_front_options.py); a `<think>` inside the reasoning and a `</think>` in
+the content are dropped. Whole and however the text is cut."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.parse.registry import create_parser
 
-THINKING_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+CLOSED_IN_PROMPT = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # vLLM's parser does not read it
 
 
 def parsed(text: str, cuts: list[int], prompt_tail: str) -> ParsedOutput:
@@ -30,7 +31,7 @@ def parsed(text: str, cuts: list[int], prompt_tail: str) -> ParsedOutput:
         ("<think>a<think>b</think>c</think>d", "<|im_start|>assistant\n", "ab", "cd"),
         ("no end marker at all", "<|im_start|>assistant\n", "no end marker at all", ""),
         ("<thin", "<|im_start|>assistant\n", "<thin", ""),
-        ("Just the answer.</think> more", THINKING_OFF, "", "Just the answer. more"),
+        ("Just the answer.</think> more", CLOSED_IN_PROMPT, "Just the answer.", " more"),
         ("x</thin", "<|im_start|>assistant\n", "x</thin", ""),
     ],
 )

@@ -16,7 +16,7 @@ from helpers.serve_helpers import REPO
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import model_dir, require_venv
 
-from detok_worker.parse.registry import reasoning_token_count
+from detok_worker.parse.registry import THINKING_SWITCHED, reasoning_token_count
 
 START, END = 151667, 151668  # Qwen3's <think>, </think>
 PROMPT_TAILS = (
@@ -57,6 +57,8 @@ def random_output(rng: random.Random) -> list[int]:
 
 
 def detok_count(name: str, tail: str, ids: list[int], rng: random.Random, tokenizer: Any) -> int:
+    if name in THINKING_SWITCHED and tail.endswith("</think>\n\n"):  # thinking off: the front runs no parser
+        return 0
     counter = reasoning_token_count(name, tail, tokenizer.token_to_id)
     assert counter is not None
     at = 0
