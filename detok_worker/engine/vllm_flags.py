@@ -296,6 +296,8 @@ def front_overrides(model: str, vllm_args: list[str], environ: Mapping[str, str]
         "front.max_tokens_default": 0,
         "front.completions_max_tokens_default": COMPLETIONS_MAX_TOKENS,
         "front.max_tokens_limit": MAX_TOKENS_LIMIT,
+        # vLLM's server refuses more stop strings than this (VLLM_MAX_STOP_STRINGS, as vLLM reads it)
+        "worker.max_stop_strings": int(environ.get("VLLM_MAX_STOP_STRINGS", "4")),
         # vLLM's server refuses tools it cannot parse, but for gpt-oss, whose calls it reads through Harmony
         "front.tools_need_parser": model_type(args.model, args.revision) != "gpt_oss",
     }
@@ -367,6 +369,7 @@ def _set(tree: dict[str, Any], key: str, value: Any) -> None:
 def _unset(key: str, config: DetokConfig) -> list[Any]:
     """The values of an option that say nothing: its default (and the tokenizer path load_config fills in)."""
     section, name = key.split(".")
-    struct = {"front": FrontConfig(), "tokenizer": DetokConfig().tokenizer}[section]
+    defaults = DetokConfig()
+    struct = {"front": FrontConfig(), "tokenizer": defaults.tokenizer, "worker": defaults.worker}[section]
     unset = [_plain(getattr(struct, name))]
     return [*unset, config.engine.model] if key == "tokenizer.path" else unset

@@ -78,6 +78,7 @@ def config_argv(*flags: str, detok: tuple[str, ...] = ()) -> tuple[str, ...]:
 CLI_CASES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "front flags": (config_argv(*FRONT_FLAGS), {}),
     "no flags": (config_argv(), {}),
+    "more stop strings": (config_argv(), {"VLLM_MAX_STOP_STRINGS": "9"}),
     "gpt-oss model": (("config", "--source", "vllm", "--model", str(GPT_OSS_MODEL), "--"), {}),
     "parser without auto tool choice": (config_argv("--tool-call-parser", "hermes"), {}),
     "mistral parser": (config_argv("--tool-call-parser", "mistral", "--enable-auto-tool-choice"), {}),
@@ -170,6 +171,8 @@ def test_with_no_flags_the_front_takes_vllms_server_defaults(cli_runs: dict[str,
     assert (config["max_tokens_default"], config["completions_max_tokens_default"]) == (0, 16)
     assert config["api_keys"] == [] and config["cors_allowed_origins"] == []
     assert config["tools_need_parser"] is True  # vLLM's server refuses tools without --enable-auto-tool-choice
+    assert effective_config(cli_runs, "no flags")["worker"]["max_stop_strings"] == 4  # VLLM_MAX_STOP_STRINGS
+    assert effective_config(cli_runs, "more stop strings")["worker"]["max_stop_strings"] == 9
     assert effective_config(cli_runs, "gpt-oss model")["front"]["tools_need_parser"] is False  # read via Harmony
 
 
