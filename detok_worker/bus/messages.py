@@ -119,6 +119,9 @@ class SamplingParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     # the request's own vLLM stream_interval (at least 1): its ids go to its worker every this many, or every
     # --stream-interval if that is larger (the vLLM source)
     stream_interval: int | None = None
+    # vLLM's logprob_token_ids (completions): the ids whose logprobs each output position reports, in place of the
+    # top `logprobs` candidates (None: the top ones)
+    logprob_token_ids: list[int] | None = None
 
 
 class RequestParams(msgspec.Struct, array_like=True, gc=False, frozen=True):

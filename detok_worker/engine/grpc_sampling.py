@@ -76,6 +76,7 @@ def refuse_engine_fields(params: RequestParams) -> None:
         ("bad_words", bool(sampling.bad_words)),
         ("priority", params.priority != 0),
         ("cache_salt", params.cache_salt is not None),
+        ("logprob_token_ids", bool(sampling.logprob_token_ids)),
     )
     for param, set_ in asked:
         if set_:

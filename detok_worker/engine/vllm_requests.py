@@ -109,9 +109,11 @@ class RequestBuilder:
             fields["top_k"] = 0
         fields.update(
             (name, value)
-            for name in ("seed", "logprobs", "prompt_logprobs", "thinking_token_budget")
+            for name in ("seed", "logprobs", "prompt_logprobs", "thinking_token_budget", "logprob_token_ids")
             if (value := getattr(sampling, name)) is not None
         )
+        if sampling.logprob_token_ids:  # vLLM's server: those ids' logprobs in place of the top candidates
+            fields.pop("logprobs", None)
         lora = None
         if params.lora:
             lora = self.loras.get(params.lora)

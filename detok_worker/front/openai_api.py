@@ -92,6 +92,8 @@ class CompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=T
     prompt: str | list[str | int | list[int]]
     suffix: Any = None
     prompt_embeds: Any = None
+    # vLLM's engine field (completions only): these ids' logprobs at each output position, in place of the top ones
+    logprob_token_ids: list[int] | None = None
 
 
 class ChatCompletionRequest(GenerationRequest, kw_only=True, forbid_unknown_fields=True):

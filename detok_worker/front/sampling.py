@@ -92,7 +92,21 @@ def sampling_params(
         thinking_token_budget=_thinking_token_budget(request.thinking_token_budget),
         extra_args=request.vllm_xargs or None,
         stream_interval=_stream_interval(request.stream_interval),
+        logprob_token_ids=_logprob_token_ids(request, vocab_size),
     )
+
+
+def _logprob_token_ids(request: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> list[int] | None:
+    """vLLM's rules: only with `logprobs` set, and never with nothing generated (echo with max_tokens 0)."""
+    ids = request.logprob_token_ids if isinstance(request, CompletionRequest) else None
+    if not ids:
+        return None
+    if request.logprobs is None:
+        raise bad_request("when using `logprob_token_ids`, `logprobs` must be set.", "logprob_token_ids")
+    if request.echo and request.max_tokens == 0:
+        message = "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0`"
+        raise bad_request(message, "logprob_token_ids")
+    return _allowed_token_ids(ids, vocab_size, "logprob_token_ids")
 
 
 def _stream_interval(interval: int | None) -> int | None:
@@ -186,16 +200,16 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
     return result
 
 
-def _allowed_token_ids(ids: list[int] | None, vocab_size: int) -> list[int] | None:
-    """vLLM: a non-empty list of ids inside the vocabulary (None: no restriction)."""
+def _allowed_token_ids(ids: list[int] | None, vocab_size: int, param: str = "allowed_token_ids") -> list[int] | None:
+    """vLLM: a non-empty list of ids inside the vocabulary (None: no restriction); `param`: the field named."""
     if ids is None:
         return None
     if not ids:
-        raise bad_request("allowed_token_ids must not be empty", "allowed_token_ids")
+        raise bad_request(f"{param} must not be empty", param)
     outside = [token_id for token_id in ids if not 0 <= token_id < vocab_size]
     if outside:
-        message = f"allowed_token_ids: {outside[:5]} are not token ids of this model (0..{vocab_size - 1})"
-        raise bad_request(message, "allowed_token_ids")
+        message = f"{param}: {outside[:5]} are not token ids of this model (0..{vocab_size - 1})"
+        raise bad_request(message, param)
     return list(ids)
 
 

@@ -274,12 +274,13 @@ ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "vllm_xargs": _truthy,
     "stream_interval": _is_set,
 }
+ENGINE_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {"logprob_token_ids": _truthy}  # vLLM's, completions only
 ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
 
 
 # every field _check_unsupported looks at, per request type: all of them null (their default) asks nothing refused
 _CHECKED_FIELDS = {
-    CompletionRequest: attrgetter(*_REFUSED, *_REFUSED_COMPLETION, *ENGINE_FIELDS),
+    CompletionRequest: attrgetter(*_REFUSED, *_REFUSED_COMPLETION, *ENGINE_FIELDS, *ENGINE_COMPLETION_FIELDS),
     ChatCompletionRequest: attrgetter(*_REFUSED, *_REFUSED_CHAT, *ENGINE_FIELDS),
 }
 
@@ -294,7 +295,10 @@ def _check_unsupported(request: CompletionRequest | ChatCompletionRequest, engin
             raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
     if engine_source == ENGINE_FIELDS_SOURCE:
         return
-    for name, asks in ENGINE_FIELDS.items():
+    engine_fields = (
+        {**ENGINE_FIELDS, **ENGINE_COMPLETION_FIELDS} if isinstance(request, CompletionRequest) else ENGINE_FIELDS
+    )
+    for name, asks in engine_fields.items():
         if asks(getattr(request, name)):
             message = (
                 f"{name} is honoured only by the {ENGINE_FIELDS_SOURCE!r} engine source (detok serve --source "

@@ -386,6 +386,8 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
             "max_tokens": 3,
         },
     ),
+    # the logprobs of given ids at each position, in place of the top candidates
+    ("/v1/completions", {"prompt": PROMPT, "seed": 28, "max_tokens": 3, "logprobs": 1, "logprob_token_ids": [9707, 0]}),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
@@ -421,7 +423,8 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         if logprobs and "content" in logprobs:  # chat: the sampled tokens (top candidates tie on random weights)
             logprobs = [(entry["token"], round(entry["logprob"], 3)) for entry in logprobs["content"]]
         elif logprobs:
-            logprobs = (logprobs["tokens"], rounded(logprobs["token_logprobs"]), logprobs["text_offset"])
+            tops = [sorted(top) if top else top for top in logprobs["top_logprobs"]]
+            logprobs = (logprobs["tokens"], rounded(logprobs["token_logprobs"]), logprobs["text_offset"], tops)
         choices.append(
             {
                 "text": choice["text"] if "text" in choice else choice["message"]["content"],
@@ -641,6 +644,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert expected["request 16"]["prompt_text"].startswith("<|im_start|>system\nBe kind.\n\nBe\nbrief.<|im_end|>")
     assert '"arguments": {"city": "Paris"}' in expected["request 17"]["prompt_text"]
     continued, thinking_off = expected["request 18"]["choices"][0], expected["request 19"]["choices"][0]
+    chosen_tops = expected["request 20"]["choices"][0]["logprobs"][3]
+    assert all({"Hello", "!"} <= set(top) for top in chosen_tops), chosen_tops  # ids 9707 and 0, every position
     assert continued["reasoning"] and not thinking_off["reasoning"] and thinking_off["text"]
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0

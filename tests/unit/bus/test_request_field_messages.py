@@ -46,6 +46,7 @@ def test_new_fields_travel_last() -> None:
         thinking_token_budget=8,
         extra_args={"k": 1},
         stream_interval=3,
+        logprob_token_ids=[4, 2],
     )
     detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
     params = RequestParams(
@@ -65,8 +66,9 @@ def test_new_fields_travel_last() -> None:
     assert raw[3][-6:] == [-2, "s1", True, "adapter", "c", True]
     # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
     assert raw[3][1][-3:] == [True, False, "f"]
-    # SamplingParams: ..., bad_words, prompt_logprobs, thinking_token_budget, extra_args, stream_interval
-    assert raw[3][3][-5:] == [["no"], -1, 8, {"k": 1}, 3]
+    # SamplingParams: ..., bad_words, prompt_logprobs, thinking_token_budget, extra_args, stream_interval,
+    # logprob_token_ids
+    assert raw[3][3][-6:] == [["no"], -1, 8, {"k": 1}, 3, [4, 2]]
     assert engine_decoder().decode(frame) == Submit("r1", [1], params)
 
 

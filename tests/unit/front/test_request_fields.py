@@ -57,7 +57,7 @@ VLLM_CHAT_FIELDS = {
     "add_generation_prompt", "continue_final_message", "documents", "chat_template", "chat_template_kwargs",
     "mm_processor_kwargs", "include_reasoning", "return_prompt_text",
 }  # fmt: skip
-VLLM_COMPLETION_FIELDS = {"prompt_embeds"}
+VLLM_COMPLETION_FIELDS = {"prompt_embeds", "logprob_token_ids"}
 
 TEMPLATE_PARAMETERS = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -354,6 +354,10 @@ COMPLETION_CASES: dict[str, tuple[dict[str, Any], Expect]] = {
     "echo": ({"echo": True}, Response(lambda r: r.json()["choices"][0]["text"] == "Hello there" * 2)),
     "suffix": ({"suffix": "x"}, REFUSED),
     "prompt_embeds": ({"prompt_embeds": "AAAA"}, REFUSED),
+    "logprob_token_ids": (
+        {"logprobs": 1, "logprob_token_ids": [9707]},
+        VllmEngine(lambda p: p.sampling.logprob_token_ids == [9707]),
+    ),
 }
 ENDPOINTS = {
     "chat": ("/v1/chat/completions", CHAT_CASES, OPENAI_CHAT_FIELDS | VLLM_FIELDS | VLLM_CHAT_FIELDS),

@@ -539,3 +539,26 @@ def test_thinking_off_runs_no_qwen3_reasoning_parser(qwen3: Any) -> None:
             assert httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
         parsers = [next_submit(front).params.detok.reasoning_parser for _ in range(3)]
     assert parsers == ["", "qwen3_vllm", ""]
+
+
+def test_logprob_token_ids_go_to_the_engine_with_vllms_checks(qwen3: Any) -> None:
+    """vLLM's completions field: the given ids reach the engine; without logprobs, outside the vocabulary, on a chat
+    or on another engine source it is a 400 naming it, and nothing is submitted."""
+    body = {"prompt": "Hi", "max_tokens": 2, "logprob_token_ids": [9707, 0]}
+    with running_front(qwen3, **{"engine.source": "vllm", "engine.model": "m"}) as front:
+        url = front.url
+        taken = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": 1}, timeout=30)
+        ids = next_submit(front).params.sampling.logprob_token_ids
+        refused = [
+            httpx.post(f"{url}/v1/completions", json=body),
+            httpx.post(f"{url}/v1/completions", json={**body, "logprobs": 1, "logprob_token_ids": [10**7]}),
+            httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "logprobs": True, "logprob_token_ids": [1]}),
+        ]
+        time.sleep(0.2)
+        left = front.engine.submits.qsize()
+    with running_front(qwen3) as front:
+        elsewhere = httpx.post(f"{front.url}/v1/completions", json={**body, "logprobs": 1})
+    assert taken.status_code == 200 and ids == [9707, 0] and left == 0
+    assert [(r.status_code, r.json()["error"]["param"]) for r in [*refused, elsewhere]] == [
+        (400, "logprob_token_ids")
+    ] * 4
