@@ -225,6 +225,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     assert with_vllm == [
         "detok_worker.engine.sources.vllm_source",
         "detok_worker.engine.vllm_flags",
+        "detok_worker.engine.vllm_loras",
         "detok_worker.engine.vllm_requests",
         "detok_worker.engine.vllm_stats",
         "detok_worker.engine.vllm_tool_grammar",
