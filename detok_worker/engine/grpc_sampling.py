@@ -68,8 +68,8 @@ def sglang_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 
 def refuse_engine_fields(params: RequestParams) -> None:
-    """vLLM's engine-core fields (allowed_token_ids, bad_words, priority, cache_salt) have no place in the token-only
-    gRPC API: a request that sets one is refused naming it (the front refuses them first for this source)."""
+    """vLLM's engine-core fields have no place in the token-only gRPC API: a request that sets one is refused naming
+    it (the front refuses them first for this source; this holds for any front that speaks the bus)."""
     sampling = params.sampling
     asked = (
         ("allowed_token_ids", sampling.allowed_token_ids is not None),
@@ -77,6 +77,12 @@ def refuse_engine_fields(params: RequestParams) -> None:
         ("priority", params.priority != 0),
         ("cache_salt", params.cache_salt is not None),
         ("logprob_token_ids", bool(sampling.logprob_token_ids)),
+        ("prompt_logprobs", sampling.prompt_logprobs is not None),
+        ("thinking_token_budget", sampling.thinking_token_budget is not None),
+        ("vllm_xargs", bool(sampling.extra_args)),
+        ("stream_interval", sampling.stream_interval is not None),
+        ("session_id", params.session_id is not None),
+        ("model", bool(params.lora)),  # a LoRA adapter, named as the request's model
     )
     for param, set_ in asked:
         if set_:

@@ -113,6 +113,13 @@ def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: 
         (RequestParams(9, sampling=SamplingParams(bad_words=["x"])), "bad_words"),
         (RequestParams(9, priority=3), "priority"),
         (RequestParams(9, cache_salt="s"), "cache_salt"),
+        (RequestParams(9, sampling=SamplingParams(logprobs=1, logprob_token_ids=[2])), "logprob_token_ids"),
+        (RequestParams(9, sampling=SamplingParams(prompt_logprobs=1)), "prompt_logprobs"),
+        (RequestParams(9, sampling=SamplingParams(thinking_token_budget=8)), "thinking_token_budget"),
+        (RequestParams(9, sampling=SamplingParams(extra_args={"k": 1})), "vllm_xargs"),
+        (RequestParams(9, sampling=SamplingParams(stream_interval=3)), "stream_interval"),
+        (RequestParams(9, session_id="c"), "session_id"),
+        (RequestParams(9, lora="adapter"), "model"),
     ],
 )
 def test_vllm_engine_core_fields_are_refused_by_name(dialect: str, params: RequestParams, param: str) -> None:
