@@ -174,6 +174,10 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # max_log_len of them; 0 = all), as vLLM's --enable-log-requests / --max-log-len
     log_requests: bool = False
     max_log_len: NonNegativeInt = 0
+    # with log_requests: a chat's output too (each choice's text, cut to max_log_len), and with log_deltas each
+    # streamed piece (vLLM's --enable-log-outputs / --enable-log-deltas)
+    log_outputs: bool = False
+    log_deltas: bool = True
     force_include_usage: bool = False  # usage in every stream, stream_options or not (--enable-force-include-usage)
     openapi: bool = True  # serve /openapi.json (false: vLLM's --disable-fastapi-docs)
     uvicorn_log_level: UvicornLogLevel = ""  # uvicorn's own loggers; "" = logging.level

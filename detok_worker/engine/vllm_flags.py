@@ -176,6 +176,8 @@ HONOURED: dict[str, Flag] = {
     "exclude_tools_when_tool_choice_none": _to("front.exclude_tools_when_tool_choice_none"),
     "enable_server_load_tracking": _to("front.server_load"),
     "enable_request_id_headers": _nothing,  # detok's responses always carry X-Request-Id
+    "enable_log_outputs": _to("front.log_outputs"),
+    "enable_log_deltas": _to("front.log_deltas"),
 }
 # engine flags the front honours too (they also go to the engine core)
 FRONT_ENGINE_FLAGS: dict[str, Flag] = {
@@ -202,8 +204,6 @@ REFUSED: dict[str, str] = {
     "tool_server": "detok runs no built-in tools",
     "enable_per_request_metrics": "detok does not add timing metrics to responses",
     "enable_tokenizer_info_endpoint": _NO_ENDPOINT + " (/tokenizer_info)",
-    "enable_log_outputs": "detok does not log model outputs",
-    "enable_log_deltas": "detok does not log model outputs",
     "cohere_is_reasoning_model": _NO_ENDPOINT + " (/cohere)",
     "cohere_format": _NO_ENDPOINT + " (/cohere)",
     "anthropic_disabled_thinking_effort": _NO_ENDPOINT + " (/v1/messages)",

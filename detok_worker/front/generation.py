@@ -46,7 +46,7 @@ from detok_worker.front.prompts import (
     prompt_chars,
 )
 from detok_worker.front.request_intake import RequestIntake
-from detok_worker.front.request_log import log_request
+from detok_worker.front.request_log import OutputLog, log_request
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
 from detok_worker.front.sse_direct import ConnectionWriter, EventSink
 from detok_worker.front.validation import (
@@ -174,9 +174,16 @@ class Generation:
         prepared = await self._prepare(body, prompt_ids, formatter_type, rid, rid, asyncio.Event())
         choices, formatter, checked = prepared.choices, prepared.formatter, prepared.checked
         self._count(request, choices)
+        config = self.intake.config
+        log = None
+        if isinstance(body, ChatCompletionRequest) and config.log_requests and config.log_outputs:
+            log = OutputLog(rid, config.max_log_len, config.log_deltas)  # vLLM logs chat outputs only
         if body.stream:
-            return await self._stream(request, choices, formatter, checked.include_usage)
-        return await self._collect_one(request, prepared)
+            return await self._stream(request, choices, formatter, checked.include_usage, log)
+        response = await self._collect_one(request, prepared)
+        if log is not None and response.status_code == 200:
+            log.whole(msgspec.json.decode(bytes(response.body)))
+        return response
 
     async def _collect_one(self, request: Request, prepared: Prepared) -> Response:
         """The whole answer of one prompt's request."""
@@ -237,15 +244,21 @@ class Generation:
         self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
 
     async def _stream(
-        self, request: Request, choices: Choices, formatter: Formatter | BatchFormatter, include_usage: bool
+        self,
+        request: Request,
+        choices: Choices,
+        formatter: Formatter | BatchFormatter,
+        include_usage: bool,
+        log: OutputLog | None = None,
     ) -> Response:
+        """`log`: the output log that sees every piece (the bus intake then writes none: sse_direct)."""
         watch = await self._first_output(request, choices)
         if isinstance(watch, APIError):
             return error_response(watch)
-        writer = sse_direct.connection_writer(request.scope)
+        writer = sse_direct.connection_writer(request.scope) if log is None else None
         if writer is not None and not _attach_sinks(choices, formatter, writer):
             writer = None
-        events = self._events(choices, formatter, include_usage, writer)
+        events = self._events(choices, formatter, include_usage, writer, log)
         return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
 
     def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -312,6 +325,7 @@ class Generation:
         formatter: Formatter | BatchFormatter,
         include_usage: bool,
         writer: ConnectionWriter | None,
+        log: OutputLog | None = None,
     ) -> AsyncIterator[bytes]:
         """The response's events. With a writer (sse_direct.py; its streams have sinks) the text that arrives while
         this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
@@ -347,6 +361,8 @@ class Generation:
                     continue
                 for index, news, ended in changes:
                     stream = choices.streams[index]
+                    if log is not None:
+                        log.piece(index, news, stream.finish if ended else None)
                     logprobs = stream.take_logprobs()
                     ids = stream.take_token_ids() if with_ids else None
                     if news or logprobs or ids:
@@ -365,6 +381,8 @@ class Generation:
             elif include_usage:
                 await self._cached_tokens(choices)
                 ready.append(sse.event(formatter.usage_chunk(choices)))
+            if failure is None and log is not None:
+                log.stream_end(len(choices.streams))
             yield b"".join([*ready, sse.DONE])
         finally:
             if writer is not None:

@@ -54,11 +54,11 @@ FRONT_FLAGS = (
     "--revision", "main", "--tokenizer-revision", "v2", "--disable-access-log-for-endpoints", "/health,/metrics",
     "--exclude-tools-when-tool-choice-none", "--enable-server-load-tracking", "--response-role", "bot",
     "--return-tokens-as-token-ids", "--root-path", "/llm", "--enable-prompt-tokens-details",
+    "--enable-log-outputs", "--no-enable-log-deltas",
 )  # fmt: skip
 REFUSED_FLAGS = [
     (("--uds", "/tmp/detok.sock"), "--uds"),
     (("--middleware", "my.module:mw"), "--middleware"),
-    (("--enable-log-outputs",), "--enable-log-outputs"),
     (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
     (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
     (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
@@ -161,6 +161,7 @@ def test_front_end_flags_set_the_fronts_options(cli_runs: dict[str, tuple[int, s
     assert (config["openapi"], config["uvicorn_log_level"]) == (False, "warning")
     assert (config["response_role"], config["return_tokens_as_token_ids"], config["root_path"]) == ("bot", True, "/llm")
     assert config["prompt_tokens_details"] is True
+    assert (config["log_outputs"], config["log_deltas"]) == (True, False)
 
 
 def test_with_no_flags_the_front_takes_vllms_server_defaults(cli_runs: dict[str, tuple[int, str, str]]) -> None:

@@ -562,3 +562,44 @@ def test_logprob_token_ids_go_to_the_engine_with_vllms_checks(qwen3: Any) -> Non
     assert [(r.status_code, r.json()["error"]["param"]) for r in [*refused, elsewhere]] == [
         (400, "logprob_token_ids")
     ] * 4
+
+
+def output_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "detok.requests" and "Generated" in r.getMessage()]
+
+
+def test_chat_outputs_are_logged_as_vllms_server_logs_them(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """--enable-log-outputs (with --enable-log-requests): a whole chat's choices, a stream's pieces and its end;
+    completions are not logged (vLLM logs chat outputs only); the text is cut to max_log_len."""
+    options = {"front.log_requests": True, "front.log_outputs": True, "front.max_log_len": 40}
+    with caplog.at_level(logging.INFO, logger="detok.requests"), running_front(qwen3, **options) as front:
+        whole = httpx.post(f"{front.url}/v1/chat/completions", json={**CHAT, "max_tokens": 50}, timeout=30).json()
+        after_whole = output_lines(caplog)
+        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+            streamed = "".join(
+                json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            )
+        after_stream = output_lines(caplog)
+        httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+        after_completion = output_lines(caplog)
+    content, finish = whole["choices"][0]["message"]["content"], whole["choices"][0]["finish_reason"]
+    assert after_whole == [f"Generated response {whole['id']}: output: {content[:40]!r}, finish_reason: {finish}"]
+    stream_lines = after_stream[1:]
+    deltas = [line for line in stream_lines if "(streaming delta)" in line]
+    assert len(deltas) > 1 and all(line.startswith("Generated response chatcmpl-") for line in deltas)
+    assert stream_lines[-1].endswith(
+        f"(streaming complete): output: {streamed[:40]!r}, finish_reason: streaming_complete"
+    )
+    assert after_completion == after_stream
+
+
+def test_without_log_deltas_a_stream_logs_its_end_only(qwen3: Any, caplog: pytest.LogCaptureFixture) -> None:
+    options = {"front.log_requests": True, "front.log_outputs": True, "front.log_deltas": False}
+    with caplog.at_level(logging.INFO, logger="detok.requests"), running_front(qwen3, **options) as front:
+        body = {**CHAT, "stream": True}
+        response = httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    lines = output_lines(caplog)
+    assert len(lines) == 1 and "(streaming complete)" in lines[0]
