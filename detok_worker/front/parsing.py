@@ -24,6 +24,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.config.schema import ConfigError
 from detok_worker.front.errors import bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest
+from detok_worker.front.prompts import merged_template_kwargs
 from detok_worker.parse.registry import (
     HARMONY,
     NAMED_CALL,
@@ -79,8 +80,7 @@ class ParserChoice:
     def thinking(self, body: ChatCompletionRequest) -> bool:
         """The chat's `enable_thinking` template argument (the request's over the server's), as vLLM's parsers read
         it: thinking unless it is given and false."""
-        kwargs = {**self.template_kwargs, **(body.chat_template_kwargs or {})}
-        return bool(kwargs.get("enable_thinking", True))
+        return bool(merged_template_kwargs(body, self.template_kwargs).get("enable_thinking", True))
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named; a request with tools that no parser reads is refused where

@@ -165,9 +165,14 @@ def _template_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
     return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
 
 
-def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
+def merged_template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
     """The request's chat_template_kwargs over the server's (front.chat_template_kwargs), as vLLM merges them."""
-    kwargs = {**defaults, **(request.chat_template_kwargs or {})}
+    return {**defaults, **(request.chat_template_kwargs or {})}
+
+
+def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The template's arguments (merged_template_kwargs), none shadowing the renderer's own, reasoning_effort added."""
+    kwargs = merged_template_kwargs(request, defaults)
     reserved = RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
     if reserved:
         raise bad_request(f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")

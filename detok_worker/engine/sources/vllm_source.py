@@ -35,7 +35,7 @@ from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.executor import Executor
 from vllm.version import __version__ as VLLM_VERSION
 
-from detok_worker.bus.messages import AdapterAnswer, AdapterCall, PromptCached, Submit
+from detok_worker.bus.messages import AdapterCall, PromptCached, Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
@@ -63,18 +63,17 @@ class VllmSource:
         link: EngineLink,
         client: EngineCoreClient,
         requests: RequestBuilder,
+        adapters: LoraAdapters,
         stream_interval: int = 1,
         stats: VllmStats | None = None,
-        adapters: LoraAdapters | None = None,
     ) -> None:
-        """`stream_interval`: vLLM's --stream-interval (ids sent on every this many; 1: each step's). `stats`: vLLM's
-        metrics and stats log (None: --disable-log-stats). `adapters`: the engine core's LoRA adapters (None: the
-        engine loads none, and refuses the fronts' adapter calls)."""
+        """`adapters`: the engine core's LoRA adapters (the table `requests` reads). `stream_interval`: vLLM's
+        --stream-interval (ids sent on every this many; 1: each step's). `stats`: vLLM's metrics and stats log (None:
+        --disable-log-stats)."""
         self.stats = stats
         self.link = link
         self.adapters = adapters
-        if adapters is not None:
-            link.lora_adapters = adapters.paths()
+        link.lora_adapters = adapters.paths()
         self.adapter_calls: set[asyncio.Task[None]] = set()
         # None while neither the server nor a request asks for more than each step's ids
         self.interval = StreamInterval(stream_interval) if stream_interval > 1 else None
@@ -142,11 +141,8 @@ class VllmSource:
 
     async def _adapter_call(self, call: AdapterCall) -> None:
         """Load or unload a LoRA adapter in the engine core (LoraAdapters), then answer the calling front."""
-        if self.adapters is None:
-            answer = AdapterAnswer(call.call, 400, "this engine loads no LoRA adapters")
-        else:
-            answer = await self.adapters.call(call)
-            self.link.lora_adapters = answer.lora_adapters
+        answer = await self.adapters.call(call)
+        self.link.lora_adapters = answer.lora_adapters
         self.link.answer(answer, call.front)
         self.bus.set()  # the answer went out on a bus socket: look again (see _read_outputs)
 
@@ -324,7 +320,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
             )
             stats = VllmStats(vllm_config, client.engine_ranks_managed) if log_stats else None
             interval = vllm_config.scheduler_config.stream_interval
-            source = VllmSource(link, client, requests, interval, stats, adapters)
+            source = VllmSource(link, client, requests, adapters, interval, stats)
             try:
                 with stop_on_signals(source.request_stop):
                     await source.run()
