@@ -34,13 +34,14 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, more on a loaded machine
 
 LENGTHS = (4, 12, 24, 40)
-# 50 measured streams: 31 plain, the watched one, 10 ended by a stop string, 8 left by their client
+# 50 measured streams: 31 plain, a long one, 10 ended by a stop string, 8 left by their client; the engine runs
+# MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0)
+MAX_NUM_SEQS = "16"
 PLAIN = [
     {"prompt": f"Story number {seed}:", "max_tokens": LENGTHS[seed % len(LENGTHS)], "temperature": 1.0, "seed": seed}
     for seed in range(31)
 ]
-WATCHED = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}  # /metrics read while it runs
-WATCH_AFTER_EVENTS = 5
+LONG = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}
 STOPPED = [{"prompt": f"Tale {seed} begins", "max_tokens": 48, "temperature": 1.0, "seed": seed} for seed in range(10)]
 # a leaving client reads LEFT_AFTER_EVENTS text events, then closes its connection; its max_tokens is more than its
 # engine makes in the seconds a server may take to see it gone on a busy machine
@@ -58,7 +59,8 @@ class Run:
     usage_completion: int = 0
     usage_prompt: int = 0
     finishes: Counter[str] = field(default_factory=Counter)
-    running_under_load: float = 0.0
+    running_under_load: float = 0.0  # the most any scrape showed while the measured streams ran
+    waiting_under_load: float = 0.0
     scrapes: dict[str, dict[str, Any]] = field(default_factory=dict)
     log: str = ""
 
@@ -96,12 +98,10 @@ async def stream(
     client: httpx.AsyncClient,
     body: dict[str, Any],
     leave_after: int | None = None,
-    watch: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed completion with usage. `leave_after`: close the connection after that many text events;
-    `watch`: called in a thread after WATCH_AFTER_EVENTS text events."""
+    """One streamed completion with usage. `leave_after`: close the connection after that many text events."""
     payload = {**body, "model": SERVED_NAME, "stream": True, "stream_options": {"include_usage": True}}
-    outcome: dict[str, Any] = {"text": "", "finish": None, "usage": None, "events": 0, "watched": None}
+    outcome: dict[str, Any] = {"text": "", "finish": None, "usage": None, "events": 0}
     async with client.stream("POST", "/v1/completions", json=payload) as response:
         assert response.status_code == 200, await response.aread()
         async for event in sse_payloads(response.aiter_lines()):
@@ -112,8 +112,6 @@ async def stream(
                     outcome["text"] += choice["text"]
                     outcome["events"] += 1
                 outcome["finish"] = choice.get("finish_reason") or outcome["finish"]
-            if watch is not None and outcome["watched"] is None and outcome["events"] >= WATCH_AFTER_EVENTS:
-                outcome["watched"] = await asyncio.to_thread(watch)
             if leave_after is not None and outcome["events"] >= leave_after:
                 return outcome  # leaving the block closes the connection: the server aborts the request
     return outcome
@@ -143,6 +141,17 @@ async def wait_idle(scrape_now: Callable[[], dict[str, Any]], timeout: float = 3
     raise AssertionError("the server did not settle idle: vllm:num_requests_running/waiting above 0, or moving")
 
 
+async def watch_gauges(run: Run, scrape_now: Callable[[], dict[str, Any]], done: asyncio.Event) -> None:
+    """Scrapes /metrics until `done`, keeping the most running and waiting requests any scrape showed."""
+    while not done.is_set():
+        scraped = await asyncio.to_thread(scrape_now)
+        running = total(scraped, "vllm:num_requests_running")
+        waiting = total(scraped, "vllm:num_requests_waiting")
+        run.running_under_load = max(run.running_under_load, running)
+        run.waiting_under_load = max(run.waiting_under_load, waiting)
+        await asyncio.sleep(0.2)
+
+
 async def load(url: str, run: Run, scrape_now: Callable[[], dict[str, Any]]) -> None:
     # no idle connection kept between phases: a server closes one after its keep-alive timeout, and a request sent
     # on it just then fails
@@ -157,10 +166,11 @@ async def load(url: str, run: Run, scrape_now: Callable[[], dict[str, Any]]) -> 
             stopped.append({**body, "stop": [stop]})
         run.scrapes["before"] = await wait_idle(scrape_now)
 
-        outcomes = await asyncio.gather(
-            stream(client, WATCHED, watch=scrape_now), *(stream(client, body) for body in PLAIN + stopped)
-        )
-        run.running_under_load = total(outcomes[0]["watched"], "vllm:num_requests_running")
+        loaded = asyncio.Event()
+        watcher = asyncio.create_task(watch_gauges(run, scrape_now, loaded))
+        outcomes = await asyncio.gather(stream(client, LONG), *(stream(client, body) for body in PLAIN + stopped))
+        loaded.set()
+        await watcher
         for outcome in outcomes:
             run.usage_completion += outcome["usage"]["completion_tokens"]
             run.usage_prompt += outcome["usage"]["prompt_tokens"]
@@ -181,14 +191,14 @@ def run_load(url: str) -> Run:
 
 @pytest.fixture(scope="module")
 def vllm_run() -> Run:
-    with vllm_server() as server:
+    with vllm_server("--max-num-seqs", MAX_NUM_SEQS) as server:
         return run_load(server.url)
 
 
 @pytest.fixture(scope="module")
 def detok_run(vllm_run: Run) -> Iterator[Run]:
     """Started after vLLM's own server has stopped (two engine cores on two CPUs would slow both)."""
-    service = detok_vllm(env=LOG_EVERY_SECOND)
+    service = detok_vllm(engine_flags=("--max-num-seqs", MAX_NUM_SEQS), env=LOG_EVERY_SECOND)
     try:
         run = run_load(service.url)
         run.log = service.log(None)
@@ -241,8 +251,9 @@ def test_left_streams_count_as_generated_not_as_finished(run: Run) -> None:
     assert delta(run, "vllm:prompt_tokens_total", since="finished", until="left") > 0
 
 
-def test_running_gauge_under_load_and_zero_when_idle(run: Run) -> None:
-    assert run.running_under_load > 0
+def test_running_and_waiting_gauges_under_load_and_zero_when_idle(run: Run) -> None:
+    assert run.running_under_load == int(MAX_NUM_SEQS)  # the engine's batch full
+    assert run.waiting_under_load > 0  # the rest of the load queued behind it
     for moment in ("before", "finished", "left"):
         assert total(run.scrapes[moment], "vllm:num_requests_running") == 0
         assert total(run.scrapes[moment], "vllm:num_requests_waiting") == 0
