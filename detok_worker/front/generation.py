@@ -23,6 +23,13 @@ from starlette.responses import Response
 
 from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
 from detok_worker.front import sse, sse_direct
+from detok_worker.front.anthropic_api import (
+    CountTokensResponse,
+    MessagesFormatter,
+    anthropic_error_response,
+    decode_count_tokens,
+    decode_messages,
+)
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_response
@@ -114,6 +121,32 @@ class Generation:
 
         return await self._generate(request, decode_chat, prompt_ids, ChatFormatter, "chatcmpl")
 
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's POST /v1/messages: a chat request in another shape (anthropic_api.py), answered and refused
+        in Anthropic's shapes; its API key may come in x-api-key."""
+
+        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
+            return chat_prompt_ids(body, self.tokenizer, self.limits)
+
+        request.state.anthropic = True
+        try:
+            response = await self._generate(request, decode_messages, prompt_ids, MessagesFormatter, "msg")
+        except APIError as exc:
+            return anthropic_error_response(error_response(exc))
+        return anthropic_error_response(response)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's POST /v1/messages/count_tokens: the prompt's length as a Messages request would render it."""
+        request.state.anthropic = True
+        try:
+            self.intake.authorize(request)
+            body = decode_count_tokens(await self.intake.read_body(request))
+            check_model(body.model, self.limits, self.dispatcher.engine_model_name)
+            ids = await self.intake.off_loop(chat_prompt_ids, body, self.tokenizer, self.limits)
+        except APIError as exc:
+            return anthropic_error_response(error_response(exc))
+        return Response(msgspec.json.encode(CountTokensResponse(len(ids))), media_type=JSON)
+
     async def _generate(
         self,
         request: Request,
@@ -176,7 +209,7 @@ class Generation:
         self._count(request, choices)
         config = self.intake.config
         log = None
-        if isinstance(body, ChatCompletionRequest) and config.log_requests and config.log_outputs:
+        if formatter_type is ChatFormatter and config.log_requests and config.log_outputs:
             log = OutputLog(rid, config.max_log_len, config.log_deltas)  # vLLM logs chat outputs only
         if body.stream:
             return await self._stream(request, choices, formatter, checked.include_usage, log)
@@ -331,6 +364,7 @@ class Generation:
         this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
         writes itself."""
         metrics = self.dispatcher.metrics
+        framing = formatter.framing
         metrics.sse_opened()
         self.open_event_streams += 1
         with_ids = formatter.token_ids is not None
@@ -339,7 +373,7 @@ class Generation:
             # each choice's first chunk (the role; echo), in one write with the first round when that has news
             ready: list[bytes] = []
             for index, stream in enumerate(choices.streams):
-                ready += [sse.event(first) for first in formatter.first_chunks(index, stream)]
+                ready += [framing.event(first) for first in formatter.first_chunks(index, stream)]
             if ready and not any(stream.has_news or stream.done for stream in choices.streams):
                 yield b"".join(ready)
                 ready = []
@@ -366,9 +400,9 @@ class Generation:
                     logprobs = stream.take_logprobs()
                     ids = stream.take_token_ids() if with_ids else None
                     if news or logprobs or ids:
-                        ready.append(sse.event(formatter.text_chunk(index, news, stream, logprobs, ids)))
+                        ready.append(framing.event(formatter.text_chunk(index, news, stream, logprobs, ids)))
                     if ended and stream.failure is None:
-                        ready.append(sse.event(formatter.final_chunk(index, stream)))
+                        ready.append(framing.event(formatter.final_chunk(index, stream)))
                 if choices.finished:
                     break
                 if ready:
@@ -377,13 +411,13 @@ class Generation:
             failure = choices.failure
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
-                ready.append(sse.error_event(failure))
+                ready.append(framing.error_event(failure))
             elif include_usage:
                 await self._cached_tokens(choices)
-                ready.append(sse.event(formatter.usage_chunk(choices)))
+                ready.append(framing.event(formatter.usage_chunk(choices)))
             if failure is None and log is not None:
                 log.stream_end(len(choices.streams))
-            yield b"".join([*ready, sse.DONE])
+            yield b"".join([*ready, framing.end])
         finally:
             if writer is not None:
                 writer.armed = False

@@ -8,6 +8,13 @@ from typing import Any
 
 import msgspec
 
+from detok_worker.front.anthropic_api import (
+    AnthropicErrorBody,
+    CountTokensRequest,
+    CountTokensResponse,
+    MessageBody,
+    MessagesRequest,
+)
 from detok_worker.front.errors import ErrorBody
 from detok_worker.front.openai_api import (
     ChatCompletionChunk,
@@ -30,7 +37,7 @@ def _json(schema: dict[str, Any], description: str = "JSON") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _generation(request: str, response: str, chunk: str, summary: str) -> dict[str, Any]:
+def _generation(request: str, response: str, chunk: str, summary: str, error: str = "ErrorBody") -> dict[str, Any]:
     responses: dict[str, Any] = {
         "200": {
             "description": "the completion (JSON), or a text/event-stream of chunks when stream is true",
@@ -40,9 +47,12 @@ def _generation(request: str, response: str, chunk: str, summary: str) -> dict[s
             },
         }
     }
-    responses.update({status: _json(_ref("ErrorBody"), "error") for status in _ERROR_STATUSES})
-    body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
-    return {"post": {"summary": summary, "requestBody": body, "responses": responses}}
+    responses.update({status: _json(_ref(error), "error") for status in _ERROR_STATUSES})
+    return {"post": {"summary": summary, "requestBody": _body(request), "responses": responses}}
+
+
+def _body(request: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
 
 
 @cache
@@ -55,6 +65,11 @@ def openapi_document(title: str) -> dict[str, Any]:
         ChatCompletionChunk,
         ModelList,
         ErrorBody,
+        MessagesRequest,
+        MessageBody,
+        CountTokensRequest,
+        CountTokensResponse,
+        AnthropicErrorBody,
     ]
     _, components = msgspec.json.schema_components(types, ref_template=_REF)
     plain_json = {"type": "object"}
@@ -68,6 +83,19 @@ def openapi_document(title: str) -> dict[str, Any]:
             "/v1/chat/completions": _generation(
                 "ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk", "chat completion"
             ),
+            "/v1/messages": _generation(
+                "MessagesRequest", "MessageBody", "Anthropic's", "Anthropic's Messages API", "AnthropicErrorBody"
+            ),
+            "/v1/messages/count_tokens": {
+                "post": {
+                    "summary": "a Messages request's prompt tokens",
+                    "requestBody": _body("CountTokensRequest"),
+                    "responses": {
+                        "200": _json(_ref("CountTokensResponse")),
+                        **{status: _json(_ref("AnthropicErrorBody"), "error") for status in _ERROR_STATUSES},
+                    },
+                }
+            },
             "/v1/models": {"get": {"summary": "served models", "responses": {"200": _json(_ref("ModelList"))}}},
             "/health": {
                 "get": {"summary": "readiness", "responses": {"200": _json(plain_json), "503": _json(plain_json)}}

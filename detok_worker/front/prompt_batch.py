@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from detok_worker.bus.messages import LogprobText
+from detok_worker.front import sse
 from detok_worker.front.choices import Choices
 from detok_worker.front.openai_api import CompletionRequest
 from detok_worker.front.request_stream import RequestStream
@@ -54,6 +55,8 @@ class BatchFormatter:
     """The chunks of a streamed request with several prompts: choice `index` (prompt index // per_prompt) by its
     prompt's formatter, which writes that index (its own per-choice state is keyed by it); the usage chunk over
     every prompt's choices. One response: one id and creation time."""
+
+    framing = sse.OPENAI_FRAMING
 
     def __init__(self, formatters: list[CompletionFormatter], per_prompt: int) -> None:
         self.formatters = formatters

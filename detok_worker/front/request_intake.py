@@ -33,6 +33,9 @@ class RequestIntake:
         if not self._key_digests:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        anthropic_key = request.headers.get("x-api-key") if getattr(request.state, "anthropic", False) else None
+        if anthropic_key is not None:  # Anthropic's clients send their key in x-api-key
+            scheme, token = "bearer", anthropic_key
         given = _digest(token.strip())
         matched = False
         for digest in self._key_digests:  # every key compared, so the time says nothing of which one matched

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from detok_worker.bus.messages import LogprobText
+from detok_worker.front import sse
 from detok_worker.front.choices import Choices
 from detok_worker.front.openai_api import (
     ChatChoice,
@@ -196,9 +197,12 @@ class TokenIds:
 class FormatterBase:
     """What both endpoints' formatters keep: the response's id, model and creation time, the engine's
     system_fingerprint, and the request's output options (usage in chunks, echo, logprobs, return_token_ids).
+    Their chunks are OpenAI's `data:` events (`framing`).
 
     The fingerprint goes where vLLM's server writes it: on a whole body, on the usage chunk, and (without
     include_usage) on each choice's last chunk."""
+
+    framing = sse.OPENAI_FRAMING
 
     def __init__(
         self,

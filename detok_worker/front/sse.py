@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -44,6 +44,18 @@ def event(payload: bytes) -> bytes:
 
 def error_event(error: APIError) -> bytes:
     return event(encode_error(error))
+
+
+class Framing(NamedTuple):
+    """How a stream's chunks become events: `event` frames a chunk, `error_event` an error that ends the stream,
+    `end` closes it."""
+
+    event: Callable[[bytes], bytes]
+    error_event: Callable[[APIError], bytes]
+    end: bytes
+
+
+OPENAI_FRAMING = Framing(event, error_event, DONE)
 
 
 class DisconnectWatch:

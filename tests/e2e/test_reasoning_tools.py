@@ -11,12 +11,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
-from helpers.parse_cases import CASES, case_ids
+from helpers.parse_cases import CASES, write_case_trace
 from helpers.serve_helpers import ServeProcess, serving
-
-from detok_worker.bus.messages import RequestParams
-from detok_worker.trace.format import TraceWriter, make_header
 
 CASE = CASES[0]  # qwen3-think-tool
 TOOLS = [
@@ -33,13 +29,7 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tokenizer = load_fixture_tokenizer("qwen3")
-    tail, ids = case_ids(tokenizer, CASE)
-    path: Path = tmp_path_factory.mktemp("trace") / "qwen3_tool.trace"
-    with TraceWriter(path, make_header(tokenizer, "test")) as writer:
-        writer.request("rec-1", tail, RequestParams(max_tokens=200), t_ns=0)
-        writer.tokens("rec-1", ids, "stop", t_ns=1)
-    return path
+    return write_case_trace(tmp_path_factory.mktemp("trace") / "qwen3_tool.trace", CASE)
 
 
 @pytest.fixture(scope="module")

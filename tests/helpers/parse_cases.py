@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import DetokParams, Open, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.messages import DetokParams, Open, RequestParams, TextDelta, TokenBatch, Tokens
 from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.parse.registry import create_parser
+from detok_worker.trace.format import TraceWriter, make_header
 from detok_worker.worker.state import WorkerState
+from helpers.fixtures import load_fixture_tokenizer
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,16 @@ def case_ids(tokenizer: Any, case: OutputCase) -> tuple[list[int], list[int]]:
     stop_id = tokenizer.token_to_id(case.stop_token)
     assert stop_id is not None
     return tokenizer.encode(case.prompt_tail).ids, [*tokenizer.encode(case.output).ids, stop_id]
+
+
+def write_case_trace(path: Path, case: OutputCase) -> Path:
+    """A one-request trace whose output is `case`'s (a `--source trace` service replays it for any request)."""
+    tokenizer = load_fixture_tokenizer(case.tokenizer)
+    tail, ids = case_ids(tokenizer, case)
+    with TraceWriter(path, make_header(tokenizer, "test")) as writer:
+        writer.request("rec-1", tail, RequestParams(max_tokens=200), t_ns=0)
+        writer.tokens("rec-1", ids, "stop", t_ns=1)
+    return path
 
 
 def params_of(tokenizer: Any, case: OutputCase) -> DetokParams:
