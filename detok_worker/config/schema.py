@@ -124,6 +124,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_tokens_limit: int = 32_768  # at least max_tokens_default
     max_n: AtLeastOne = 16  # choices per request (n); each is one engine request
     max_pending_chars: AtLeastOne = 1_000_000  # per-request buffer for a slow client; past it the request is aborted
+    responses_store_max: NonNegativeInt = 1000  # /v1/responses kept per front (previous_response_id, GET; 0: none)
     max_total_pending_chars: AtLeastOne = 64_000_000  # over all streams; past it new requests get 503
     max_prompt_chars: AtLeastOne = 1_000_000  # characters of a prompt (all messages), checked before encoding
     max_prompt_tokens: NonNegativeInt = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP

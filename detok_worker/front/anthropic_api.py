@@ -21,10 +21,9 @@ from detok_worker.front.choices import Choices
 from detok_worker.front.errors import JSON, APIError, ErrorBody, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.front.responses import ChatFormatter, Entries, Ids, News
+from detok_worker.front.responses import REASONING, TEXT, BlockFormatter
 from detok_worker.front.sse import Framing
 from detok_worker.front.validation import decode_json
-from detok_worker.parse.base import ParsedOutput
 
 # Claude Code starts its system prompt with a per-request attribution line; vLLM's server drops it so that the
 # prompt's prefix stays cacheable, and so does detok
@@ -406,26 +405,12 @@ def _is_json(text: str) -> bool:
     return True
 
 
-class MessagesFormatter(ChatFormatter):
-    """A Messages answer from a chat request's output (one choice: the API has no n). Streamed, each method returns
-    whole events; the content blocks open and close as the output moves between thinking, text and tool calls."""
+class MessagesFormatter(BlockFormatter):
+    """A Messages answer from a chat request's output (one choice: the API has no n): blocks thinking, text and
+    tool_use, streamed as content_block_start, deltas and content_block_stop."""
 
     framing = ANTHROPIC_FRAMING
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._block = ""  # the open block's type ("" = none)
-        self._blocks = 0  # blocks opened so far: the open one's index is _blocks - 1
-        self._call = -1  # the tool call index of the open tool_use block
-        self._arguments: dict[int, str] = {}  # each call's arguments so far
-
-    def _tool_call_id(self, choice: int, index: int) -> str:
-        if (choice, index) not in self._tool_call_ids:
-            self._tool_call_ids[choice, index] = f"toolu_{uuid.uuid4().hex[:24]}"
-        return self._tool_call_ids[choice, index]
-
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        return None
+    call_id_prefix = "toolu_"
 
     @staticmethod
     def _message_usage(stream: RequestStream) -> MessageUsage:
@@ -439,91 +424,49 @@ class MessagesFormatter(ChatFormatter):
         message = MessageBody(self.rid, self.model, [], None, None, MessageUsage(stream.prompt_tokens, 0))
         return [_event("message_start", {"message": message})]
 
-    def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
-        events = self._close()
-        self._block = kind
-        self._blocks += 1
-        return [*events, _event("content_block_start", {"index": self._blocks - 1, "content_block": block})]
+    def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
+        block: dict[str, Any] = {
+            REASONING: {"type": "thinking", "thinking": "", "signature": ""},
+            TEXT: {"type": "text", "text": ""},
+        }.get(kind) or {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        return [_event("content_block_start", {"index": self.blocks - 1, "content_block": block})]
 
-    def _close(self) -> list[bytes]:
-        if not self._block:
-            return []
+    def _added(self, kind: str, text: str) -> bytes:
+        delta = {
+            REASONING: {"type": "thinking_delta", "thinking": text},
+            TEXT: {"type": "text_delta", "text": text},
+        }.get(kind) or {"type": "input_json_delta", "partial_json": text}
+        return _event("content_block_delta", {"index": self.blocks - 1, "delta": delta})
+
+    def _closed(self, kind: str) -> list[bytes]:
         events = []
-        if self._block == "thinking":  # Anthropic signs its thinking; a client sends the signature back unread
+        if kind == REASONING:  # Anthropic signs its thinking; a client sends the signature back, detok ignores it
             delta = {"type": "signature_delta", "signature": uuid.uuid4().hex}
-            events.append(_event("content_block_delta", {"index": self._blocks - 1, "delta": delta}))
-        events.append(_event("content_block_stop", {"index": self._blocks - 1}))
-        self._block = ""
+            events.append(_event("content_block_delta", {"index": self.blocks - 1, "delta": delta}))
+        events.append(_event("content_block_stop", {"index": self.blocks - 1}))
         return events
-
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return _event("content_block_delta", {"index": self._blocks - 1, "delta": delta})
-
-    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
-        events: list[bytes] = []
-        parsed = ParsedOutput(content=text) if isinstance(text, str) else text
-        if parsed.reasoning:
-            if self._block != "thinking":
-                events += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta({"type": "thinking_delta", "thinking": parsed.reasoning}))
-        if parsed.content:
-            if self._block != "text":
-                events += self._open("text", {"type": "text", "text": ""})
-            events.append(self._delta({"type": "text_delta", "text": parsed.content}))
-        for piece in parsed.tool_calls:
-            if not self.parallel_tool_calls and piece.index != 0:
-                continue
-            if piece.name:
-                call_id = self._tool_call_id(index, piece.index)
-                events += self._open("tool_use", {"type": "tool_use", "id": call_id, "name": piece.name, "input": {}})
-                self._call = piece.index
-            self._arguments[piece.index] = self._arguments.get(piece.index, "") + piece.arguments
-            if piece.arguments and self._block == "tool_use" and self._call == piece.index:
-                events.append(self._delta({"type": "input_json_delta", "partial_json": piece.arguments}))
-        return b"".join(events)
-
-    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
-        return b"".join(self._close())
 
     def usage_chunk(self, choices: Choices) -> bytes:
         stream = choices.streams[0]
-        reason, sequence = stop_reason(stream.finish, stream.stop_reason, list(self._arguments.values()))
+        reason, sequence = stop_reason(stream.finish, stream.stop_reason, list(self.arguments.values()))
         delta = {"stop_reason": reason, "stop_sequence": sequence}
         usage = self._message_usage(stream)
         return _event("message_delta", {"delta": delta, "usage": usage}) + _event("message_stop", {})
 
-    def whole(
-        self,
-        pieces: list[list[str | ParsedOutput]],
-        choices: Choices,
-        logprobs: list[list[Any]] | None = None,
-        token_ids: list[list[int]] | None = None,
-        prompt_logprobs: Any = None,
-    ) -> bytes:
-        stream = choices.streams[0]
-        total = ParsedOutput()
-        for piece in pieces[0]:
-            total.extend(ParsedOutput(content=piece) if isinstance(piece, str) else piece)
-        content: list[dict[str, Any]] = []
-        if total.reasoning:
-            content.append({"type": "thinking", "thinking": total.reasoning, "signature": uuid.uuid4().hex})
-        if total.content:
-            content.append({"type": "text", "text": total.content})
-        calls = [call for call in total.tool_calls if self.parallel_tool_calls or call.index == 0]
-        for call in calls:
-            arguments = self._whole_arguments(call.arguments)
+    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
+        blocks: list[dict[str, Any]] = []
+        if reasoning:
+            blocks.append({"type": "thinking", "thinking": reasoning, "signature": uuid.uuid4().hex})
+        if content:
+            blocks.append({"type": "text", "text": content})
+        for call_id, name, arguments in calls:
             given = json.loads(arguments) if _is_json(arguments) else None
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": self._tool_call_id(0, call.index),
-                    "name": call.name,
-                    "input": given if isinstance(given, dict) else {},
-                }
+            blocks.append(
+                {"type": "tool_use", "id": call_id, "name": name, "input": given if isinstance(given, dict) else {}}
             )
-        if not content:
-            content.append({"type": "text", "text": ""})  # Anthropic's shape of an empty answer
-        reason, sequence = stop_reason(stream.finish, stream.stop_reason, [call.arguments for call in calls])
+        if not blocks:
+            blocks.append({"type": "text", "text": ""})  # Anthropic's shape of an empty answer
+        reason, sequence = stop_reason(stream.finish, stream.stop_reason, [arguments for _, _, arguments in calls])
         return msgspec.json.encode(
-            MessageBody(self.rid, self.model, content, reason, sequence, self._message_usage(stream))
+            MessageBody(self.rid, self.model, blocks, reason, sequence, self._message_usage(stream))
         )

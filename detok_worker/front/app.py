@@ -209,7 +209,7 @@ class Front:
 
 
 # the generation routes whose requests in flight are the server's load (vLLM counts its generation routes)
-LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/invocations"})
+LOAD_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses", "/invocations"})
 
 
 def detok_version() -> str:
@@ -264,12 +264,15 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
         Route("/v1/completions", front.generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", front.generation.chat_completions, methods=["POST"]),
         Route("/v1/messages", front.generation.messages, methods=["POST"]),
+        Route("/v1/responses", front.generation.responses, methods=["POST"]),
     ]
     routes = [
         *generation_routes,
         Route("/v1/models", front.models, methods=["GET"]),
         Route("/v1/models/{model:path}", front.model, methods=["GET"]),
         Route("/v1/messages/count_tokens", front.generation.count_tokens, methods=["POST"]),
+        Route("/v1/responses/{response_id}", front.generation.stored_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", front.generation.cancel_response, methods=["POST"]),
         Route("/tokenize", front.tokenize, methods=["POST"]),
         Route("/detokenize", front.detokenize, methods=["POST"]),
         Route("/version", front.version, methods=["GET"]),

@@ -32,9 +32,10 @@ from detok_worker.front.anthropic_api import (
 )
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
-from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, error_response
+from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
 from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
+from detok_worker.front.openai_responses import ResponsesFormatter, ResponseStore, decode_responses
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompt_batch import BatchFormatter, batch_prompts, merged_body, one_prompt
 from detok_worker.front.prompt_logprobs import (
@@ -108,6 +109,7 @@ class Generation:
         self.context_length = context_length
         self.draining = False  # set on SIGTERM (Front.drain): new requests get 503, live ones may finish
         self.open_event_streams = 0
+        self.response_store = ResponseStore(intake.config.responses_store_max)  # /v1/responses (store, GET)
 
     async def completions(self, request: Request) -> Response:
         def prompt_ids(body: CompletionRequest) -> list[int]:
@@ -134,6 +136,38 @@ class Generation:
         except APIError as exc:
             return anthropic_error_response(error_response(exc))
         return anthropic_error_response(response)
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's POST /v1/responses: a chat request in another shape (openai_responses.py); a stored response is
+        kept for previous_response_id and GET once it has finished."""
+        store = self.response_store
+
+        def decode(body: bytes) -> ChatCompletionRequest:
+            chat, request.state.responses_request = decode_responses(body, store)
+            return chat
+
+        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
+            request.state.conversation = body.messages
+            return chat_prompt_ids(body, self.tokenizer, self.limits)
+
+        def formatter(*args: Any, **kwargs: Any) -> ResponsesFormatter:
+            made = ResponsesFormatter(*args, **kwargs)
+            made.bind(request.state.responses_request, request.state.conversation, store)
+            return made
+
+        return await self._generate(request, decode, prompt_ids, cast(Any, formatter), "resp")
+
+    async def stored_response(self, request: Request) -> Response:
+        """GET /v1/responses/{response_id}: a stored response as it was answered."""
+        self.intake.authorize(request)
+        return Response(self.response_store.get(request.path_params["response_id"]).body, media_type=JSON)
+
+    async def cancel_response(self, request: Request) -> Response:
+        """POST /v1/responses/{response_id}/cancel: only a background response can be cancelled, and detok runs
+        none (background is refused), so a stored one is a 400 (as vLLM's server answers a synchronous one)."""
+        self.intake.authorize(request)
+        self.response_store.get(request.path_params["response_id"])
+        raise bad_request("only a background response can be cancelled; this one has finished", "response_id")
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's POST /v1/messages/count_tokens: the prompt's length as a Messages request would render it."""

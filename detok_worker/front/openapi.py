@@ -24,6 +24,7 @@ from detok_worker.front.openai_api import (
     CompletionResponse,
     ModelList,
 )
+from detok_worker.front.openai_responses import ResponsesRequest
 
 _REF = "#/components/schemas/{name}"
 _ERROR_STATUSES = ("400", "401", "404", "413", "502", "503", "504")
@@ -70,6 +71,7 @@ def openapi_document(title: str) -> dict[str, Any]:
         CountTokensRequest,
         CountTokensResponse,
         AnthropicErrorBody,
+        ResponsesRequest,
     ]
     _, components = msgspec.json.schema_components(types, ref_template=_REF)
     plain_json = {"type": "object"}
@@ -83,6 +85,22 @@ def openapi_document(title: str) -> dict[str, Any]:
             "/v1/chat/completions": _generation(
                 "ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk", "chat completion"
             ),
+            "/v1/responses": {
+                "post": {
+                    "summary": "OpenAI's Responses API",
+                    "requestBody": _body("ResponsesRequest"),
+                    "responses": {
+                        "200": {
+                            "description": "the response (JSON), or a text/event-stream of its events (stream)",
+                            "content": {
+                                "application/json": {"schema": plain_json},
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
+                        },
+                        **{status: _json(_ref("ErrorBody"), "error") for status in _ERROR_STATUSES},
+                    },
+                }
+            },
             "/v1/messages": _generation(
                 "MessagesRequest", "MessageBody", "Anthropic's", "Anthropic's Messages API", "AnthropicErrorBody"
             ),

@@ -496,4 +496,106 @@ class ChatFormatter(FormatterBase):
         return message
 
 
+REASONING, TEXT, TOOL_CALL = "reasoning", "text", "tool_call"  # the kinds of a BlockFormatter's blocks
+
+
+class BlockFormatter(ChatFormatter):
+    """The answer of one chat choice in another API's shape (Anthropic's Messages, OpenAI's Responses): a list of
+    blocks, the reasoning, the text and one per tool call. Streamed, a block opens when the output moves to another
+    channel or tool call and closes before the next opens; a subclass writes the events of each step (`_opened`,
+    `_added`, `_closed`: whole events, its `framing` adds nothing) and the whole answer (`_answer`)."""
+
+    call_id_prefix = "call_"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.block = ""  # the open block's kind ("" = none)
+        self.blocks = 0  # blocks opened so far (the open one is the last)
+        self.block_text = ""  # the open block's text (its arguments, for a tool call) so far
+        self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
+        self._call = -1  # the tool call index of the open tool call block
+
+    def _tool_call_id(self, choice: int, index: int) -> str:
+        if (choice, index) not in self._tool_call_ids:
+            self._tool_call_ids[choice, index] = f"{self.call_id_prefix}{uuid.uuid4().hex[:24]}"
+        return self._tool_call_ids[choice, index]
+
+    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
+        return None
+
+    def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def _added(self, kind: str, text: str) -> bytes:
+        raise NotImplementedError
+
+    def _closed(self, kind: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
+        """The whole answer; `calls`: (id, name, arguments) of each tool call."""
+        raise NotImplementedError
+
+    def _open(self, kind: str, name: str = "", call_id: str = "") -> list[bytes]:
+        events = self._close()
+        self.block, self.block_text = kind, ""
+        self.blocks += 1
+        return [*events, *self._opened(kind, name, call_id)]
+
+    def _close(self) -> list[bytes]:
+        if not self.block:
+            return []
+        events = self._closed(self.block)
+        self.block = ""
+        return events
+
+    def _add(self, kind: str, text: str) -> bytes:
+        self.block_text += text
+        return self._added(kind, text)
+
+    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
+        events: list[bytes] = []
+        parsed = ParsedOutput(content=text) if isinstance(text, str) else text
+        if parsed.reasoning and self.reasoning_field:
+            if self.block != REASONING:
+                events += self._open(REASONING)
+            events.append(self._add(REASONING, parsed.reasoning))
+        if parsed.content:
+            if self.block != TEXT:
+                events += self._open(TEXT)
+            events.append(self._add(TEXT, parsed.content))
+        for piece in parsed.tool_calls:
+            if not self.parallel_tool_calls and piece.index != 0:
+                continue
+            if piece.name:
+                events += self._open(TOOL_CALL, piece.name, self._tool_call_id(index, piece.index))
+                self._call = piece.index
+            self.arguments[piece.index] = self.arguments.get(piece.index, "") + piece.arguments
+            if piece.arguments and self.block == TOOL_CALL and self._call == piece.index:
+                events.append(self._add(TOOL_CALL, piece.arguments))
+        return b"".join(events)
+
+    def final_chunk(self, index: int, stream: RequestStream) -> bytes:
+        return b"".join(self._close())
+
+    def whole(
+        self,
+        pieces: list[list[str | ParsedOutput]],
+        choices: Choices,
+        logprobs: list[list[LogprobText]] | None = None,
+        token_ids: list[list[int]] | None = None,
+        prompt_logprobs: PromptLogprobsOut | None = None,
+    ) -> bytes:
+        total = ParsedOutput()
+        for piece in pieces[0]:
+            total.extend(ParsedOutput(content=piece) if isinstance(piece, str) else piece)
+        calls = [
+            (self._tool_call_id(0, call.index), call.name, self._whole_arguments(call.arguments))
+            for call in total.tool_calls
+            if self.parallel_tool_calls or call.index == 0
+        ]
+        reasoning = total.reasoning if self.reasoning_field else ""
+        return self._answer(choices.streams[0], reasoning, total.content, calls)
+
+
 Formatter = CompletionFormatter | ChatFormatter

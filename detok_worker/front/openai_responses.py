@@ -1,0 +1,459 @@
+"""OpenAI's Responses API (POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel) as another
+shape of a chat request.
+
+A Responses body is checked here (an unknown field, item or tool type is a 400 naming it), turned into the chat
+request it means (`ResponsesIntake.to_chat`: `instructions` as the system message, the conversation of
+`previous_response_id` from the store, the input items: messages, function calls and their outputs, reasoning),
+and runs the chat path of generation.py: the same prompt rendering, stop rules, parsers and exactly-once delivery.
+`ResponsesFormatter` shapes its answer: a `response` object whose output items are reasoning, a message and function
+calls, or the streamed events (response.created, output items opened and closed, text, reasoning and arguments
+deltas, response.completed). A stored response (`store`, the default) keeps its conversation for a later
+`previous_response_id` and for GET, in this front process's `ResponseStore` (front.responses_store_max responses,
+the oldest evicted first).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from typing import Any, Literal
+
+import msgspec
+
+from detok_worker.front.choices import Choices
+from detok_worker.front.errors import APIError, bad_request
+from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
+from detok_worker.front.request_stream import RequestStream
+from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, BlockFormatter
+from detok_worker.front.sse import Framing
+from detok_worker.front.validation import decode_json
+
+NOT_FOUND_TYPE = "invalid_request_error"
+
+# ---- requests ---------------------------------------------------------------------------------------------
+
+
+class TextFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
+    format: TextFormat | None = None
+    verbosity: Any = None  # refused when set
+
+
+class ReasoningConfig(msgspec.Struct, forbid_unknown_fields=True):
+    effort: str | None = None
+    summary: Any = None  # refused when set: detok returns the reasoning itself, never a summary
+    generate_summary: Any = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None  # null = true (OpenAI's default)
+    stream: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # vLLM's
+    min_p: float | None = None  # vLLM's
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: Literal["disabled"] | None = None  # "auto" (drop the conversation's start) is not done
+    service_tier: Literal["auto", "default"] | None = None
+    include: list[str] | None = None  # only [] (nothing extra to include)
+    request_id: str | None = None  # vLLM's
+    # refused when set
+    background: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: Any = None
+    top_logprobs: Any = None
+    stream_options: Any = None
+
+
+_decoder = msgspec.json.Decoder(ResponsesRequest)
+_REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs", "stream_options")
+
+
+def _content_text(content: Any, where: str) -> str | list[dict[str, str]]:
+    """A message's content for the chat template: a string, or its text parts (input_text/output_text as text)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request("a message's content must be a string or a list of parts", where)
+    parts = []
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise bad_request(
+                f"{kind} content parts are not supported: this server takes text only", f"{where}[{index}]"
+            )
+        parts.append({"type": "text", "text": str(part.get("text", ""))})
+    if len(parts) == 1:
+        return parts[0]["text"]
+    return parts
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages from Responses input items; an assistant's reasoning, text and function calls in a row make one
+    assistant message (as vLLM's server merges them)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise bad_request("an input item must be an object", where)
+        kind = item.get("type", "message")
+        last = messages[-1] if messages and messages[-1].get("role") == "assistant" else None
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise bad_request(f"unknown message role {role!r}", f"{where}.role")
+            text = _content_text(item.get("content", ""), f"{where}.content")
+            if role == "assistant" and last is not None and "content" not in last:
+                last["content"] = text
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id", "")),
+                "type": "function",
+                "function": {"name": str(item.get("name", "")), "arguments": str(item.get("arguments", ""))},
+            }
+            if last is not None:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            text = output if isinstance(output, str) else _content_text(output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": text})
+        elif kind == "reasoning":
+            if item.get("encrypted_content"):
+                raise bad_request("encrypted reasoning is not supported", f"{where}.encrypted_content")
+            parts = item.get("content") or item.get("summary") or []
+            reasoning = "".join(str(part.get("text", "")) for part in parts if isinstance(part, dict))
+            if last is not None and "reasoning" not in last and "content" not in last:
+                last["reasoning"] = reasoning
+            else:
+                messages.append({"role": "assistant", "reasoning": reasoning})
+        else:
+            raise bad_request(f"{kind} input items are not supported", f"{where}.type")
+    return messages
+
+
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for index, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise bad_request(
+                f"{tool.get('type')} tools are not supported: only function tools", f"tools[{index}].type"
+            )
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        if unknown:
+            raise bad_request(f"unknown tool fields {sorted(unknown)}", f"tools[{index}]")
+        function: dict[str, Any] = {
+            "name": tool.get("name"),
+            "description": tool.get("description"),
+            "parameters": tool.get("parameters"),
+        }
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request(f"unknown tool_choice {choice!r}", "tool_choice")
+        return choice
+    if choice.get("type") != "function" or not choice.get("name"):
+        raise bad_request("tool_choice must be auto, none, required or a function by name", "tool_choice")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def _response_format(text_format: TextFormat) -> dict[str, Any] | None:
+    if text_format.type == "text":
+        return None
+    if text_format.type == "json_object":
+        return {"type": "json_object"}
+    schema = {"name": text_format.name or "response", "schema": text_format.schema or {}}
+    if text_format.strict is not None:
+        schema["strict"] = text_format.strict
+    return {"type": "json_schema", "json_schema": schema}
+
+
+# ---- the store ----------------------------------------------------------------------------------------------
+
+
+class StoredResponse(msgspec.Struct):
+    """A finished stored response: its body (for GET) and its whole conversation (for previous_response_id)."""
+
+    body: bytes
+    conversation: list[dict[str, Any]]
+
+
+class ResponseStore:
+    """The responses kept for previous_response_id and GET, in one front process: at most `capacity`, the oldest
+    evicted first (0: none kept). A response is kept once it has finished."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        if self.capacity <= 0:
+            return
+        self._kept[response_id] = stored
+        self._kept.move_to_end(response_id)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def get(self, response_id: str) -> StoredResponse:
+        stored = self._kept.get(response_id)
+        if stored is None:
+            raise APIError(404, f"no stored response with id {response_id!r}", type=NOT_FOUND_TYPE, code="not_found")
+        return stored
+
+
+def decode_responses(body: bytes, store: ResponseStore) -> tuple[ChatCompletionRequest, ResponsesRequest]:
+    """A /v1/responses body as the chat request it means, and the request itself (its echo in the response)."""
+    request: ResponsesRequest = decode_json(_decoder, body)
+    for name in _REFUSED:
+        if getattr(request, name) not in (None, False, 0):
+            raise bad_request(f"{name} is not supported", name)
+    if request.store is True and store.capacity <= 0:
+        raise bad_request("store is off on this server (front.responses_store_max = 0)", "store")
+    if request.include:
+        raise bad_request("include is not supported (nothing extra can be included)", "include")
+    if request.text is not None and request.text.verbosity is not None:
+        raise bad_request("text.verbosity is not supported", "text.verbosity")
+    if request.reasoning is not None and (request.reasoning.summary or request.reasoning.generate_summary):
+        raise bad_request("reasoning summaries are not supported: the reasoning itself is returned", "reasoning")
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if request.previous_response_id is not None:  # instructions do not carry over (OpenAI's rule)
+        previous = store.get(request.previous_response_id).conversation
+        messages += [message for message in previous if message.get("role") not in ("system", "developer")]
+    messages += input_messages(request.input)
+    chat = ChatCompletionRequest(
+        model=request.model, messages=messages, max_tokens=request.max_output_tokens,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+        presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+        logit_bias=request.logit_bias, parallel_tool_calls=request.parallel_tool_calls, user=request.user,
+        request_id=request.request_id, metadata=request.metadata, safety_identifier=request.safety_identifier,
+        prompt_cache_key=request.prompt_cache_key,
+    )  # fmt: skip
+    if request.tools:
+        chat.tools = _tools(request.tools)
+        chat.tool_choice = "auto"
+    if request.tool_choice is not None:
+        chat.tool_choice = _tool_choice(request.tool_choice)
+    if request.text is not None and request.text.format is not None:
+        chat.response_format = _response_format(request.text.format)
+    if request.reasoning is not None:
+        chat.reasoning_effort = request.reasoning.effort
+    if request.stream:
+        chat.stream = True
+        chat.stream_options = StreamOptions(include_usage=True)  # the usage goes on response.completed
+    return chat, request
+
+
+# ---- responses --------------------------------------------------------------------------------------------
+
+
+class ResponsesFormatter(BlockFormatter):
+    """A Responses answer from a chat request's output (one choice): output items reasoning, message and
+    function_call, streamed as output_item.added, deltas and the done events, every event numbered
+    (sequence_number)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request: ResponsesRequest | None = None
+        self.conversation: list[dict[str, Any]] = []
+        self.store: ResponseStore | None = None
+        self.framing = Framing(event=lambda chunk: chunk, error_event=self._error_event, end=b"")
+        self._sequence = 0
+        self._items: list[dict[str, Any]] = []  # the output items so far (the last may be open)
+
+    def bind(self, request: ResponsesRequest, conversation: list[dict[str, Any]], store: ResponseStore) -> None:
+        """The request it answers (echoed in the response) and its conversation, kept in `store` when it asked."""
+        self.request, self.conversation, self.store = request, conversation, store
+
+    def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
+        self._sequence += 1
+        body = msgspec.json.encode({"type": kind, "sequence_number": self._sequence - 1, **payload})
+        return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
+
+    def _error_event(self, error: APIError) -> bytes:
+        """The event that ends a stream that failed after it started (OpenAI's `error` event)."""
+        return self._event("error", {"code": error.code, "message": error.message, "param": error.param})
+
+    def _response(self, stream: RequestStream, output: list[dict[str, Any]], status: str) -> dict[str, Any]:
+        request = self.request or ResponsesRequest(input="")
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        usage = None
+        if status != "in_progress":
+            cached = stream.cached_tokens[0] if stream.cached_tokens is not None else 0
+            usage = {
+                "input_tokens": stream.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": stream.n_tokens,
+                "output_tokens_details": {"reasoning_tokens": stream.reasoning_tokens},
+                "total_tokens": stream.prompt_tokens + stream.n_tokens,
+            }
+        text_format = request.text.format if request.text is not None and request.text.format is not None else None
+        return {
+            "id": self.rid, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model, "output": output, "usage": usage, "error": None, "incomplete_details": incomplete,
+            "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
+            "previous_response_id": request.previous_response_id, "metadata": request.metadata or {},
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "temperature": request.temperature, "top_p": request.top_p,
+            "tool_choice": request.tool_choice or "auto", "tools": request.tools or [],
+            "text": {"format": msgspec.to_builtins(text_format) if text_format else {"type": "text"}},
+            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
+            "store": request.store is not False, "background": False, "truncation": "disabled",
+            "user": request.user,
+        }  # fmt: skip
+
+    def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
+        response = self._response(stream, [], "in_progress")
+        return [
+            self._event("response.created", {"response": response}),
+            self._event("response.in_progress", {"response": response}),
+        ]
+
+    def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
+        output = self.blocks - 1
+        if kind == REASONING:
+            item: dict[str, Any] = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
+            part: dict[str, Any] | None = {"type": "reasoning_text", "text": ""}
+        elif kind == TEXT:
+            item = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name}
+            item["arguments"], part = "", None
+        self._items.append(item)
+        events = [
+            self._event(
+                "response.output_item.added", {"output_index": output, "item": {**item, "status": "in_progress"}}
+            )
+        ]
+        if part is not None:
+            where = {"item_id": item["id"], "output_index": output, "content_index": 0}
+            events.append(self._event("response.content_part.added", {**where, "part": part}))
+        return events
+
+    def _added(self, kind: str, text: str) -> bytes:
+        where: dict[str, Any] = {"item_id": self._items[-1]["id"], "output_index": self.blocks - 1}
+        if kind == TOOL_CALL:
+            return self._event("response.function_call_arguments.delta", {**where, "delta": text})
+        if kind == REASONING:
+            return self._event("response.reasoning_text.delta", {**where, "content_index": 0, "delta": text})
+        return self._event("response.output_text.delta", {**where, "content_index": 0, "delta": text, "logprobs": []})
+
+    def _closed(self, kind: str) -> list[bytes]:
+        item, text = self._items[-1], self.block_text
+        where = {"item_id": item["id"], "output_index": self.blocks - 1}
+        if kind == TOOL_CALL:
+            item["arguments"] = text
+            events = [
+                self._event("response.function_call_arguments.done", {**where, "arguments": text, "name": item["name"]})
+            ]
+        else:
+            done = "response.reasoning_text.done" if kind == REASONING else "response.output_text.done"
+            part = {"type": "reasoning_text", "text": text} if kind == REASONING else _output_text(text)
+            item["content"] = [part]
+            extra = {} if kind == REASONING else {"logprobs": []}
+            events = [
+                self._event(done, {**where, "content_index": 0, "text": text, **extra}),
+                self._event("response.content_part.done", {**where, "content_index": 0, "part": part}),
+            ]
+        item["status"] = "completed"
+        events.append(self._event("response.output_item.done", {"output_index": self.blocks - 1, "item": item}))
+        return events
+
+    def _status(self, stream: RequestStream) -> str:
+        return "incomplete" if stream.finish == "length" else "completed"
+
+    def usage_chunk(self, choices: Choices) -> bytes:
+        stream = choices.streams[0]
+        response = self._response(stream, self._items, self._status(stream))
+        self._keep(response)
+        return self._event("response.completed", {"response": response})
+
+    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
+        output: list[dict[str, Any]] = []
+        if reasoning:
+            part = {"type": "reasoning_text", "text": reasoning}
+            output.append({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [part]})
+        if content:
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{uuid.uuid4().hex}",
+                    "role": "assistant",
+                    "content": [_output_text(content)],
+                }
+            )
+        for call_id, name, arguments in calls:
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{uuid.uuid4().hex}",
+                    "call_id": call_id,
+                    "name": name,
+                    "arguments": arguments,
+                }
+            )
+        for item in output:
+            item["status"] = "completed"
+        response = self._response(stream, output, self._status(stream))
+        self._keep(response)
+        return msgspec.json.encode(response)
+
+    def _keep(self, response: dict[str, Any]) -> None:
+        """A finished response into the store (when asked): its body, and its conversation with the answer as one
+        assistant message."""
+        if self.store is None or (self.request is not None and self.request.store is False):
+            return
+        answer: dict[str, Any] = {"role": "assistant"}
+        for item in response["output"]:
+            if item["type"] == "reasoning":
+                answer["reasoning"] = item["content"][0]["text"]
+            elif item["type"] == "message":
+                answer["content"] = item["content"][0]["text"] if item["content"] else ""
+            else:
+                call = {"name": item["name"], "arguments": item["arguments"]}
+                answer.setdefault("tool_calls", []).append(
+                    {"id": item["call_id"], "type": "function", "function": call}
+                )
+        conversation = [*self.conversation, answer]
+        self.store.put(self.rid, StoredResponse(msgspec.json.encode(response), conversation))
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
