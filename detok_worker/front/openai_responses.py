@@ -315,14 +315,21 @@ class ResponsesFormatter(BlockFormatter):
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         usage = None
         if status != "in_progress":
-            cached = stream.cached_tokens[0] if stream.cached_tokens is not None else 0
+            read, written = stream.cached_tokens or (0, 0)
+            # vLLM's server's shape: OpenAI's fields, its cache writes, and per-turn lists (one turn: none)
             usage = {
                 "input_tokens": stream.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": cached},
+                "input_tokens_details": {
+                    "cached_tokens": read, "cache_write_tokens": written,
+                    "input_tokens_per_turn": [], "cached_tokens_per_turn": [],
+                },
                 "output_tokens": stream.n_tokens,
-                "output_tokens_details": {"reasoning_tokens": stream.reasoning_tokens},
+                "output_tokens_details": {
+                    "reasoning_tokens": stream.reasoning_tokens, "tool_output_tokens": 0,
+                    "output_tokens_per_turn": [], "tool_output_tokens_per_turn": [],
+                },
                 "total_tokens": stream.prompt_tokens + stream.n_tokens,
-            }
+            }  # fmt: skip
         text_format = request.text.format if request.text is not None and request.text.format is not None else None
         return {
             "id": self.rid, "object": "response", "created_at": self.created, "status": status,
@@ -430,7 +437,8 @@ class ResponsesFormatter(BlockFormatter):
                 }
             )
         for item in output:
-            item["status"] = "completed"
+            if item["type"] != "reasoning":  # a whole answer's reasoning item has no status (vLLM's server)
+                item["status"] = "completed"
         response = self._response(stream, output, self._status(stream))
         self._keep(response)
         return msgspec.json.encode(response)

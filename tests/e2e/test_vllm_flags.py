@@ -518,6 +518,7 @@ def answers(url: str) -> dict[str, Any]:
             assert response.status_code == 200, response.text
             seen[f"request {index}"] = summary(response.json())
         seen.update(anthropic_messages(client))
+        seen.update(openai_responses(client))
         seen.update(runtime_adapters(client, good))
         seen["metrics"] = settled_metrics(client)
     return seen
@@ -565,6 +566,69 @@ def anthropic_messages(client: httpx.Client) -> dict[str, Any]:
         if event["type"] == "message_delta":
             seen["messages stream end"] = (delta, event["usage"])
     seen["messages streamed"] = (events, {index: unfinished(text) for index, text in texts.items()})
+    return seen
+
+
+# OpenAI's Responses API (greedy, not stored): a whole answer with instructions, and a stream with tools
+RESPONSES = {
+    "model": "first",
+    "max_output_tokens": 24,
+    "temperature": 0,
+    "instructions": "Be brief.",
+    "input": "Hi",
+    "store": False,
+}
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
+
+
+def openai_responses(client: httpx.Client) -> dict[str, Any]:
+    """Each answer as compared: its output items (type, text, name, arguments), status and usage; a stream's event
+    types in order (repeats of one as one) and its items' joined deltas."""
+    headers = {"Authorization": "Bearer key-one"}
+    whole = client.post("/v1/responses", headers=headers, json=RESPONSES)
+    assert whole.status_code == 200, whole.text
+    body = whole.json()
+
+    def item_of(item: dict[str, Any]) -> tuple[Any, ...]:
+        texts = [unfinished(part.get("text")) for part in item.get("content") or []]
+        return (item["type"], texts, item.get("name"), item.get("arguments"), item.get("status"))
+
+    seen: dict[str, Any] = {
+        "responses whole": (
+            [item_of(item) for item in body["output"]],
+            body["status"],
+            body["incomplete_details"],
+            body["usage"],
+        )
+    }
+    events: list[str] = []
+    texts: dict[int, str] = {}
+    with client.stream(
+        "POST", "/v1/responses", headers=headers, json={**RESPONSES, "tools": RESPONSES_TOOLS, "stream": True}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line]
+    for kind_line, data_line in zip(lines[::2], lines[1::2], strict=True):
+        event = json.loads(data_line.removeprefix("data: "))
+        assert kind_line == f"event: {event['type']}"
+        if not events or events[-1] != event["type"]:
+            events.append(event["type"])
+        if event["type"].endswith(".delta"):
+            texts[event["output_index"]] = texts.get(event["output_index"], "") + event["delta"]
+        if event["type"] == "response.completed":
+            final = event["response"]
+            seen["responses stream end"] = (
+                [item_of(item) for item in final["output"]],
+                final["status"],
+                final["usage"],
+            )
+    seen["responses streamed"] = (events, {index: unfinished(text) for index, text in texts.items()})
     return seen
 
 
@@ -684,6 +748,7 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     streamed_events = expected["messages streamed"][0]
     assert streamed_events[0] == ("message_start", "") and streamed_events[-1] == ("message_stop", "")
     assert ("content_block_start", "thinking") in streamed_events and expected["messages whole"][0]
+    assert expected["responses streamed"][0][-1] == "response.completed" and expected["responses whole"][0]
     runtime_text = expected["on the runtime adapter"]["choices"][0]["text"]
     assert runtime_text == expected[f"request {on_adapter}"]["choices"][0]["text"]
     assert expected["on the runtime adapter"]["model"] == "runtime"
