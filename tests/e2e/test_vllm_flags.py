@@ -519,6 +519,7 @@ def answers(url: str) -> dict[str, Any]:
             seen[f"request {index}"] = summary(response.json())
         seen.update(anthropic_messages(client))
         seen.update(openai_responses(client))
+        seen["official clients"] = official_clients(url)
         seen.update(runtime_adapters(client, good))
         seen["metrics"] = settled_metrics(client)
     return seen
@@ -549,14 +550,7 @@ def anthropic_messages(client: httpx.Client) -> dict[str, Any]:
     }
     events: list[tuple[str, str]] = []
     texts: dict[int, str] = {}
-    with client.stream(
-        "POST", "/v1/messages", headers=headers, json={**MESSAGES, "tools": MESSAGES_TOOLS, "stream": True}
-    ) as response:
-        assert response.status_code == 200, response.read()
-        lines = [line for line in response.iter_lines() if line]
-    for kind_line, data_line in zip(lines[::2], lines[1::2], strict=True):
-        event = json.loads(data_line.removeprefix("data: "))
-        assert kind_line == f"event: {event['type']}"
+    for event in named_events(client, "/v1/messages", headers, {**MESSAGES, "tools": MESSAGES_TOOLS}):
         delta = event.get("delta", {})
         detail = event.get("content_block", {}).get("type") or delta.get("type") or ""
         if not events or events[-1] != (event["type"], detail):
@@ -609,14 +603,7 @@ def openai_responses(client: httpx.Client) -> dict[str, Any]:
     }
     events: list[str] = []
     texts: dict[int, str] = {}
-    with client.stream(
-        "POST", "/v1/responses", headers=headers, json={**RESPONSES, "tools": RESPONSES_TOOLS, "stream": True}
-    ) as response:
-        assert response.status_code == 200, response.read()
-        lines = [line for line in response.iter_lines() if line]
-    for kind_line, data_line in zip(lines[::2], lines[1::2], strict=True):
-        event = json.loads(data_line.removeprefix("data: "))
-        assert kind_line == f"event: {event['type']}"
+    for event in named_events(client, "/v1/responses", headers, {**RESPONSES, "tools": RESPONSES_TOOLS}):
         if not events or events[-1] != event["type"]:
             events.append(event["type"])
         if event["type"].endswith(".delta"):
@@ -630,6 +617,48 @@ def openai_responses(client: httpx.Client) -> dict[str, Any]:
             )
     seen["responses streamed"] = (events, {index: unfinished(text) for index, text in texts.items()})
     return seen
+
+
+def official_clients(url: str) -> dict[str, Any]:
+    """The texts the official `openai` (Responses) and `anthropic` (Messages) clients get, whole and streamed."""
+    import anthropic
+    import openai
+
+    responses = openai.OpenAI(base_url=f"{url}/v1", api_key="key-one", max_retries=0)
+    whole = responses.responses.create(**RESPONSES)
+    with responses.responses.stream(**RESPONSES) as stream:
+        streamed = stream.get_final_response()
+    messages = anthropic.Anthropic(base_url=url, auth_token="key-one", max_retries=0)
+    fields = {key: value for key, value in MESSAGES.items() if key != "temperature"}
+    extra = {"temperature": MESSAGES["temperature"]}  # the SDK no longer names it; the servers take it
+    answer = messages.messages.create(**fields, extra_body=extra)
+    with messages.messages.stream(**fields, extra_body=extra) as stream:
+        final = stream.get_final_message()
+
+    def texts(blocks: Any) -> list[tuple[str, str | None]]:
+        return [
+            (block.type, unfinished(getattr(block, "text", None) or getattr(block, "thinking", None)))
+            for block in blocks
+        ]
+
+    return {
+        "responses": [(item.type, [unfinished(part.text) for part in item.content]) for item in whole.output],
+        "responses streamed": [
+            (item.type, [unfinished(part.text) for part in item.content]) for item in streamed.output
+        ],
+        "messages": (texts(answer.content), answer.stop_reason),
+        "messages streamed": (texts(final.content), final.stop_reason),
+    }
+
+
+def named_events(client: httpx.Client, path: str, headers: dict[str, str], body: dict[str, Any]) -> list[Any]:
+    """A streamed answer's events, each an `event: <type>` line and a `data:` line whose type is that one."""
+    with client.stream("POST", path, headers=headers, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line]
+    events = [json.loads(data.removeprefix("data: ")) for data in lines[1::2]]
+    assert lines[::2] == [f"event: {event['type']}" for event in events]
+    return events
 
 
 def unfinished(text: str | None) -> str | None:
@@ -749,6 +778,9 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert streamed_events[0] == ("message_start", "") and streamed_events[-1] == ("message_stop", "")
     assert ("content_block_start", "thinking") in streamed_events and expected["messages whole"][0]
     assert expected["responses streamed"][0][-1] == "response.completed" and expected["responses whole"][0]
+    clients = expected["official clients"]
+    assert clients["responses"] == clients["responses streamed"] and clients["responses"]
+    assert clients["messages"] == clients["messages streamed"] and clients["messages"][0]
     runtime_text = expected["on the runtime adapter"]["choices"][0]["text"]
     assert runtime_text == expected[f"request {on_adapter}"]["choices"][0]["text"]
     assert expected["on the runtime adapter"]["model"] == "runtime"
