@@ -126,7 +126,10 @@ def add_front_flags(parser: argparse.ArgumentParser) -> None:
     add_override_flag(group, "--fronts", "front.processes", "front processes sharing the port (detok serve)", type=int)
     add_override_flag(group, "--reasoning-parser", "front.reasoning_parser", "qwen3, deepseek_r1, gpt_oss, auto, none")
     add_override_flag(
-        group, "--tool-call-parser", "front.tool_call_parser", "hermes, qwen, llama3_json, mistral, gpt_oss, auto, none"
+        group,
+        "--tool-call-parser",
+        "front.tool_call_parser",
+        "hermes, qwen, llama3_json, mistral, deepseek_v31, gpt_oss, auto, none",
     )
     cache = parser.add_argument_group("encode cache")
     add_override_flag(

@@ -40,7 +40,10 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LORA_RESOLVER_ENVS = ("VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST")
 # vLLM's parser names -> detok's parser of the same output format
 REASONING_PARSERS = {"qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss"}
-TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "openai": "gpt_oss"}
+TOOL_CALL_PARSERS = {
+    "hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "openai": "gpt_oss",
+    "deepseek_v31": "deepseek_v31",
+}  # fmt: skip
 COMPLETIONS_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 # vLLM clamps max_tokens to the context instead of refusing it: detok's front refuses only what no context holds
 MAX_TOKENS_LIMIT = 2**31 - 1

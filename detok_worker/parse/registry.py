@@ -21,7 +21,14 @@ from detok_worker.parse.reasoning import (
     ThinkState,
     initial_state,
 )
-from detok_worker.parse.tool_calls import Llama3JsonCalls, MistralCalls, NamedCall, RequiredCalls, TaggedJsonCalls
+from detok_worker.parse.tool_calls import (
+    DelimitedCalls,
+    Llama3JsonCalls,
+    MistralCalls,
+    NamedCall,
+    RequiredCalls,
+    TaggedJsonCalls,
+)
 
 AUTO = "auto"
 HARMONY = "gpt_oss"
@@ -48,10 +55,16 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
     "llama3_json": Llama3JsonCalls,
     "mistral": MistralCalls,
+    "deepseek_v31": lambda: DelimitedCalls(
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+    ),
     HARMONY: lambda: HarmonyStage(reasoning=False),
 }
 # Parsers whose markers are special tokens: the worker must decode them (skip_special_tokens false), as vLLM does.
-NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json"})
+NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json", "deepseek_v31"})
 
 # family markers (tokens of the vocabulary) -> parser, in order; the first family found wins
 _REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (

@@ -272,6 +272,74 @@ class MistralCalls(_JsonCallsStage):
         return buffer
 
 
+class _Delimited(Enum):
+    TEXT = 1  # content, looking for the opening marker of the calls
+    SECTION = 2  # between calls: markup, looking for a call's opening marker
+    NAME = 3  # a call's name, up to the marker before its arguments
+    ARGUMENTS = 4  # a call's arguments, up to its closing marker
+
+
+class DelimitedCalls(TextStage):
+    """Calls written between special-token markers, each a name then its arguments as the model writes them:
+    DeepSeek-V3.1's `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+    <｜tool▁calls▁end｜>`. Text before the calls' opening marker is content; after it, everything but the calls is
+    markup (as vLLM's parser of the family reads a whole output: the content is the text before the calls). A call
+    stands once its name is complete (the marker after it came); cut off by the end of the output, it keeps what
+    was streamed of its arguments."""
+
+    def __init__(self, begin: str, call_begin: str, name_end: str, call_end: str) -> None:
+        self._begin, self._call_begin, self._name_end, self._call_end = begin, call_begin, name_end, call_end
+        self._in = _Delimited.TEXT
+        self._held = ""
+        self._name = ""
+        self._calls = 0
+
+    def feed(self, text: str, out: ParsedOutput) -> None:
+        buffer = self._held + text
+        self._held = ""
+        while buffer:
+            if self._in is _Delimited.TEXT:
+                before, marker, buffer = split_before_marker(buffer, (self._begin,))
+                out.content += before
+                if not marker:
+                    self._held = buffer
+                    return
+                self._in = _Delimited.SECTION
+            elif self._in is _Delimited.SECTION:
+                _, marker, buffer = split_before_marker(buffer, (self._call_begin,))
+                if not marker:
+                    self._held = buffer
+                    return
+                self._in, self._name = _Delimited.NAME, ""
+            elif self._in is _Delimited.NAME:
+                before, marker, buffer = split_before_marker(buffer, (self._name_end, self._call_end))
+                self._name += before
+                if not marker:
+                    self._held = buffer
+                    return
+                if marker == self._name_end:
+                    out.add_tool(self._calls, name=self._name)
+                    self._in = _Delimited.ARGUMENTS
+                else:  # no arguments marker: not a call
+                    self._in = _Delimited.SECTION
+            else:
+                before, marker, buffer = split_before_marker(buffer, (self._call_end,))
+                if before:
+                    out.add_tool(self._calls, arguments=before)
+                if not marker:
+                    self._held = buffer
+                    return
+                self._calls += 1
+                self._in = _Delimited.SECTION
+
+    def finish(self, out: ParsedOutput) -> None:
+        held, self._held = self._held, ""
+        if self._in is _Delimited.TEXT:
+            out.content += held
+        elif self._in is _Delimited.ARGUMENTS and held:
+            out.add_tool(self._calls, arguments=held)
+
+
 class _OutputCalls(_JsonCallsStage):
     """Calls that make the whole output, with no marker around each: the output's opening (`_opening`) shows
     whether it is calls; between calls, whitespace and one SEPARATOR are markup, and CLOSER ends them."""

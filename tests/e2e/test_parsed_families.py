@@ -9,11 +9,11 @@ test makes one request per recording, in order. The exhaustive every-split prope
 (tests/unit/parse/test_parsed_stream.py); this checks that the whole service (front, bus, worker, HTTP, the client)
 keeps it.
 
-The tokenizers: Qwen3 (embedded), DeepSeek-V3 for DeepSeek-R1, gpt-oss, and the SentencePiece Mistral v1 fixture,
-whose vocabulary has no `[TOOL_CALLS]` token (the marker is plain text there). No Llama-3 tokenizer is available
-offline (its licence keeps it out of the repo, see tests/fixtures/tokenizers/LICENSES.md): the Llama-3 JSON
-tool-call output (`<|python_tag|>` + JSON calls) is written on the byte-level DeepSeek-V3 fixture, where
-`<|python_tag|>` is plain text, not a special token.
+The tokenizers: Qwen3 (embedded), DeepSeek-V3 for DeepSeek-R1 and V3.1's tool calls, gpt-oss, and the
+SentencePiece Mistral v1 fixture, whose vocabulary has no `[TOOL_CALLS]` token (the marker is plain text there). No
+Llama-3 tokenizer is available offline (its licence keeps it out of the repo, see
+tests/fixtures/tokenizers/LICENSES.md): the Llama-3 JSON tool-call output (`<|python_tag|>` + JSON calls) is written
+on the byte-level DeepSeek-V3 fixture, where `<|python_tag|>` is plain text, not a special token.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ FAMILIES = {
     "gpt-oss": ["gpt-oss-final", "gpt-oss-preamble-tool"],  # analysis + final; analysis + preamble + a call
     "llama3": ["llama3-json"],
     "mistral": ["mistral", "mistral-v11"],  # [TOOL_CALLS][{...}] and the v11+ [TOOL_CALLS]name[ARGS]{...}
+    "deepseek-v31": ["deepseek-v31-tools"],  # the markers are special tokens of the V3 vocabulary
 }
 # The gpt-oss and Mistral fixtures ship no chat template: the shape of the model's own (only the prompt's end
 # matters here, and the cases' prompt_tail is what these render).

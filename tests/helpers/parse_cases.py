@@ -111,6 +111,14 @@ CASES = [
         '[ARGS]{"tz": "CET"}', "</s>", "", "mistral", reasoning="", content=" Let me check.",
         tool_calls=[("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "CET"}')],
     ),
+    OutputCase(  # DeepSeek-V3.1 (its tokenizer is V3's: the markers are special tokens)
+        "deepseek-v31-tools", "deepseek-v3", "<｜Assistant｜></think>",
+        'Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "巴黎 ☀️"}'
+        '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "CET"}<｜tool▁call▁end｜>'
+        "<｜tool▁calls▁end｜>",
+        "<｜end▁of▁sentence｜>", "", "deepseek_v31", reasoning="", content="Let me check.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}'), ("get_time", '{"tz": "CET"}')],
+    ),
     OutputCase(
         "mistral", "mistral-sp-v1", "[/INST]",
         'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '

@@ -27,7 +27,14 @@ def test_streamed_channels_equal_the_whole_parse(case: OutputCase) -> None:
         assert one_by_one.total == whole_parse(tokenizer, case)
     # markers never reach a channel, even when a marker's tokens arrive one by one
     for piece in one_by_one.pieces:
-        for marker in ("<think>", "</think>", "<tool_call>", "<|channel|>", "<|message|>", "[TOOL_CALLS]", "[ARGS]"):
+        markers = ("<think>", "</think>", "<tool_call>", "<|channel|>", "<|message|>", "[TOOL_CALLS]", "[ARGS]")
+        for marker in (
+            *markers,
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁sep｜>",
+            "<｜tool▁call▁end｜>",
+        ):
             if marker not in case.content + case.reasoning:
                 assert marker not in piece.content + piece.reasoning
     rng = random.Random(case.name)
