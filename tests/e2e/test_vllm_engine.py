@@ -29,7 +29,7 @@ from helpers.fault_helpers import (
 )
 from helpers.serve_helpers import ServeProcess, children_of, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
-from helpers.vllm_cpu import MAX_MODEL_LEN, SERVED_NAME, detok_vllm, vllm_server
+from helpers.vllm_cpu import MAX_MODEL_LEN, SERVED_NAME, VllmServer, detok_vllm
 
 from detok_worker.trace.format import read_trace
 
@@ -99,11 +99,11 @@ def prompt_logprobs_answer(client: httpx.Client, path: str, body: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def vllm_reference() -> dict[str, list[dict[str, Any]]]:
+def vllm_reference(reference_vllm: VllmServer) -> dict[str, list[dict[str, Any]]]:
     """vLLM's own server's answers to REFERENCE_CASES (one at a time: a batch of one samples the same ids in both),
     with the ids it generated; and to PROMPT_LOGPROBS_CASES."""
     answers = []
-    with vllm_server() as server, httpx.Client(base_url=server.url, timeout=120) as client:
+    with httpx.Client(base_url=reference_vllm.url, timeout=120) as client:
         for case in REFERENCE_CASES:
             response = client.post("/v1/completions", json={**case, "model": SERVED_NAME, "return_token_ids": True})
             assert response.status_code == 200, response.text
@@ -133,8 +133,8 @@ def sampled_logprobs(client: httpx.Client, body: dict[str, Any]) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def service(vllm_reference: dict[str, list[dict[str, Any]]], trace_path: Path) -> Iterator[ServeProcess]:
-    """One detok serve --source vllm for the module (started after vLLM's own server has stopped: two engine cores
-    on two cores would slow both)."""
+    """One detok serve --source vllm for the module (started once vLLM's own server has answered: it idles
+    meanwhile). The last test kills its engine core."""
     # frames up to 256 KiB (every request here fits): prompt logprobs that would not fit are refused
     process = detok_vllm(
         "--record", str(trace_path), "--set", "engine.stats_interval_s=0.1", "--set", "bus.max_message_bytes=262144"
@@ -477,36 +477,32 @@ def engine_core_pids(service: ServeProcess) -> list[int]:
     return pids
 
 
-def test_killing_the_engine_core_ends_every_stream_with_an_error_within_a_second() -> None:
-    service = detok_vllm()
-    try:
+def test_killing_the_engine_core_ends_every_stream_with_an_error_within_a_second(service: ServeProcess) -> None:
+    """The module's last test (it ends the shared service)."""
 
-        async def run() -> tuple[list[Outcome], float]:
-            async with http_client(service) as client:
-                arrivals: list[list[float]] = [[] for _ in range(8)]
-                streams = [
-                    asyncio.create_task(bounded(stream_completion(client, seeded(i, 1500), arrivals[i]), 60))
-                    for i in range(8)
-                ]
-                deadline = time.monotonic() + 30
-                while not all(arrivals) and time.monotonic() < deadline:  # every stream is generating
-                    await asyncio.sleep(0.05)
-                assert all(arrivals), [len(times) for times in arrivals]
-                cores = engine_core_pids(service)
-                assert cores, service.children()
-                killed_at = time.monotonic()
-                for pid in cores:
-                    os.kill(pid, signal.SIGKILL)
-                assert wait_for(lambda: not any(map(pid_alive, cores)), 5, what="the engine core gone")
-                return await asyncio.gather(*streams), killed_at
+    async def run() -> tuple[list[Outcome], float]:
+        async with http_client(service) as client:
+            arrivals: list[list[float]] = [[] for _ in range(8)]
+            streams = [
+                asyncio.create_task(bounded(stream_completion(client, seeded(i, 1500), arrivals[i]), 60))
+                for i in range(8)
+            ]
+            deadline = time.monotonic() + 30
+            while not all(arrivals) and time.monotonic() < deadline:  # every stream is generating
+                await asyncio.sleep(0.05)
+            assert all(arrivals), [len(times) for times in arrivals]
+            cores = engine_core_pids(service)
+            assert cores, service.children()
+            killed_at = time.monotonic()
+            for pid in cores:
+                os.kill(pid, signal.SIGKILL)
+            assert wait_for(lambda: not any(map(pid_alive, cores)), 5, what="the engine core gone")
+            return await asyncio.gather(*streams), killed_at
 
-        outcomes, killed_at = asyncio.run(run())
-        for outcome in outcomes:
-            assert outcome.status == 200 and outcome.error is not None, (outcome, service.log())
-            assert "vLLM engine core" in outcome.error["message"]
-            assert outcome.error_at is not None and outcome.error_at - killed_at < 1.0
-        assert wait_for(lambda: service.proc.poll() is not None, 60, what="detok serve exiting")
-        assert service.proc.returncode != 0
-    finally:
-        service.stop()
-        service.cleanup()
+    outcomes, killed_at = asyncio.run(run())
+    for outcome in outcomes:
+        assert outcome.status == 200 and outcome.error is not None, (outcome, service.log())
+        assert "vLLM engine core" in outcome.error["message"]
+        assert outcome.error_at is not None and outcome.error_at - killed_at < 1.0
+    assert wait_for(lambda: service.proc.poll() is not None, 60, what="detok serve exiting")
+    assert service.proc.returncode != 0

@@ -22,21 +22,21 @@ from helpers.vllm_cpu import (
     ENGINE_FLAGS,
     ENV,
     LOG_EVERY_SECOND,
+    REFERENCE_MAX_NUM_SEQS,
     SERVED_NAME,
     STATS_LINE,
+    VllmServer,
     detok_vllm,
     model_dir,
     require_venv,
-    vllm_server,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, more on a loaded machine
 
 LENGTHS = (4, 12, 24, 40)
-# 50 measured streams: 31 plain, a long one, 10 ended by a stop string, 8 left by their client; the engine runs
-# MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0)
-MAX_NUM_SEQS = "16"
+# 50 measured streams: 31 plain, a long one, 10 ended by a stop string, 8 left by their client; the engines run
+# REFERENCE_MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0)
 PLAIN = [
     {"prompt": f"Story number {seed}:", "max_tokens": LENGTHS[seed % len(LENGTHS)], "temperature": 1.0, "seed": seed}
     for seed in range(31)
@@ -190,15 +190,18 @@ def run_load(url: str) -> Run:
 
 
 @pytest.fixture(scope="module")
-def vllm_run() -> Run:
-    with vllm_server("--max-num-seqs", MAX_NUM_SEQS) as server:
-        return run_load(server.url)
+def vllm_run(reference_vllm: VllmServer) -> Run:
+    """The session's vLLM server (other modules' traffic before counts in no delta), stopped once measured."""
+    try:
+        return run_load(reference_vllm.url)
+    finally:
+        reference_vllm.stop()
 
 
 @pytest.fixture(scope="module")
 def detok_run(vllm_run: Run) -> Iterator[Run]:
     """Started after vLLM's own server has stopped (two engine cores on two CPUs would slow both)."""
-    service = detok_vllm(engine_flags=("--max-num-seqs", MAX_NUM_SEQS), env=LOG_EVERY_SECOND)
+    service = detok_vllm(engine_flags=("--max-num-seqs", str(REFERENCE_MAX_NUM_SEQS)), env=LOG_EVERY_SECOND)
     try:
         run = run_load(service.url)
         run.log = service.log(None)
@@ -252,7 +255,7 @@ def test_left_streams_count_as_generated_not_as_finished(run: Run) -> None:
 
 
 def test_running_and_waiting_gauges_under_load_and_zero_when_idle(run: Run) -> None:
-    assert run.running_under_load == int(MAX_NUM_SEQS)  # the engine's batch full
+    assert run.running_under_load == REFERENCE_MAX_NUM_SEQS  # the engine's batch full
     assert run.waiting_under_load > 0  # the rest of the load queued behind it
     for moment in ("before", "finished", "left"):
         assert total(run.scrapes[moment], "vllm:num_requests_running") == 0

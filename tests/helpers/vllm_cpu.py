@@ -168,6 +168,10 @@ class VllmServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+# the reference server's batch: small enough that a load of 50 streams has some waiting (vllm:num_requests_waiting)
+REFERENCE_MAX_NUM_SEQS = 16
+
+
 @contextlib.contextmanager
 def vllm_server(*flags: str, model: Path | None = None, env: dict[str, str] | None = None) -> Iterator[VllmServer]:
     server = VllmServer(*flags, model=model, env=env)

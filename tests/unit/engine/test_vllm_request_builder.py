@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from typing import Any
 
+import pytest
 from helpers.serve_helpers import REPO
 from helpers.vllm_cpu import model_dir, require_venv
 
@@ -53,16 +55,33 @@ print(json.dumps([
 """
 
 
-def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request() -> None:
+# runs each script in turn, in one vLLM interpreter (importing vLLM is most of the time); each prints a JSON list
+DRIVER = """
+import json, sys
+for code in json.loads(sys.stdin.read()):
+    exec(code, {"__name__": "__main__"})
+"""
+
+
+@pytest.fixture(scope="module")
+def answers() -> list[Any]:
+    """What SCRIPT and TOOL_SCRIPT print."""
     result = subprocess.run(
-        [str(require_venv()), "-c", SCRIPT],
+        [str(require_venv()), "-c", DRIVER, str(model_dir())],
+        input=json.dumps([SCRIPT, TOOL_SCRIPT]),
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    *built, in_session = json.loads(result.stdout.splitlines()[-1])
+    printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(printed) == 2, result.stdout[-3000:]
+    return printed
+
+
+def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request(answers: list[Any]) -> None:
+    *built, in_session = answers[0]
     defaulted, given, engine_max, cut, too_many, on_adapter, unknown = built
     assert (defaulted["temperature"], defaulted["top_k"], defaulted["top_p"]) == (0.6, 20, 0.95)
     assert (given["temperature"], given["top_k"], given["top_p"]) == (1.0, 0, 0.95)  # top_k -1: off, vLLM's 0
@@ -121,18 +140,10 @@ print(json.dumps([
 """
 
 
-def test_the_tool_grammar_is_vllms_structural_tag_of_the_tool_call_parser() -> None:
+def test_the_tool_grammar_is_vllms_structural_tag_of_the_tool_call_parser(answers: list[Any]) -> None:
     """With hermes: tool_choice required / named get hermes's `<tool_call>` tag over the tools, auto none unless
     parallel_tool_calls is false (then a tag triggered by `<tool_call>`), as vLLM's parser adjusts a request."""
-    result = subprocess.run(
-        [str(require_venv()), "-c", TOOL_SCRIPT, str(model_dir())],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    required, named, auto, single_auto, bad_tools, no_parser = json.loads(result.stdout.splitlines()[-1])
+    required, named, auto, single_auto, bad_tools, no_parser = answers[1]
     for built in (required, named):
         text = json.dumps(built["tag"])
         assert "<tool_call>" in text and '\\"weather\\"' in text, text
