@@ -54,17 +54,25 @@ def worker_pids(service: ServeProcess) -> dict[str, int]:
     return {wid: stats["pid"] for wid, stats in service.stats()["workers"].items()}
 
 
-async def run_with_kills(service: ServeProcess, cases: list[EchoCase], kills: list[tuple[float, int]]) -> list[Any]:
-    """Run the requests; SIGKILL each (delay, pid) meanwhile."""
+async def run_with_kills(
+    service: ServeProcess, cases: list[EchoCase], kills: list[tuple[float, str, int]]
+) -> list[Any]:
+    """Run the requests; SIGKILL each (delay, worker id, pid) meanwhile, once that worker holds requests (on a fast
+    run the delay alone could come after its requests ended, and a kill would then re-open nothing)."""
 
     async def killer() -> None:
-        for delay, pid in kills:
+        for delay, worker, pid in kills:
             await asyncio.sleep(delay)
+            while (await asyncio.to_thread(service.stats))["engine"]["workers"].get(worker, 0) == 0:
+                await asyncio.sleep(0.005)
             os.kill(pid, signal.SIGKILL)
 
     async with http_client(service) as client:
         kill = asyncio.create_task(killer())
         outcomes = await asyncio.gather(*(bounded(stream_completion(client, case.body(True))) for case in cases))
+        if not kill.done():
+            kill.cancel()
+            raise AssertionError("every request ended before a victim held one: nothing was killed under load")
         await kill
     return outcomes
 
@@ -75,9 +83,9 @@ def kill_round(service: ServeProcess, tokenizer: Any, requests: int, seed: int, 
     before = wait_for(lambda: len(p := worker_pids(service)) == 2 and p, 20, what="2 workers in /stats")
     reopened_before = service.stats()["engine"]["reopened"]
     victims = rng.sample(sorted(before), 2 if both else 1)
-    kills = [(rng.uniform(0.05, 0.5), before[victims[0]])]
+    kills = [(rng.uniform(0.05, 0.3), victims[0], before[victims[0]])]
     if both:
-        kills.append((rng.uniform(0.05, 0.3), before[victims[1]]))
+        kills.append((rng.uniform(0.05, 0.3), victims[1], before[victims[1]]))
     cases = echo_cases(tokenizer, requests, seed)
     outcomes = asyncio.run(run_with_kills(service, cases, kills))
 
