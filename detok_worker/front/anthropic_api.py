@@ -22,7 +22,7 @@ from detok_worker.front.errors import JSON, APIError, ErrorBody, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import REASONING, TEXT, BlockFormatter
-from detok_worker.front.sse import Framing
+from detok_worker.front.sse import named_event, named_events_framing
 from detok_worker.front.validation import decode_json
 
 # Claude Code starts its system prompt with a per-request attribution line; vLLM's server drops it so that the
@@ -163,7 +163,6 @@ _FIELD_NAMES = {
     "user": "metadata.user_id",
     "response_format": "output_config.format",
     "reasoning_effort": "output_config.effort",
-    "messages": "messages",
 }
 
 
@@ -372,14 +371,14 @@ def anthropic_error_response(response: Any) -> Any:
 
 
 def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode({"type": kind, **payload}) + b"\n\n"
+    return named_event(kind, msgspec.json.encode({"type": kind, **payload}))
 
 
 def _error_event(error: APIError) -> bytes:
-    return b"event: error\ndata: " + anthropic_error(error) + b"\n\n"
+    return named_event("error", anthropic_error(error))
 
 
-ANTHROPIC_FRAMING = Framing(event=lambda chunk: chunk, error_event=_error_event, end=b"")
+ANTHROPIC_FRAMING = named_events_framing(_error_event)
 
 
 def stop_reason(finish: str | None, matched: str | int | None, calls: list[str]) -> tuple[str | None, str | None]:

@@ -25,10 +25,8 @@ from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, BlockFormatter
-from detok_worker.front.sse import Framing
+from detok_worker.front.sse import named_event, named_events_framing
 from detok_worker.front.validation import decode_json
-
-NOT_FOUND_TYPE = "invalid_request_error"
 
 # ---- requests ---------------------------------------------------------------------------------------------
 
@@ -232,7 +230,7 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse:
         stored = self._kept.get(response_id)
         if stored is None:
-            raise APIError(404, f"no stored response with id {response_id!r}", type=NOT_FOUND_TYPE, code="not_found")
+            raise APIError(404, f"no stored response with id {response_id!r}", code="not_found")
         return stored
 
 
@@ -293,7 +291,7 @@ class ResponsesFormatter(BlockFormatter):
         self.request: ResponsesRequest | None = None
         self.conversation: list[dict[str, Any]] = []
         self.store: ResponseStore | None = None
-        self.framing = Framing(event=lambda chunk: chunk, error_event=self._error_event, end=b"")
+        self.framing = named_events_framing(self._error_event)
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # the output items so far (the last may be open)
 
@@ -303,8 +301,7 @@ class ResponsesFormatter(BlockFormatter):
 
     def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
         self._sequence += 1
-        body = msgspec.json.encode({"type": kind, "sequence_number": self._sequence - 1, **payload})
-        return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
+        return named_event(kind, msgspec.json.encode({"type": kind, "sequence_number": self._sequence - 1, **payload}))
 
     def _error_event(self, error: APIError) -> bytes:
         """The event that ends a stream that failed after it started (OpenAI's `error` event)."""

@@ -334,6 +334,8 @@ class ChatFormatter(FormatterBase):
     `token_ids`, return_token_ids, the prompt's ids: vLLM puts them on the response, and each choice's output ids on
     the choice; streamed, each chunk's output ids)."""
 
+    call_id_prefix = "chatcmpl-tool-"  # a tool call's id: this and a uuid (the worker makes none)
+
     def __init__(
         self,
         *args: Any,
@@ -356,12 +358,12 @@ class ChatFormatter(FormatterBase):
         self.parallel_tool_calls = parallel_tool_calls
         self.role = role
         self.prompt_text = msgspec.UNSET if prompt_text is None else prompt_text
-        # (choice, tool call index) -> the call's id (made here: the worker has none)
+        # (choice, tool call index) -> the call's id
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
     def _tool_call_id(self, choice: int, index: int) -> str:
         if (choice, index) not in self._tool_call_ids:
-            self._tool_call_ids[choice, index] = f"chatcmpl-tool-{uuid.uuid4().hex}"
+            self._tool_call_ids[choice, index] = f"{self.call_id_prefix}{uuid.uuid4().hex}"
         return self._tool_call_ids[choice, index]
 
     def _chunk(self, choice: ChatChunkChoice, stream: RequestStream, first: bool = False) -> bytes:
@@ -514,11 +516,6 @@ class BlockFormatter(ChatFormatter):
         self.block_text = ""  # the open block's text (its arguments, for a tool call) so far
         self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
         self._call = -1  # the tool call index of the open tool call block
-
-    def _tool_call_id(self, choice: int, index: int) -> str:
-        if (choice, index) not in self._tool_call_ids:
-            self._tool_call_ids[choice, index] = f"{self.call_id_prefix}{uuid.uuid4().hex[:24]}"
-        return self._tool_call_ids[choice, index]
 
     def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
         return None

@@ -58,6 +58,16 @@ class Framing(NamedTuple):
 OPENAI_FRAMING = Framing(event, error_event, DONE)
 
 
+def named_event(kind: str, data: bytes) -> bytes:
+    """An event with its type on an `event:` line before its data (Anthropic's and OpenAI's Responses streams)."""
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def named_events_framing(error_event: Callable[[APIError], bytes]) -> Framing:
+    """The framing of a stream whose chunks are whole named events already; it ends with its last event."""
+    return Framing(lambda chunk: chunk, error_event, b"")
+
+
 class DisconnectWatch:
     """One task per streamed request that waits for the client's http.disconnect and then calls `on_disconnect`.
     The handler waiting for the stream's first output and then the response share it, each with its own callback

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import tomllib
-from helpers.serve_helpers import REPO, children_of, pid_alive, wait_for
+from helpers.serve_helpers import REPO, children_of, named_sse_events, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import (
     ENV,
@@ -655,10 +655,7 @@ def named_events(client: httpx.Client, path: str, headers: dict[str, str], body:
     """A streamed answer's events, each an `event: <type>` line and a `data:` line whose type is that one."""
     with client.stream("POST", path, headers=headers, json={**body, "stream": True}) as response:
         assert response.status_code == 200, response.read()
-        lines = [line for line in response.iter_lines() if line]
-    events = [json.loads(data.removeprefix("data: ")) for data in lines[1::2]]
-    assert lines[::2] == [f"event: {event['type']}" for event in events]
-    return events
+        return named_sse_events([line for line in response.iter_lines() if line])
 
 
 def unfinished(text: str | None) -> str | None:

@@ -77,6 +77,14 @@ async def sse_payloads(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any
             yield json.loads(line[len("data: ") :])
 
 
+def named_sse_events(lines: list[str]) -> list[dict[str, Any]]:
+    """The events of a stream of named events (Anthropic's, OpenAI's Responses): the non-empty lines alternate an
+    `event: <type>` line and a `data:` line whose JSON has that type."""
+    events = [json.loads(data.removeprefix("data: ")) for data in lines[1::2]]
+    assert lines[::2] == [f"event: {event['type']}" for event in events], lines[:6]
+    return events
+
+
 def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:

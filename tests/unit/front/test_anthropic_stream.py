@@ -4,13 +4,13 @@ Anthropic's error body; the engine's cached prompt tokens split the usage as Ant
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from helpers.front_harness import FrontUnderTest, decode_plan, running_front
+from helpers.serve_helpers import named_sse_events
 
 from detok_worker.bus.messages import Submit, TextDelta
 
@@ -23,16 +23,6 @@ def front(qwen3: Any) -> Iterator[FrontUnderTest]:
         qwen3, **{"front.prompt_tokens_details": True, "engine.source": "vllm", "engine.model": "m"}
     ) as f:
         yield f
-
-
-def events(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, data) pairs; each data's `type` is its event's name."""
-    pairs = [
-        (kind.removeprefix("event: "), json.loads(data.removeprefix("data: ")))
-        for kind, data in zip(lines[::2], lines[1::2], strict=True)
-    ]
-    assert all(data["type"] == kind for kind, data in pairs)
-    return pairs
 
 
 def test_a_failure_mid_stream_is_an_error_event_after_the_text(front: FrontUnderTest) -> None:
@@ -51,14 +41,11 @@ def test_a_failure_mid_stream_is_an_error_event_after_the_text(front: FrontUnder
             lines = [line for line in response.iter_lines() if line]
     finally:
         front.set_plan(front.echo_plan)
-    seen = events(lines)
-    assert [kind for kind, _ in seen[:2]] == ["message_start", "content_block_start"]
-    assert any(kind == "content_block_delta" for kind, _ in seen)
-    kind, error = seen[-1]
-    assert kind == "error" and error["error"]["type"] == "api_error" and "9999999" in error["error"]["message"]
-    assert "message_stop" not in [kind for kind, _ in seen] and not any(
-        line.startswith("data: [DONE]") for line in lines
-    )
+    kinds = [event["type"] for event in named_sse_events(lines)]
+    error = named_sse_events(lines)[-1]
+    assert kinds[:2] == ["message_start", "content_block_start"] and "content_block_delta" in kinds
+    assert kinds[-1] == "error" and error["error"]["type"] == "api_error" and "9999999" in error["error"]["message"]
+    assert "message_stop" not in kinds and not any(line.startswith("data: [DONE]") for line in lines)
 
 
 def test_a_refusal_has_its_status_and_anthropics_body(front: FrontUnderTest) -> None:
@@ -78,7 +65,7 @@ def test_cached_prompt_tokens_split_the_usage(front: FrontUnderTest) -> None:
     prompt = usage["input_tokens"] + read + created
     assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (read, created)
     with httpx.stream("POST", f"{front.url}/v1/messages", json={**BODY, "stream": True}, timeout=30) as response:
-        seen = events([line for line in response.iter_lines() if line])
-    start, end = seen[0][1], next(data for kind, data in seen if kind == "message_delta")
+        seen = named_sse_events([line for line in response.iter_lines() if line])
+    start, end = seen[0], next(event for event in seen if event["type"] == "message_delta")
     assert start["message"]["usage"] == {"input_tokens": prompt, "output_tokens": 0}
     assert end["usage"] == usage and end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
