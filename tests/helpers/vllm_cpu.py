@@ -43,6 +43,10 @@ LOG_EVERY_SECOND = {"VLLM_LOG_STATS_INTERVAL": "1"}
 STATS_LINE = "Avg prompt throughput"
 # Qwen3-0.6B's generation_config.json sampling defaults
 QWEN3_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+# engine_stub's model-free vLLM worker (`--worker-cls`; it needs engine_stub importable: PYTHONPATH) and the
+# variable that sets its step time
+MODEL_FREE_WORKER = "engine_stub.vllm_worker.ModelFreeWorker"
+MODEL_FREE_STEP_ENV = "DETOK_MODEL_FREE_STEP_MS"
 STARTUP_TIMEOUT_S = 300.0  # an engine start is ~30 s here; under a loaded CI much longer
 
 

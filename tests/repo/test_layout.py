@@ -229,6 +229,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
         "detok_worker.engine.vllm_requests",
         "detok_worker.engine.vllm_stats",
         "detok_worker.engine.vllm_tool_grammar",
+        "engine_stub.vllm_worker",
     ]
     for python, group in ((sys.executable, sorted(set(names) - set(with_vllm))), (str(require_venv()), with_vllm)):
         result = subprocess.run([python, "-c", _FORK_PER_MODULE, *group], cwd=REPO, capture_output=True, text=True)
