@@ -448,6 +448,8 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     system_fingerprint: str = ""
     # the LoRA adapters loaded in the engine, name -> path: each served as a model (None: the engine loads none)
     lora_adapters: dict[str, str] | None = None
+    # workers the engine declared lost since it started (silent, unanswered, unreachable, restarted; not Goodbye)
+    lost_workers: int = 0
 
 
 class AdapterAnswer(msgspec.Struct, tag="adapter_answer", array_like=True, gc=False):

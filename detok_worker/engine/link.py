@@ -21,9 +21,11 @@ only generates:
 Never blocks on a peer: a TokenBatch a worker cannot take now is planned again at the next step (its ids wait in
 the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
 is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
-to live workers. Every bad frame is counted and skipped. The front side (Submit/Abort/Delivered/FrontHello in,
-Rejects and stats out, which rid goes to which front process): front_channel.py; the worker side
-(Hello/Heartbeat/Finish/Goodbye in, liveness, non-blocking sends): worker_channel.py.
+to live workers. Silence is judged only after every frame waiting on the worker socket was read, and without the
+time this loop itself did not run (a stall past what it was allowed to wait: `_run_timers`). Every bad frame is
+counted and skipped. The front side (Submit/Abort/Delivered/FrontHello in, Rejects and stats out, which rid goes
+to which front process): front_channel.py; the worker side (Hello/Heartbeat/Finish/Goodbye in, liveness,
+non-blocking sends): worker_channel.py.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ OUTBOX_RETRY_S = 0.05
 LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
 # the last step found a worker's queue full (`blocked`): ZeroMQ cannot tell when it drains, so step again this soon
 BLOCKED_RETRY_S = 0.005
+# how late the engine loop may come back to `poll`, past the wait it was allowed, before the excess counts as a stall
+# of its own that no worker's silence is charged for (a busy loop polls every few ms)
+LOOP_STALL_S = 0.25
 
 
 def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:
@@ -134,28 +139,45 @@ class EngineLink:
         self.dropped_connections = 0
         self._news = BusNews()
         self.next_stats = time.monotonic()
+        self._resume_by = self.next_stats + LOOP_STALL_S  # the loop is back in `poll` by then unless it stalled
 
     # ---- the engine loop's API ----------------------------------------------------------------------------
 
     def poll(self, timeout_s: float = 0.0) -> BusNews:
         """Wait up to timeout_s for bus traffic, take all of it, run the timers (worker liveness, stats);
         returns the news since the last poll."""
+        self._allow_wait(time.monotonic(), timeout_s)
         events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
+        unread = False
         if self.workers.router in events:
             drained_at = time.monotonic()
             if self.workers.drain(self._news, drained_at):
                 self.next_stats = drained_at  # a worker joined or left: the fronts learn of it now
+            unread = bool(self.workers.router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
         if self.fronts.pull in events:
             self.fronts.drain(self._news)
-        self._run_timers()
+        self._run_timers(judge_liveness=not unread)
         news, self._news = self._news, BusNews()
         return news
 
-    def _run_timers(self) -> None:
+    def _allow_wait(self, now: float, wait_s: float) -> None:
+        """The loop may be away from `poll` until now + wait_s (+ LOOP_STALL_S) without that counting as a stall."""
+        self._resume_by = max(self._resume_by, now + wait_s + LOOP_STALL_S)
+
+    def _run_timers(self, judge_liveness: bool) -> None:
         """Worker liveness, the stats report when due, the fronts' outbox: what `poll` does after reading. Only `poll`
-        runs them: liveness judged without reading the workers' heartbeats first would lose live workers."""
+        runs them: liveness judged without reading the workers' heartbeats first would lose live workers, so it waits
+        while frames are still unread (a poll takes a bounded number; the loop polls again at once: `has_news`).
+        Time the loop came back later than it was allowed (`_allow_wait`) is a stall of the engine: excused."""
         now = time.monotonic()
-        self.workers.expire(now)
+        if (stalled := now - self._resume_by) > 0:
+            self.scheduler.registry.excuse_stall(stalled)
+            log.info(
+                "engine: the engine loop did not run for %.2f s; worker silence in that time is not counted", stalled
+            )
+        self._resume_by = now + LOOP_STALL_S
+        if judge_liveness:
+            self.workers.expire(now)
         if now >= self.next_stats:
             self._send_stats()
             self.next_stats = now + self.config.engine.stats_interval_s
@@ -173,14 +195,17 @@ class EngineLink:
         next stats report, the moment a worker would be judged lost if no heartbeat came meanwhile (heartbeats
         wake the loop anyway, so liveness costs no wakeup of its own), or a retry of the Rejects a stalled front
         has not taken yet."""
-        if self.fronts.outbox:
-            return OUTBOX_RETRY_S
         now = time.monotonic()
-        wait = self.next_stats - now
-        deadline = self.scheduler.registry.next_deadline()
-        if deadline is not None:
-            wait = min(wait, deadline - now + LIVENESS_MARGIN_S)
-        return max(0.0, wait)
+        if self.fronts.outbox:
+            wait = OUTBOX_RETRY_S
+        else:
+            wait = self.next_stats - now
+            deadline = self.scheduler.registry.next_deadline()
+            if deadline is not None:
+                wait = min(wait, deadline - now + LIVENESS_MARGIN_S)
+            wait = max(0.0, wait)
+        self._allow_wait(now, wait)
+        return wait
 
     def fds(self) -> list[int]:
         """For an asyncio engine loop that waits on the bus with `loop.add_reader` instead of `poll(timeout)`: the
@@ -312,6 +337,7 @@ class EngineLink:
             aborted=scheduler.aborted,
             reopened=scheduler.reopened,
             generated=scheduler.generated,
+            lost_workers=scheduler.lost_workers,
             dropped_connections=self.dropped_connections,
             served_model_name=self.served_model_name,
             max_model_len=self.max_model_len,

@@ -94,6 +94,9 @@ class Scheduler:
         self.bad: Counter[str] = Counter()
         self.aborted = 0
         self.reopened = 0
+        # workers declared lost: silent past their timeout, batches unanswered, unreachable, or restarted (a Hello
+        # from a new process while registered); a worker that says Goodbye leaves without counting
+        self.lost_workers = 0
         self.generated = 0  # ids pushed, whether or not their request still generates
         self.rejected = 0
 
@@ -208,6 +211,8 @@ class Scheduler:
     def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
         if (lost := self.registry.hello(worker, pid, now, columns)) is not None:
+            if lost.pid != pid:  # a new process (a rejoin, after the engine declared it lost, keeps its pid)
+                self.lost_workers += 1
             self._reopen(lost)
 
     def heartbeat(
@@ -220,7 +225,8 @@ class Scheduler:
         self._lose_worker(worker)
 
     def worker_unreachable(self, worker: str) -> None:
-        self._lose_worker(worker)
+        if self._lose_worker(worker):
+            self.lost_workers += 1
 
     def expire_workers(self, now: float) -> list[str]:
         """Declare workers without a recent heartbeat, or without progress on their batches, dead; their
@@ -229,6 +235,7 @@ class Scheduler:
         dead = list(dict.fromkeys(self.registry.silent(now) + self.registry.unresponsive(now)))
         for worker in dead:
             self._lose_worker(worker)
+        self.lost_workers += len(dead)
         self.delivering.expire(now)
         return dead
 
@@ -359,9 +366,12 @@ class Scheduler:
         if request.worker is not None:
             self.registry.unassign(request.worker, request.rid, request.stop_chars, after_pending=after_pending)
 
-    def _lose_worker(self, worker: str) -> None:
-        if (info := self.registry.remove(worker)) is not None:
-            self._reopen(info)
+    def _lose_worker(self, worker: str) -> bool:
+        """False when `worker` was not registered."""
+        if (info := self.registry.remove(worker)) is None:
+            return False
+        self._reopen(info)
+        return True
 
     def _reopen(self, info: WorkerInfo) -> None:
         worker = info.worker

@@ -5,6 +5,8 @@ Scheduler (worker liveness: a worker that restarted, left, or is silent for engi
 requests to live workers; a Finish stops its rid), tells a worker holding rids the engine does not know to rejoin,
 and sends without blocking: a message a full worker queue cannot take is counted in `blocked_sends` (the caller
 plans it again at the next step), a worker the ROUTER reports unreachable is declared lost.
+For the workers that are this engine's siblings (same supervisor, same host) it measures the time each waited for a
+CPU since its last heartbeat (cpu_wait.py) once it is overdue: a starved worker is not lost for that time.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import zmq
 
 from detok_worker.bus.codec import BAD_MULTIPART, FrameDecoder, encode
 from detok_worker.bus.messages import Finish, Goodbye, Heartbeat, Hello, Shutdown, ToEngine
+from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling
 from detok_worker.engine.front_channel import BAD_UNEXPECTED, FRAMES_PER_WAKEUP, BusNews
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.trace.format import TraceWriter
@@ -40,6 +43,8 @@ class WorkerChannel:
         self.recorder = recorder
         self.blocked_sends = 0
         self.goodbyes = 0  # workers that said Goodbye and whose connection has not closed yet (an expected drop)
+        self._siblings: dict[str, int] = {}  # worker -> pid, for the workers whose CPU wait is measurable
+        self._wait_at_seen: dict[str, float] = {}  # worker -> its CPU wait at its last heartbeat (cpu_wait.py)
 
     def drain(self, news: BusNews, now: float) -> bool:
         """Take what the workers sent (up to FRAMES_PER_WAKEUP frames); stopped rids go into `news`. True when a
@@ -64,6 +69,8 @@ class WorkerChannel:
             if isinstance(message, Heartbeat):
                 if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked, message.columns):
                     self.send(identity, Shutdown(STALE_WORKER, rejoin=True))
+                elif (pid := self._siblings.get(worker)) is not None:
+                    self._sample_wait(worker, pid)
             elif isinstance(message, Finish):
                 if scheduler.finish(message.rid, worker):
                     news.stopped.append(message.rid)
@@ -74,11 +81,19 @@ class WorkerChannel:
                     news.finishes[message.rid] = message
             elif isinstance(message, Hello):
                 log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
+                lost_before = scheduler.lost_workers
                 scheduler.hello(worker, message.pid, now, message.columns)
+                if scheduler.lost_workers > lost_before:
+                    log.warning("engine: worker %s restarted; %s", worker, self._lost_note())
+                self._siblings.pop(worker, None)
+                if is_sibling(message.pid):
+                    self._siblings[worker] = message.pid
+                    self._sample_wait(worker, message.pid)
                 joined_or_left = True
             elif isinstance(message, Goodbye):
                 log.info("engine: worker %s leaves", worker)
                 scheduler.goodbye(worker)
+                self._forget(worker)
                 self.goodbyes += 1
                 joined_or_left = True
             elif message is not None:
@@ -86,13 +101,33 @@ class WorkerChannel:
         return joined_or_left
 
     def expire(self, now: float) -> None:
-        """Declare lost the workers silent for too long; their requests are re-opened elsewhere."""
+        """Declare lost the workers silent for too long (the time an overdue sibling waited for a CPU apart); their
+        requests are re-opened elsewhere."""
+        registry = self.scheduler.registry
+        for info in registry.overdue(now):
+            pid = self._siblings.get(info.worker)
+            before = self._wait_at_seen.get(info.worker)
+            if pid is not None and before is not None and (waited := cpu_wait_s(pid)) is not None:
+                registry.excuse_starved(info.worker, waited - before)
         for worker in self.scheduler.expire_workers(now):
+            self._forget(worker)
             log.warning(
                 "engine: worker %s missed its heartbeats or left its TokenBatches unanswered for "
-                "engine.batch_answer_timeout_s; re-opening its requests elsewhere",
+                "engine.batch_answer_timeout_s; re-opening its requests elsewhere; %s",
                 worker,
+                self._lost_note(),
             )
+
+    def _sample_wait(self, worker: str, pid: int) -> None:
+        if (waited := cpu_wait_s(pid)) is not None:
+            self._wait_at_seen[worker] = waited
+
+    def _forget(self, worker: str) -> None:
+        self._siblings.pop(worker, None)
+        self._wait_at_seen.pop(worker, None)
+
+    def _lost_note(self) -> str:
+        return f"{self.scheduler.lost_workers} worker(s) declared lost since the engine started"
 
     def send(self, identity: bytes, message: object) -> bool:
         try:
@@ -103,6 +138,12 @@ class WorkerChannel:
             return False
         except zmq.ZMQError as exc:
             worker = identity.decode("utf-8", "replace")
-            log.warning("engine: cannot send to worker %s (%s); re-opening its requests elsewhere", worker, exc)
             self.scheduler.worker_unreachable(worker)
+            self._forget(worker)
+            log.warning(
+                "engine: cannot send to worker %s (%s); re-opening its requests elsewhere; %s",
+                worker,
+                exc,
+                self._lost_note(),
+            )
             return False

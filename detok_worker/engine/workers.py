@@ -5,6 +5,9 @@ clock and re-opens a lost worker's rids (detok_worker/engine/scheduler.py).
 Liveness has two parts: heartbeats (the worker's process is alive) and progress (its heartbeats report the last
 TokenBatch step it handled): a worker that heartbeats but handles none of the batches sent to it for
 answer_timeout_s (0 = never checked) is lost like a silent one, unless it says it is blocked on the front.
+Silence counts only the time in which a heartbeat could have come through: a stall of the engine's own loop
+(`excuse_stall`, for every worker) and the time a worker waited for a CPU (`excuse_starved`, measured by the caller)
+since its last heartbeat extend its deadline; a stopped or dead worker earns neither and is lost on time.
 
 Stop-string budget: each worker holds at most worker.max_live_stop_chars characters of its live rids' stop strings
 (the worker refuses an Open past it). The registry counts them as the worker will when it reads its batches, never
@@ -31,6 +34,8 @@ class WorkerInfo:
     columns: bool = False  # it reads TokenBatch columns (Hello/Heartbeat.columns); else items only
     stop_chars: int = 0  # stop-string characters of its rids, as the worker counts them (see the module doc)
     stop_chars_ending: int = 0  # of those, the rids whose abort item waits to be sent to it
+    stalled_s: float = 0.0  # the engine's loop stalls since its last heartbeat (see the module doc)
+    starved_s: float = 0.0  # the time it waited for a CPU since its last heartbeat (see the module doc)
 
 
 class WorkerRegistry:
@@ -120,6 +125,7 @@ class WorkerRegistry:
         info = self.workers.get(worker)
         if info is not None:
             info.last_seen = now
+            info.stalled_s = info.starved_s = 0.0
             info.columns = columns
             if blocked or step >= info.sent_step:
                 info.waiting_since = None
@@ -143,8 +149,20 @@ class WorkerRegistry:
     def remove(self, worker: str) -> WorkerInfo | None:
         return self.workers.pop(worker, None)
 
+    def excuse_stall(self, seconds: float) -> None:
+        """The engine's loop could not read the workers for `seconds` (it did not get to run): no worker's silence
+        counts that long."""
+        for info in self.workers.values():
+            info.stalled_s += seconds
+
+    def excuse_starved(self, worker: str, seconds: float) -> None:
+        """`worker` waited `seconds` for a CPU since its last heartbeat (a total, not an increment): runnable but not
+        run, it could not send; its silence does not count that long."""
+        if (info := self.workers.get(worker)) is not None:
+            info.starved_s = max(info.starved_s, seconds)
+
     def _heartbeat_deadline(self, info: WorkerInfo) -> float:
-        return info.last_seen + self.heartbeat_timeout_s
+        return info.last_seen + self.heartbeat_timeout_s + info.stalled_s + info.starved_s
 
     def _answer_deadline(self, info: WorkerInfo) -> float | None:
         if self.answer_timeout_s <= 0 or info.waiting_since is None:
@@ -158,8 +176,14 @@ class WorkerRegistry:
         deadlines += [d for info in self.workers.values() if (d := self._answer_deadline(info)) is not None]
         return min(deadlines, default=None)
 
+    def overdue(self, now: float) -> list[WorkerInfo]:
+        """Workers past their heartbeat deadline: whose CPU wait the caller may measure (`excuse_starved`) before
+        asking `silent`."""
+        return [info for info in self.workers.values() if now > self._heartbeat_deadline(info)]
+
     def silent(self, now: float) -> list[str]:
-        """Workers without a heartbeat for longer than the timeout (still registered: the caller removes them)."""
+        """Workers without a heartbeat for longer than the timeout, excused time apart (still registered: the caller
+        removes them)."""
         return [w for w, info in self.workers.items() if now > self._heartbeat_deadline(info)]
 
     def unresponsive(self, now: float) -> list[str]:

@@ -1,0 +1,44 @@
+"""How long a detok worker process on this host has waited for a CPU, for the engine's liveness rule (workers.py).
+
+A worker that is runnable but not run (the machine's cores taken by other processes, e.g. a CPU engine's spinning
+threads) sends no heartbeat, yet it is not dead: the time its threads spent waiting in the kernel's run queue (the
+second field of each /proc/<pid>/task/<tid>/schedstat, in ns) does not count against it. All threads count: a
+heartbeat the main thread sent still waits for the process's ZeroMQ I/O thread to be run. Only a sibling of the
+engine (a worker started by the same supervisor) is measured: a pid from another host or another pid namespace
+names some other process here. A stopped (SIGSTOP) or dead worker is not runnable, so it earns no such time.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def is_sibling(pid: int) -> bool:
+    """`pid` is a process of this host started by this engine's parent (the supervisor of `detok serve`)."""
+    parent = os.getppid()
+    if pid <= 0 or parent <= 1:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+    except (OSError, IndexError):
+        return False
+    return len(fields) > 1 and int(fields[1]) == parent
+
+
+def cpu_wait_s(pid: int) -> float | None:
+    """Seconds the threads of `pid` have waited runnable for a CPU, summed, since they started; None: not measurable
+    (gone, or no scheduler statistics on this kernel)."""
+    tasks = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return None
+    waited_ns = 0
+    for tid in tids:
+        try:
+            with open(f"{tasks}/{tid}/schedstat", "rb") as schedstat:
+                waited_ns += int(schedstat.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return waited_ns / 1e9 if tids else None

@@ -1,0 +1,111 @@
+"""The engine's liveness rule (WorkerRegistry, pure: the clock is an argument): silence counts only the time in which
+a heartbeat could have come through. A stall of the engine's loop and a worker's wait for a CPU are excused; a
+worker silent while the engine ran and the worker was not starved (stopped, killed) is lost on time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from helpers.scheduler_steps import new_scheduler
+
+from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling
+from detok_worker.engine.workers import WorkerRegistry
+
+TIMEOUT = 1.0
+
+
+def _registry(*workers: str) -> WorkerRegistry:
+    registry = WorkerRegistry(TIMEOUT)
+    for worker in workers:
+        registry.hello(worker, 100, 0.0)
+    return registry
+
+
+def _first_silent(registry: WorkerRegistry, worker: str, until: float, tick: float = 0.01) -> float | None:
+    """The first check time (an engine loop checking every `tick`) at which `worker` is named silent."""
+    for index in range(int(until / tick) + 1):
+        now = index * tick
+        if worker in registry.silent(now):
+            return now
+    return None
+
+
+def test_worker_silent_while_engine_runs_is_lost_on_time() -> None:
+    registry = _registry("w0", "w1")
+    for beat in range(1, 30):  # w1 beats every 0.2 s; w0 says nothing after its Hello
+        registry.heartbeat("w1", 0, beat * 0.2)
+        assert "w1" not in registry.silent(beat * 0.2 + 0.01)
+    lost_at = _first_silent(registry, "w0", 2.0)
+    assert lost_at is not None and TIMEOUT < lost_at <= TIMEOUT + 0.02
+    next_deadline = registry.next_deadline()
+    assert next_deadline is not None and next_deadline <= TIMEOUT  # an idle engine wakes for it
+
+
+def test_engine_stall_longer_than_timeout_does_not_lose_a_worker_that_beats_right_after() -> None:
+    registry = _registry("w0")
+    registry.heartbeat("w0", 1, 0.2)
+    # the engine's loop did not run from 0.25 to 3.25: its first check after the stall excuses those 3 s
+    registry.excuse_stall(3.0)
+    assert registry.silent(3.25) == []
+    registry.heartbeat("w0", 1, 3.26)  # the beats that waited meanwhile are read right after
+    assert registry.silent(3.3) == []
+    # a heartbeat ends the excuse: silent from now on, the worker is lost after the plain timeout again
+    assert registry.silent(3.26 + TIMEOUT + 0.01) == ["w0"]
+
+
+def test_engine_stall_only_delays_a_dead_worker_by_the_stall() -> None:
+    registry = _registry("w0")
+    registry.excuse_stall(0.5)  # the worker died at 0; the engine stalled half a second meanwhile
+    assert registry.silent(TIMEOUT + 0.4) == []
+    assert registry.silent(TIMEOUT + 0.51) == ["w0"]
+
+
+def test_starved_worker_is_excused_its_cpu_wait_and_not_more() -> None:
+    registry = _registry("w0", "w1")
+    now = TIMEOUT + 0.05
+    assert [info.worker for info in registry.overdue(now)] == ["w0", "w1"]
+    registry.excuse_starved("w0", 0.8)  # runnable, not run, for 0.8 s of its silence
+    assert registry.silent(now) == ["w1"]  # w1 earned no excuse (stopped or dead)
+    assert registry.overdue(now)[0].worker == "w1"
+    assert registry.silent(TIMEOUT + 0.79) == ["w1"]
+    assert registry.silent(TIMEOUT + 0.81) == ["w0", "w1"]
+    registry.excuse_starved("w0", 0.5)  # a total since its last heartbeat, not more time: nothing changes
+    assert registry.silent(TIMEOUT + 0.79) == ["w1"]
+    assert registry.silent(TIMEOUT + 0.81) == ["w0", "w1"]
+
+
+def test_heartbeat_clears_the_starved_excuse() -> None:
+    registry = _registry("w0")
+    registry.excuse_starved("w0", 5.0)
+    registry.heartbeat("w0", 0, 2.0)
+    assert registry.silent(2.0 + TIMEOUT + 0.01) == ["w0"]
+
+
+def test_scheduler_counts_workers_declared_lost_but_not_goodbyes() -> None:
+    scheduler = new_scheduler()
+    for worker in ("w0", "w1", "w2", "w3"):
+        scheduler.hello(worker, 1, 0.0)
+    scheduler.goodbye("w3")  # leaves: not a loss
+    scheduler.heartbeat("w1", 0, 0.9)
+    scheduler.heartbeat("w2", 0, 0.9)
+    assert scheduler.expire_workers(1.5) == ["w0"]
+    scheduler.worker_unreachable("w1")
+    scheduler.worker_unreachable("w1")  # already gone: counted once
+    scheduler.hello("w2", 2, 1.6)  # restarted while registered: its previous process was lost
+    scheduler.hello("w2", 2, 1.7)  # the same process registering again (a rejoin): not another loss
+    assert scheduler.lost_workers == 3
+
+
+def test_cpu_wait_is_measured_for_siblings_only() -> None:
+    waited = cpu_wait_s(os.getpid())
+    assert waited is None or waited >= 0.0  # None only on a kernel without scheduler statistics
+    assert is_sibling(os.getpid())  # a process with this one's parent (as workers are the engine's, in detok serve)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"]) as child:
+        try:
+            assert not is_sibling(child.pid)  # this process's child: another parent
+        finally:
+            child.kill()
+    assert not is_sibling(-1)
+    assert cpu_wait_s(2**22 + 12345) is None  # no such process
