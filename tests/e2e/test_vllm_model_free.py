@@ -1,17 +1,23 @@
 """engine_stub's model-free vLLM worker (`--worker-cls`): vLLM's own engine core, scheduler and wire with seeded ids
 and a fixed step time. `vllm serve` runs it on one engine core; `detok serve --source vllm` on the same flags runs it
-data parallel on two (`--data-parallel-size 2`: vLLM's own DP client, coordinator and load balancing). A request's
+data parallel on two (`--data-parallel-size 2`: vLLM's own DP client, coordinator and load balancing), on one host,
+and on two: the second engine core a `vllm serve --headless` in a network namespace of its own joined to this one by
+a veth pair (vLLM's multi-node route: `--data-parallel-address`, `--data-parallel-rpc-port`; root only). A request's
 ids depend on the request alone, so both servers must give every request the same ids and texts: the checks that
 the worker's outputs look like a real engine's to both, and that detok serves through two engine cores."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,11 +26,15 @@ from helpers.fault_helpers import Outcome, bounded, http_client, stream_completi
 from helpers.serve_helpers import REPO, ServeProcess, children_of, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import (
+    ENGINE_FLAGS,
+    ENV,
     MODEL_FREE_STEP_ENV,
     MODEL_FREE_WORKER,
     SERVED_NAME,
+    VENV,
     VllmServer,
     detok_vllm,
+    model_dir,
     vllm_server,
 )
 
@@ -32,7 +42,7 @@ pytestmark = pytest.mark.timeout(900)
 
 STEP_MS = 15  # a GPU decode step
 MODEL_FREE = ("--worker-cls", MODEL_FREE_WORKER)
-ENV = {MODEL_FREE_STEP_ENV: str(STEP_MS), "PYTHONPATH": str(REPO)}
+MODEL_FREE_ENV = {MODEL_FREE_STEP_ENV: str(STEP_MS), "PYTHONPATH": str(REPO)}
 DATA_PARALLEL = ("--data-parallel-size", "2")
 
 
@@ -43,17 +53,104 @@ def qwen3() -> Any:
 
 @pytest.fixture(scope="module")
 def reference() -> Iterator[VllmServer]:
-    with vllm_server(*MODEL_FREE, env=ENV) as server:
+    with vllm_server(*MODEL_FREE, env=MODEL_FREE_ENV) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[ServeProcess]:
-    service = detok_vllm(engine_flags=(*MODEL_FREE, *DATA_PARALLEL), env=ENV)
+class SecondHost:
+    """A network namespace joined to this one by a veth pair: another host for the engine cores (`ip`, as root).
+    `head` is this host's address on the link, `address` the other's."""
+
+    def __init__(self) -> None:
+        tag = os.getpid() % 100000
+        self.namespace, self.link = f"detok-host-{tag}", f"dtk{tag}"
+        subnet = f"10.77.{tag % 250}"
+        self.head, self.address = f"{subnet}.1", f"{subnet}.2"
+        netns = ["ip", "netns", "exec", self.namespace, "ip"]
+        for command in (
+            ["ip", "netns", "add", self.namespace],
+            ["ip", "link", "add", f"{self.link}a", "type", "veth", "peer", "name", f"{self.link}b"],
+            ["ip", "link", "set", f"{self.link}b", "netns", self.namespace],
+            ["ip", "addr", "add", f"{self.head}/24", "dev", f"{self.link}a"],
+            ["ip", "link", "set", f"{self.link}a", "up"],
+            [*netns, "addr", "add", f"{self.address}/24", "dev", f"{self.link}b"],
+            [*netns, "link", "set", f"{self.link}b", "up"],
+            [*netns, "link", "set", "lo", "up"],
+        ):
+            subprocess.run(command, check=True, capture_output=True)
+
+    def run(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.namespace, *argv], env=dict(os.environ, **env), stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def remove(self) -> None:
+        for pid in subprocess.run(
+            ["ip", "netns", "pids", self.namespace], capture_output=True, text=True
+        ).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{self.link}a"], capture_output=True)
+
+
+class DataParallelService:
+    """detok serve on two engine cores: both its own children (one host), or the second a headless `vllm serve`
+    on a SecondHost."""
+
+    def __init__(self, hosts: int) -> None:
+        self.second_host = SecondHost() if hosts == 2 else None
+        self.headless: subprocess.Popen[bytes] | None = None
+        flags = (*MODEL_FREE, *DATA_PARALLEL)
+        try:
+            if self.second_host is not None:
+                rpc_port = 20000 + os.getpid() % 20000
+                flags += ("--data-parallel-size-local", "1", "--data-parallel-address", self.second_host.head,
+                          "--data-parallel-rpc-port", str(rpc_port))  # fmt: skip
+                log = Path(tempfile.mkstemp(prefix="vllm-headless-", suffix=".log")[1])
+                argv = [str(VENV / "bin" / "vllm"), "serve", str(model_dir()), *ENGINE_FLAGS, *flags, "--headless",
+                        "--data-parallel-start-rank", "1"]  # fmt: skip
+                self.headless = self.second_host.run(argv, {**ENV, **MODEL_FREE_ENV}, log)
+            self.serve = detok_vllm(engine_flags=flags, env=MODEL_FREE_ENV)
+        except BaseException:
+            self.stop_headless()
+            raise
+
+    def core_pid(self, rank: int) -> int:
+        """The pid of the engine core of one data parallel rank: under detok's engine process, or the headless
+        server's on the second host."""
+        parents = self.serve.child_pids("engine") if self.headless is None else [self.headless.pid]
+        if self.headless is not None:
+            parents += [pid for parent in parents for pid in children_of(parent)]
+        for parent in parents:
+            for pid, cmdline in children_of(parent).items():
+                if f"EngineCore_DP{rank}" in cmdline:
+                    return pid
+        raise AssertionError(f"no EngineCore_DP{rank} under {parents}")
+
+    def stop_headless(self) -> None:
+        if self.second_host is not None:
+            self.second_host.remove()
+
+    def stop(self) -> None:
+        self.serve.stop()
+        self.stop_headless()
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-host", "two-hosts"])
+def data_parallel(request: pytest.FixtureRequest) -> Iterator[DataParallelService]:
+    running = DataParallelService(request.param)
     try:
-        yield service
+        yield running
     finally:
-        service.stop()
+        running.stop()
+
+
+@pytest.fixture
+def service(data_parallel: DataParallelService) -> ServeProcess:
+    return data_parallel.serve
 
 
 def seeded(seed: int, max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -158,21 +255,14 @@ def test_clients_that_leave_are_aborted_on_the_engine_core_that_runs_them(servic
     assert time.monotonic() - left_at < 5.0
 
 
-def engine_core(service: ServeProcess, rank: int) -> int:
-    """The pid of vLLM's engine core of one data parallel rank under detok's engine process."""
-    for engine in service.child_pids("engine"):
-        for pid, cmdline in children_of(engine).items():
-            if f"EngineCore_DP{rank}" in cmdline:
-                return pid
-    raise AssertionError(f"no EngineCore_DP{rank} under {service.children()}")
-
-
 def test_the_death_of_one_engine_core_ends_the_streams_with_an_error_and_health_says_so(
-    service: ServeProcess,
+    data_parallel: DataParallelService,
 ) -> None:
-    """The module's last test (it ends the service). As vLLM's server: its client takes any core's death for the
-    engine's, every stream in flight ends with an error event, /health stops saying 200, and detok serve exits."""
-    victim = engine_core(service, 1)
+    """The module's last test on each service (it ends it): the second core dies (on the second host: that host's
+    core). As vLLM's server: its client takes any core's death for the engine's, every stream in flight ends with
+    an error event, /health stops saying 200, and detok serve exits."""
+    service = data_parallel.serve
+    victim = data_parallel.core_pid(1)
 
     async def run() -> list[Outcome]:
         async with http_client(service) as client:

@@ -12,7 +12,8 @@ vLLM schedules: every Submit goes to the engine core at once, nothing is queued 
 its own request (the front's per-request buffer aborts it past front.max_pending_chars).
 The engine core dying ends every open request with an error naming it, then this process exits with an error: the
 supervisor of `detok serve` stops the service (as `vllm serve` exits when its engine core dies), for the init
-system or orchestrator to restart.
+system or orchestrator to restart. Data parallel, any core's death is the engine's, as in vLLM's client; one on
+another host (`--headless`) is not a process vLLM's client watches, so its connection closing is taken as its death.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import time
 
 import vllm.envs as envs
+import zmq
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.entrypoints.serve.utils.fingerprint import build_system_fingerprint
@@ -100,6 +102,7 @@ class VllmSource:
         for fd in fds:
             loop.add_reader(fd, bus.set)
         outputs = asyncio.create_task(self._read_outputs())
+        connections = asyncio.create_task(self._watch_engine_connections())
         stats_log = asyncio.create_task(self.stats.log_periodically()) if self.stats is not None else None
         try:
             while not self.stopping and not outputs.done():
@@ -133,9 +136,11 @@ class VllmSource:
                 bus.clear()
         finally:
             outputs.cancel()
+            connections.cancel()
             if stats_log is not None:
                 stats_log.cancel()
-            await asyncio.gather(outputs, *([stats_log] if stats_log is not None else []), return_exceptions=True)
+            tasks = [outputs, connections, *([stats_log] if stats_log is not None else [])]
+            await asyncio.gather(*tasks, return_exceptions=True)
             for fd in fds:
                 loop.remove_reader(fd)
 
@@ -250,8 +255,26 @@ class VllmSource:
             elif output.finish_reason != FinishReason.ABORT:
                 self.link.send_prompt_info(rows.message())
 
+    async def _watch_engine_connections(self) -> None:
+        """An engine core's connection to the client's request socket closing (its process gone, on this host or
+        another) is the engine's death. vLLM's client watches the processes it started, not a headless core on
+        another host, whose requests would otherwise wait for ever."""
+        requests_socket = self.client.input_socket
+        monitor = requests_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            await monitor.recv_multipart()
+        finally:
+            requests_socket.disable_monitor()
+            monitor.close(linger=0)
+        if not self.stopping:
+            log.error("engine: an engine core's connection closed")
+            self._engine_died()
+            self.bus.set()
+
     def _engine_died(self) -> None:
         """Every open request ends with an error naming the engine; then this process stops (see the module doc)."""
+        if self.engine_dead:
+            return
         self.engine_dead = True
         link = self.link
         rids = link.scheduler.list_live_rids()
