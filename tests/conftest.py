@@ -34,3 +34,9 @@ def private_fast_path_cache(tmp_path_factory: pytest.TempPathFactory):  # type: 
 def qwen3():  # type: ignore[no-untyped-def]
     """The embedded default tokenizer (Qwen3), loaded through the public factory."""
     return load_fixture_tokenizer("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(qwen3):  # type: ignore[no-untyped-def]
+    """The tokenizer a service test decodes with: the embedded default (a module testing another one overrides it)."""
+    return qwen3

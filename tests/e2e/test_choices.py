@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, healthy_serve, http_json, wait_for
 
 openai = pytest.importorskip("openai")
@@ -25,11 +24,6 @@ USAGE = {"include_usage": True}
 def service() -> Iterator[ServeProcess]:
     with healthy_serve("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as serve:
         yield serve
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 openai = pytest.importorskip("openai")
@@ -48,11 +47,6 @@ def service() -> Iterator[ServeProcess]:
     )
     with serving(serve):
         yield serve
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

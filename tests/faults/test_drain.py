@@ -29,7 +29,6 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
 from helpers.role_process import RoleProcess, stopping
 from helpers.serve_helpers import wait_for
@@ -39,11 +38,6 @@ STEP_MS = 20
 DRAIN_S = 5.0
 STATS = ["--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1"]
 ENGINE_ARGS = ["--source", "echo", "--step-interval-ms", str(STEP_MS), "--set", "engine.stats_interval_s=0.1"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 def passage_ids(tokenizer: Any, tokens: int, seed: int) -> list[int]:

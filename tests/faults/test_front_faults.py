@@ -25,11 +25,6 @@ ABORT_WAIT_S = 5.0  # generous for a loaded CI box; the measured latency is repo
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
-
-
-@pytest.fixture(scope="module")
 def front(tokenizer: Any) -> Iterator[FrontUnderTest]:
     overrides = {
         "front.max_request_bytes": 200_000,

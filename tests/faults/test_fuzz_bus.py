@@ -26,7 +26,6 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.frame_fuzz import (
     FrameFuzzer,
     Fuzzed,
@@ -62,11 +61,6 @@ WARNING_KINDS = 20
 
 def max_warning_lines(frames_per_socket: int) -> int:
     return WARNING_KINDS * (1 + frames_per_socket // 1000)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -26,16 +26,10 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess
 
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

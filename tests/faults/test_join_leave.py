@@ -25,15 +25,9 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import REPO, ServeProcess, pid_alive, wait_for
 
 STEP_MS = 4
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 def start_service() -> ServeProcess:

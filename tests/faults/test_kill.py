@@ -29,15 +29,9 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
 STEP_MS = 4  # requests of 40-150 tokens run 0.2-0.6 s: many are live whenever the kill comes
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 def start_service() -> ServeProcess:

@@ -34,7 +34,6 @@ from helpers.fault_helpers import (
     stalled_stream,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
 from detok_worker.engine.sources.planned import load_corpus
@@ -44,11 +43,6 @@ LONG_TOKEN = 89180  # qwen3: "//" + 112 dashes, 114 characters
 FLOOD_TOKENS = 150_000  # ~17 M characters if nobody stopped it
 RSS_GROWTH_LIMIT_KB = 30 * 1024
 CONCURRENCY = 32
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import zmq
 from helpers.fault_helpers import EchoCase, Outcome, bounded, echo_cases, reference, stream_completion
-from helpers.fixtures import REPO, load_fixture_tokenizer
+from helpers.fixtures import REPO
 from helpers.netns import NetnsHosts, NetnsUnavailable
 from helpers.role_process import RoleProcess
 from helpers.serve_helpers import http_json, wait_for
@@ -138,11 +138,6 @@ def start_cluster(hosts: NetnsHosts, directory: Path) -> Cluster:
 
     cluster.wait(both_workers_joined, 120, "w1 and w2 to register with the engine across hosts")
     return cluster
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @dataclass

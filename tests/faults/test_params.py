@@ -23,7 +23,6 @@ import httpx
 import pytest
 import zmq
 from helpers.bus_peers import bus_config, short_runtime_dir
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import free_port
 from helpers.role_process import RoleProcess, stopping
 from helpers.serve_helpers import wait_for
@@ -74,11 +73,6 @@ class PlayedEngine(threading.Thread):
                         router.send_multipart([self.worker, encode(last)])
                 workers = {self.worker.decode(): 0} if self.worker is not None else {}
                 push.send(encode(EngineStats(0, workers, {}, 0, 0)), zmq.NOBLOCK)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from helpers.fault_helpers import (
     serving,
     stream_completion,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import ServeProcess, wait_for
 
 # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive; and > the front's
@@ -38,11 +37,6 @@ LONG_REQUESTS = 10
 # remain after the front resumes, time for the resumed front (a backlog of 40 streams) to answer /stats
 LONG_TOKENS = 5000
 STEP_MS = 3
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

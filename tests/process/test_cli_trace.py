@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.serve_helpers import REPO, wait_for
 
 from detok_worker.trace.format import read_trace, tokenizer_fingerprint
@@ -33,11 +32,6 @@ def expected_text(tokenizer: Any, output_ids: list[int]) -> tuple[str, int]:
         if token_id in eos:
             return tokenizer.decode(output_ids[:index], skip_special_tokens=True), index + 1
     return tokenizer.decode(output_ids, skip_special_tokens=True), len(output_ids)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ from helpers.fault_helpers import (
     reference,
     serving,
 )
-from helpers.fixtures import load_fixture_tokenizer
 from helpers.metrics_scrape import wait_for_value
 from helpers.serve_helpers import ServeProcess, wait_for
 
@@ -43,11 +42,6 @@ class StreamOutcome:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None  # an error event, or the connection error the client saw
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")

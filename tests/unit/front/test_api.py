@@ -26,11 +26,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_fixture_tokenizer("qwen3")
-
-
-@pytest.fixture(scope="module")
 def front(tokenizer: Any) -> Iterator[FrontUnderTest]:
     with running_front(tokenizer) as under_test:
         yield under_test
