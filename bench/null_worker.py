@@ -50,14 +50,14 @@ class NullWorker:
         self.stopping = False
 
     def run(self) -> None:
-        self.to_engine.send(encode(Hello(self.worker_id, os.getpid(), columns=True)))
+        self.to_engine.send(encode(Hello(self.worker_id, os.getpid())))
         interval = self.config.worker.heartbeat_interval_s
         next_heartbeat = 0.0
         try:
             while not self.stopping:
                 now = time.monotonic()
                 if now >= next_heartbeat:
-                    self.to_engine.send(encode(Heartbeat(self.worker_id, len(self.live), columns=True)), zmq.NOBLOCK)
+                    self.to_engine.send(encode(Heartbeat(self.worker_id, len(self.live))), zmq.NOBLOCK)
                     next_heartbeat = now + interval
                 if self.to_engine.poll(int(interval * 1000)):
                     self._drain()

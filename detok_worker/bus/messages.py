@@ -260,12 +260,8 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True, gc=False):
 
 
 class Hello(msgspec.Struct, tag="hello", array_like=True, gc=False):
-    """columns: the worker reads TokenBatch columns (bus/columns.py). A worker from before them sends no such field
-    and would ignore the columns (silently losing those ids), so the engine sends it items only."""
-
     worker: str
     pid: int
-    columns: bool = False
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, gc=False):
@@ -277,7 +273,6 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True, gc=False):
     load: int  # live rids on this worker
     step: int = -1
     blocked: bool = False
-    columns: bool = False  # as in Hello (an engine that restarted learns it from the heartbeats)
 
 
 class Finish(msgspec.Struct, tag="finish", array_like=True, gc=False):

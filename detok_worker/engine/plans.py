@@ -186,7 +186,7 @@ def worker_plans(
     plans = []
     for worker, (opens, items, advances) in groups.items():
         extra = list(pending.get(worker, ()))
-        batch = token_batch(step, sent_ns, opens, extra + items, registry.reads_columns(worker))
+        batch = token_batch(step, sent_ns, opens, extra + items)
         plans.append(WorkerPlan(worker, batch, advances, extra))
     return plans
 

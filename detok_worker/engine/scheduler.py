@@ -208,18 +208,16 @@ class Scheduler:
     def live_workers(self) -> list[str]:
         return self.registry.names()
 
-    def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> None:
+    def hello(self, worker: str, pid: int, now: float) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
-        if (lost := self.registry.hello(worker, pid, now, columns)) is not None:
+        if (lost := self.registry.hello(worker, pid, now)) is not None:
             if lost.pid != pid:  # a new process (a rejoin, after the engine declared it lost, keeps its pid)
                 self.lost_workers += 1
             self._reopen(lost)
 
-    def heartbeat(
-        self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False, columns: bool = False
-    ) -> bool:
+    def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
         """False for an unregistered worker holding requests (stale: it must rejoin empty); one without joins."""
-        return self.registry.heartbeat(worker, load, now, step, blocked, columns)
+        return self.registry.heartbeat(worker, load, now, step, blocked)
 
     def goodbye(self, worker: str) -> None:
         self._lose_worker(worker)

@@ -67,7 +67,7 @@ class WorkerChannel:
                 continue
             message = self.decoder.decode(frame)
             if isinstance(message, Heartbeat):
-                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked, message.columns):
+                if not scheduler.heartbeat(worker, message.load, now, message.step, message.blocked):
                     self.send(identity, Shutdown(STALE_WORKER, rejoin=True))
                 elif (pid := self._siblings.get(worker)) is not None:
                     self._sample_wait(worker, pid)
@@ -82,7 +82,7 @@ class WorkerChannel:
             elif isinstance(message, Hello):
                 log.info("engine: worker %s (pid %d) is alive", worker, message.pid)
                 lost_before = scheduler.lost_workers
-                scheduler.hello(worker, message.pid, now, message.columns)
+                scheduler.hello(worker, message.pid, now)
                 if scheduler.lost_workers > lost_before:
                     log.warning("engine: worker %s restarted; %s", worker, self._lost_note())
                 self._siblings.pop(worker, None)

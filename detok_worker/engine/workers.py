@@ -31,7 +31,6 @@ class WorkerInfo:
     sent_step: int = -1  # the last TokenBatch step sent to it
     answered_step: int = -1  # the last step its heartbeats say it handled
     waiting_since: float | None = None  # since when it owes an answer without progress
-    columns: bool = False  # it reads TokenBatch columns (Hello/Heartbeat.columns); else items only
     stop_chars: int = 0  # stop-string characters of its rids, as the worker counts them (see the module doc)
     stop_chars_ending: int = 0  # of those, the rids whose abort item waits to be sent to it
     stalled_s: float = 0.0  # the engine's loop stalls since its last heartbeat (see the module doc)
@@ -108,25 +107,18 @@ class WorkerRegistry:
             info.stop_chars -= info.stop_chars_ending
             info.stop_chars_ending = 0
 
-    def hello(self, worker: str, pid: int, now: float, columns: bool = False) -> WorkerInfo | None:
+    def hello(self, worker: str, pid: int, now: float) -> WorkerInfo | None:
         """Register a (re)started worker; returns its previous incarnation, whose rids are lost."""
         lost = self.workers.pop(worker, None)
-        self.workers[worker] = WorkerInfo(worker, pid, now, columns=columns)
+        self.workers[worker] = WorkerInfo(worker, pid, now)
         return lost
 
-    def reads_columns(self, worker: str) -> bool:
-        info = self.workers.get(worker)
-        return info is not None and info.columns
-
-    def heartbeat(
-        self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False, columns: bool = False
-    ) -> bool:
+    def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
         """False when an unregistered worker still holds rids (see Scheduler.heartbeat); one without joins."""
         info = self.workers.get(worker)
         if info is not None:
             info.last_seen = now
             info.stalled_s = info.starved_s = 0.0
-            info.columns = columns
             if blocked or step >= info.sent_step:
                 info.waiting_since = None
             elif step > info.answered_step:
@@ -135,7 +127,7 @@ class WorkerRegistry:
             return True
         if load > 0:
             return False
-        self.workers[worker] = WorkerInfo(worker, -1, now, columns=columns)
+        self.workers[worker] = WorkerInfo(worker, -1, now)
         return True
 
     def sent(self, worker: str, step: int, now: float) -> None:

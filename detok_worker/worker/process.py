@@ -196,9 +196,7 @@ class WorkerProcess:
     def _tick(self) -> None:
         now = time.monotonic()
         if now >= self._next_heartbeat:
-            self._send_engine(
-                Heartbeat(self.worker_id, self.state.live_rids, self.last_step, self.blocked_on_front, columns=True)
-            )
+            self._send_engine(Heartbeat(self.worker_id, self.state.live_rids, self.last_step, self.blocked_on_front))
             self._next_heartbeat = now + self.config.worker.heartbeat_interval_s
         if now >= self._next_stats:
             self._send_stats()

@@ -50,7 +50,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
             process = start_process(run_worker, config, WORKER)
             try:
                 identity, hello = engine.expect(Hello, 60)
-                assert identity == WORKER.encode() and hello == Hello(WORKER, process.pid, columns=True)
+                assert identity == WORKER.encode() and hello == Hello(WORKER, process.pid)
                 _, heartbeat = engine.expect(Heartbeat)
                 assert heartbeat.worker == WORKER
                 assert front.wait_for(lambda: WORKER in front.worker_stats, 10)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from detok_worker.bus.codec import encode, engine_decoder, worker_decoder
-from detok_worker.bus.messages import DetokParams, FrontHello, Heartbeat, Hello, Open, RequestParams, Submit, TokenBatch
+from detok_worker.bus.messages import DetokParams, FrontHello, Open, RequestParams, Submit, TokenBatch
 
 
 def test_a_submit_without_the_front_field_decodes_as_front_0():
@@ -34,13 +34,6 @@ def test_an_open_without_the_vocab_size_field_decodes_as_size_0():
     new_frame = encode(TokenBatch(2, 0, [Open("r2", [], DetokParams(), vocab_size=151_936)], []))
     assert msgspec.msgpack.decode(new_frame)[3][0][-1] == 151_936  # the last element of the Open
     assert worker_decoder().decode(new_frame).opens[0].vocab_size == 151_936
-
-
-def test_a_hello_or_heartbeat_without_the_columns_field_decodes_as_a_worker_without_columns():
-    decoder = engine_decoder()
-    assert decoder.decode(msgspec.msgpack.encode(["hello", "w1", 42])) == Hello("w1", 42, columns=False)
-    assert decoder.decode(msgspec.msgpack.encode(["heartbeat", "w1", 3, 7, False])).columns is False
-    assert decoder.decode(encode(Heartbeat("w1", 3, 7, False, columns=True))).columns is True
 
 
 def test_front_hello_decodes_at_the_engine():

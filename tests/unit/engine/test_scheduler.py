@@ -132,7 +132,7 @@ def test_finish_from_owner_stops_generation_stray_finish_is_ignored():
 
 def test_abort_sends_abort_item_to_the_owner_and_frees():
     scheduler = _scheduler()
-    scheduler.hello("w1", 1, 0.0, columns=True)
+    scheduler.hello("w1", 1, 0.0)
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), list(range(10)))
     scheduler.submit("r2", [1], RequestParams(max_tokens=50), list(range(10)))
     _step(scheduler)
@@ -376,22 +376,18 @@ def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
     assert _items(_step(scheduler))["w1"] == [Tokens("asked", [7], "length", None, [_logprob(-2.0)])]
 
 
-def test_only_a_worker_that_reads_columns_gets_them():
-    """A worker older than the columns ignores them (it would lose those ids): it gets every id as an item. The
-    capability comes with Hello, and with heartbeats for a worker that joins an engine that restarted."""
+def test_every_worker_gets_its_usual_ids_in_the_columns():
+    """A worker registered by Hello and one that joined by heartbeat (an engine that restarted) alike."""
     scheduler = _scheduler()
-    scheduler.hello("old", 1, 0.0)
-    scheduler.hello("new", 2, 0.0, columns=True)
-    assert scheduler.heartbeat("joined", 0, 0.0, columns=True)  # an engine restart: it joins by heartbeat
-    for index in range(6):
+    scheduler.hello("hello", 2, 0.0)
+    assert scheduler.heartbeat("joined", 0, 0.0)
+    for index in range(4):
         scheduler.submit(f"r{index}", [1], RequestParams(max_tokens=50), list(range(10)))
     _step(scheduler)
     batches = {plan.worker: plan.batch for plan in _step(scheduler).workers}
-    assert sorted(batches) == ["joined", "new", "old"]
-    assert batches["old"].rids == [] and len(batches["old"].items) == 2
-    for worker in ("new", "joined"):
-        assert len(batches[worker].rids) == 2 and batches[worker].items == []
-    assert all(len(item.ids) == 1 for item in batches["old"].items)
+    assert sorted(batches) == ["hello", "joined"]
+    for batch in batches.values():
+        assert len(batch.rids) == 2 and len(batch.ids) == 2 and batch.items == []
 
 
 def test_the_next_liveness_deadline_is_the_first_moment_a_worker_could_be_declared_lost():
