@@ -87,7 +87,7 @@ class WorkerProcess:
 
     def run(self) -> None:
         log.info("worker %s (pid %d) connecting to %s", self.worker_id, self.pid, self.sockets.endpoints.workers)
-        self._send_engine(Hello(self.worker_id, self.pid, columns=True))
+        self._send_engine(Hello(self.worker_id, self.pid))
         try:
             while not self.stopping:
                 self._tick()
@@ -128,7 +128,7 @@ class WorkerProcess:
         log.warning(
             "worker %s: the engine asked to rejoin (%s); %d stale rids dropped", self.worker_id, reason, len(dropped)
         )
-        self._send_engine(Hello(self.worker_id, self.pid, columns=True))
+        self._send_engine(Hello(self.worker_id, self.pid))
         self._next_heartbeat = time.monotonic()
 
     def _handle_batch(self, batch: TokenBatch, received: float) -> None:
