@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,16 @@ from gateway_procs import MODEL, profile_summary, start_profile
 from sse_client import StreamOutput, StreamStats, install_uvloop, parse_stream, stream_completion
 from tokenizers import Tokenizer
 from vllm_exact import EXACT_COLUMNS, Reference, check_exact, load_reference, save_reference
-from vllm_procs import DESCRIPTIONS, SYSTEMS, System, engine_flags, running_system, tokenizer_vocab, vllm_cpu
+from vllm_procs import (
+    API_SERVER_TITLE,
+    DESCRIPTIONS,
+    SYSTEMS,
+    System,
+    engine_flags,
+    running_system,
+    tokenizer_vocab,
+    vllm_cpu,
+)
 
 PATH = "/v1/completions"
 
@@ -78,12 +88,12 @@ async def run_clients(
 
 def group(role: str) -> str:
     """Which column a front-side process's CPU goes to."""
-    if role.startswith(("vllm-api", "vllm-grpc")):
+    if role.startswith(("vllm-api", "vllm-grpc", API_SERVER_TITLE)):
         return "vllm"
     if role.startswith("worker"):
         return "detok_workers"
-    if role in ("front", "engine", "serve"):
-        return f"detok_{role}"
+    if role.split()[0] in ("front", "engine", "serve"):
+        return f"detok_{role.split()[0]}"
     return "smg" if role == "smg" else "other"
 
 
@@ -116,6 +126,9 @@ def measure(system: System, clients: int, repeat: int, args: argparse.Namespace)
         "short": sum(1 for output in outputs.values() if output.error is None) * args.max_tokens - stats.tokens,
         "load_before": load_before, "load_after": os.getloadavg()[0],
     }  # fmt: skip
+    if system.name.startswith("detok"):  # workers the engine declared lost since the start: must stay 0
+        with urllib.request.urlopen(f"{system.url}/stats", timeout=10) as response:
+            row["lost_workers"] = json.loads(response.read())["engine"].get("lost_workers", 0)
     if args.model_free_step_ms:  # what the paced engine produces when every stream runs at once
         row["offered_tokens_per_s"] = min(clients, args.max_num_seqs) * 1000 / args.model_free_step_ms
         row["delivered_share"] = row["tokens_per_s"] / row["offered_tokens_per_s"]
@@ -188,6 +201,7 @@ COLUMNS = [
     ("cpu_engine_core", "engine core", ".3f"),
     ("cpu_client", "client", ".3f"),
     ("failed", "failed", "d"),
+    ("lost_workers", "lost w.", "d"),
     ("load_before", "load", ".1f"),
 ]
 

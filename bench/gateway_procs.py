@@ -89,7 +89,8 @@ class Service:
             with contextlib.suppress(OSError):
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
                 role = argv[3] if len(argv) > 3 and argv[2] == "detok_worker.cli" else f"child {pid}"
-                found[f"{role} {argv[argv.index('--id') + 1]}" if "--id" in argv else role] = pid
+                key = f"{role} {argv[argv.index('--id') + 1]}" if "--id" in argv else role
+                found[key if key not in found else f"{key} {pid}"] = pid  # several fronts: one key each
         return found
 
     def stop(self) -> None:

@@ -2,7 +2,8 @@
 its engine flags) behind four front ends, each started, found in the process tree and stopped.
 
 Front side = the processes a front end adds to vLLM's engine core: everything in a system's process trees except
-vLLM's `VLLM::EngineCore` and its `VLLM::Worker` (the model), whose CPU is reported apart (it busy-polls)."""
+vLLM's `VLLM::EngineCore`, its `VLLM::Worker` (the model) and `VLLM::DPCoordinator`, whose CPU is reported apart (it
+busy-polls); vLLM's own API servers (`VLLM::APIServer_N` under --api-server-count) are front side."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ DESCRIPTIONS = {
     "detok-vllm": "detok serve --source vllm",
 }
 ENGINE_TITLE = b"VLLM::"  # vLLM's engine core and model worker processes set this process title
+API_SERVER_TITLE = "VLLM::APIServer"  # ... and so do its API servers under --api-server-count: front side
 GRPC_READY = re.compile(r"vLLM gRPC server started on (\S+)")
 START_TIMEOUT_S = 300.0  # an engine start is 30-45 s here; much longer on a loaded machine
 
@@ -101,7 +103,9 @@ class System:
         engine_pids: set[int] = set()
         for role, pid in self.tree().items():
             ppid = parent_pid(pid)
-            if title(pid).encode().startswith(ENGINE_TITLE) or ppid in engine_pids:
+            name = title(pid)
+            in_engine = name.encode().startswith(ENGINE_TITLE) and not name.startswith(API_SERVER_TITLE)
+            if in_engine or ppid in engine_pids:
                 engine_pids.add(pid)
                 engine[role] = pid
             else:

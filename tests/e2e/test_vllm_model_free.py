@@ -192,6 +192,7 @@ def test_both_servers_give_every_request_the_same_ids_and_detok_the_exact_text_t
     after = metric_by_engine(service, "vllm:generation_tokens_total")
     made = {engine: after.get(engine, 0) - before.get(engine, 0) for engine in ("0", "1")}
     assert made["0"] > 0 and made["1"] > 0 and sum(made.values()) == 100 * 48, made
+    assert service.stats()["engine"]["lost_workers"] == 0  # beside a busy-polling engine core, no worker lost
 
 
 def test_the_engines_stop_rules_see_the_model_free_ids_as_vllms_server_does(
