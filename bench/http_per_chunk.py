@@ -31,6 +31,8 @@ from common import HERE, REPO, cpu_seconds, load_average, print_table
 from serve_proc import detok_serve, stop_child, wait_for_url
 from sse_client import StreamStats, stream_completion
 
+TARGET_RATIO = 1.3  # the front's CPU per chunk over the bare server's, at 400 clients
+
 
 def _parent_of(pid: str) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -214,8 +216,8 @@ def run_per_chunk(args: Any) -> list[dict[str, Any]]:
             ],
         )
     for row in rows:
-        verdict = "holds" if row["ratio"] <= 1.1 else "missed"
-        print(f"target front <= 1.1x bare at {row['clients']} clients: {verdict} ({row['ratio']:.2f}x)")
+        verdict = "holds" if row["ratio"] <= TARGET_RATIO else "missed"
+        print(f"target front <= {TARGET_RATIO}x bare at {row['clients']} clients: {verdict} ({row['ratio']:.2f}x)")
     return rows
 
 
