@@ -265,8 +265,9 @@ def settled_generated(service: ServeProcess, since: float) -> tuple[int, float]:
 
 
 def test_a_stop_string_found_by_a_worker_aborts_the_request_in_the_engine(service: ServeProcess) -> None:
-    """Without the abort the engine core would generate the request's 1500 ids; with it, the ids stop a step or
-    two after the stop string."""
+    """Without the abort the engine core would generate the request's 1500 ids (about 11 s here); with it, the ids
+    stop soon after the stop string: a step or two on an idle machine, more when the 2 cores are shared (the bound
+    leaves room for a worker or the engine loop starved for a couple of seconds, and is still far from 1500)."""
     (first,) = asyncio.run(stream_many(service, [seeded(7, 24)]))
     assert first.status == 200 and first.error is None and len(first.text) > 12, first
     stop = first.text[len(first.text) // 2 : len(first.text) // 2 + 3]
@@ -274,7 +275,7 @@ def test_a_stop_string_found_by_a_worker_aborts_the_request_in_the_engine(servic
     (stopped,) = asyncio.run(stream_many(service, [seeded(7, 1500, stop=[stop])]))
     assert stopped.finish_reason == "stop" and stopped.text == first.text[: first.text.find(stop)], stopped
     after, _ = settled_generated(service, time.monotonic())
-    assert after - before < 40
+    assert after - before < 400, f"{after - before} ids generated for a request stopped at id ~12"
 
 
 def test_a_client_that_leaves_is_aborted_in_the_engine_within_a_second(service: ServeProcess) -> None:
