@@ -283,7 +283,9 @@ def test_the_death_of_one_engine_core_ends_the_streams_with_an_error_and_health_
     assert not pid_alive(victim)
     for outcome in outcomes:
         assert outcome.status == 200 and outcome.error is not None, (outcome, service.log())
-        assert "vLLM engine core" in outcome.error["message"]
+        # the engine process's error for its requests, or, when the process is gone before those frames reach the
+        # front, the front's own for an engine that went away: either ends the stream with an error naming the engine
+        assert "engine" in outcome.error["message"], outcome.error
     wait_for(lambda: service.proc.poll() is not None or service.health() != 200, 30, what="/health not 200")
     assert wait_for(lambda: service.proc.poll() is not None, 60, what="detok serve exiting")
     assert service.proc.returncode != 0
