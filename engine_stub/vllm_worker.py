@@ -90,12 +90,11 @@ class ModelFreeWorker(CPUWorker):
         sequences = self.sequences
         for rid in scheduler_output.finished_req_ids:
             sequences.pop(rid, None)
-        for new in scheduler_output.scheduled_new_reqs:
-            params = new.sampling_params
-            sequences[new.req_id] = _Sequence(new.prompt_token_ids or [], params.seed if params else None)
         cached = scheduler_output.scheduled_cached_reqs
         computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         for new in scheduler_output.scheduled_new_reqs:
+            params = new.sampling_params
+            sequences[new.req_id] = _Sequence(new.prompt_token_ids or [], params.seed if params else None)
             computed[new.req_id] = new.num_computed_tokens
         req_ids: list[str] = []
         sampled: list[list[int]] = []

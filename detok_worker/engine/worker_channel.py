@@ -85,7 +85,7 @@ class WorkerChannel:
                 scheduler.hello(worker, message.pid, now)
                 if scheduler.lost_workers > lost_before:
                     log.warning("engine: worker %s restarted; %s", worker, self._lost_note())
-                self._siblings.pop(worker, None)
+                self._forget(worker)  # a new process: its CPU wait is measured afresh
                 if is_sibling(message.pid):
                     self._siblings[worker] = message.pid
                     self._sample_wait(worker, message.pid)
