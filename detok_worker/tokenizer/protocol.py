@@ -183,8 +183,9 @@ class MarksWordStarts(Protocol):
 class BuildsLazily(Protocol):
     """Defers its costliest part (building the library tokenizer) to the first use that needs it."""
 
-    def ensure_built(self) -> object:
-        """Build it now (a process whose first request must not wait for it)."""
+    def ensure_built(self, *, for_encoding: bool = False) -> object:
+        """Build it now (a process whose first request must not wait for it); `for_encoding`: the process encodes
+        prompts, and the backend may build what makes that faster."""
         ...
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import __version__ as tokenizers_version
 
+from detok_worker.tokenizer.backends.hf_tiktoken import TiktokenEncoder
 from detok_worker.tokenizer.backends.hf_token_bytes import hf_token_bytes_table
 from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
@@ -70,6 +71,9 @@ class HFTokenizer(TokenizerBase):
             raise ValueError("HFTokenizer needs a library tokenizer, or a way to build one and its vocabulary facts")
         self._build = build
         self._build_lock = threading.Lock()
+        self._tiktoken_encoder: TiktokenEncoder | None = None
+        self._encoder_lock = threading.Lock()
+        self._encoder_tried = False
         self._source_digest = source_digest  # sha256 of the tokenizer.json it was loaded from, if known
         config = config or {}
         facts = vocab_facts if vocab_facts is not None else read_vocab_facts(self._tokenizer)
@@ -107,9 +111,10 @@ class HFTokenizer(TokenizerBase):
             raise AttributeError(name)
         return self.ensure_built()
 
-    def ensure_built(self) -> RustTokenizer:
+    def ensure_built(self, *, for_encoding: bool = False) -> RustTokenizer:
         """The library tokenizer, built now if its build was deferred (`load_configured_tokenizer(eager=True)`
-        calls this: the front builds it before it serves, so no request waits for it)."""
+        calls this: the front builds it before it serves, so no request waits for it). `for_encoding` also starts
+        building the tiktoken encoder in the background: encodes take the library until it is there."""
         with self._build_lock:
             built = self.__dict__.get("_tokenizer")
             if built is None:
@@ -117,7 +122,19 @@ class HFTokenizer(TokenizerBase):
                 start = time.perf_counter()
                 built = self._tokenizer = self._build()
                 log.info("built the tokenizers tokenizer of %s in %.2f s", self.name, time.perf_counter() - start)
+        if for_encoding:
+            threading.Thread(target=self.build_tiktoken_encoder, name="tiktoken-encoder", daemon=True).start()
         return built
+
+    def build_tiktoken_encoder(self) -> TiktokenEncoder | None:
+        """Build the tiktoken encoder (once): from then on it encodes where it gives the library's ids and offsets
+        (backends/hf_tiktoken.py). None where it would not."""
+        library = self._tokenizer
+        with self._encoder_lock:
+            if not self._encoder_tried:
+                self._tiktoken_encoder = TiktokenEncoder.build(library)
+                self._encoder_tried = True
+        return self._tiktoken_encoder
 
     @staticmethod
     def _read_special_tokens(
@@ -148,6 +165,11 @@ class HFTokenizer(TokenizerBase):
         check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        fast = self._tiktoken_encoder
+        if fast is not None and isinstance(text, str) and (fast.adds_nothing or not add_special_tokens):
+            encoding = fast.encode(text)
+            if encoding is not None:
+                return encoding
         if len(text) > GIL_FREE_ENCODE_CHARS:  # a long prompt must not freeze the front's event loop
             return self.encode_batch([text], add_special_tokens)[0]
         encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -63,5 +63,5 @@ def load_configured_tokenizer(config: DetokConfig, *, eager: bool = False) -> To
         model_encodings=settings.model_encodings or None,
     )
     if eager and isinstance(tokenizer, BuildsLazily):
-        tokenizer.ensure_built()
+        tokenizer.ensure_built(for_encoding=True)
     return tokenizer
