@@ -326,31 +326,3 @@ def test_ids_past_a_workers_stop_are_not_generation_tokens() -> None:
     values = json.loads(result.stdout.strip().splitlines()[-1])
     # A: 2 (kept), B: 3 (its client left: generated, not finished), C: 3 (ended by the engine), D and E: 1 and 2
     assert values == {"generated": 11, "stop": 3, "length": 1, "abort": 0, "finished ids": 8, "finished n": 4}
-
-
-def test_data_parallel_engines_each_have_their_series_and_every_front_shows_them() -> None:
-    """`--data-parallel-size 2`: two engine cores, each step recorded under its own `engine` label; with
-    `--api-server-count 2` (two fronts on one port) a scrape shows the same `vllm:` values whichever front answers
-    (as vLLM's multiprocess mode: one set of files)."""
-    service = detok_vllm(engine_flags=("--data-parallel-size", "2", "--api-server-count", "2"))
-    try:
-        with httpx.Client(base_url=service.url, timeout=120) as client:
-            for seed in range(6):
-                body = {"model": SERVED_NAME, "prompt": f"Story {seed}", "max_tokens": 8, "temperature": 1.0}
-                response = client.post("/v1/completions", json={**body, "seed": seed})
-                assert response.status_code == 200, response.text
-            scraped = asyncio.run(wait_idle(lambda: scrape(client)))
-        fronts: set[int] = set()
-        views = []
-        for _ in range(12):  # a new connection each time: the kernel spreads them over the two fronts
-            with httpx.Client(base_url=service.url, timeout=30) as fresh:
-                fronts.add(fresh.get("/stats").json()["front"]["pid"])
-                views.append(scrape(fresh)["samples"])
-    finally:
-        service.stop()
-    engines = {dict(labels).get("engine") for name, labels in scraped["samples"] if name == "vllm:num_requests_running"}
-    assert engines == {"0", "1"}
-    assert total(scraped, "vllm:request_success_total", finished_reason="length") == 6  # wherever each one ran
-    assert total(scraped, "vllm:generation_tokens_total") == 6 * 8
-    assert len(fronts) == 2, "every connection went to one front: the check below would compare it with itself"
-    assert all(view == scraped["samples"] for view in views)

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.fault_helpers import Outcome, bounded, http_client, stream_completion
+from helpers.metrics_scrape import Samples, scrape, total
 from helpers.serve_helpers import REPO, ServeProcess, children_of, pid_alive, wait_for
 from helpers.tokenizer_files import reference_hf_tokenizer
 from helpers.vllm_cpu import (
@@ -44,6 +45,7 @@ STEP_MS = 15  # a GPU decode step
 MODEL_FREE = ("--worker-cls", MODEL_FREE_WORKER)
 MODEL_FREE_ENV = {MODEL_FREE_STEP_ENV: str(STEP_MS), "PYTHONPATH": str(REPO)}
 DATA_PARALLEL = ("--data-parallel-size", "2")
+TWO_FRONTS = ("--api-server-count", "2")  # on one host
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ class DataParallelService:
     def __init__(self, hosts: int) -> None:
         self.second_host = SecondHost() if hosts == 2 else None
         self.headless: subprocess.Popen[bytes] | None = None
-        flags = (*MODEL_FREE, *DATA_PARALLEL)
+        flags = (*MODEL_FREE, *DATA_PARALLEL, *(TWO_FRONTS if hosts == 1 else ()))
         try:
             if self.second_host is not None:
                 rpc_port = 20000 + os.getpid() % 20000
@@ -254,6 +256,49 @@ def test_clients_that_leave_are_aborted_on_the_engine_core_that_runs_them(servic
         what="every core's running count back to 0",
     )
     assert time.monotonic() - left_at < 5.0
+
+
+def vllm_samples(url: str) -> Samples:
+    """The `vllm:` samples of one scrape (creation times aside: multiprocess mode has none)."""
+    return {key: value for key, value in scrape(url).items() if key[0].startswith("vllm:") and "_created" not in key[0]}
+
+
+def test_each_engine_core_has_its_own_series_and_every_front_shows_the_same(data_parallel: DataParallelService) -> None:
+    """Every step is recorded under its engine core's `engine` label; on one host, with `--api-server-count 2`
+    (two fronts on one port), a scrape shows the same `vllm:` values whichever front answers (vLLM's multiprocess
+    mode: one set of files)."""
+    service = data_parallel.serve
+    before = vllm_samples(service.url)
+    with httpx.Client(base_url=service.url, timeout=120) as client:
+        for seed in range(6):
+            response = client.post("/v1/completions", json=seeded(seed, 8, temperature=1.0))
+            assert response.status_code == 200, response.text
+
+    last: list[Samples] = []
+
+    def settled() -> Samples | None:
+        """Both cores idle, the 48 tokens counted, and the same values as half a second ago (a step's stats are
+        recorded just after its text went out)."""
+        samples = vllm_samples(service.url)
+        idle = total(samples, "vllm:num_requests_running") == 0 == total(samples, "vllm:num_requests_waiting")
+        tokens = total(samples, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
+        steady = last == [samples]
+        last[:] = [samples]
+        return samples if idle and tokens == 6 * 8 and steady else None
+
+    scraped = wait_for(settled, 30, interval=0.5, what="the 48 generated tokens counted and both cores idle")
+    engines = {dict(labels).get("engine") for name, labels in scraped if name == "vllm:num_requests_running"}
+    assert engines == {"0", "1"}
+    finished = total(scraped, "vllm:request_success_total", finished_reason="length")
+    assert finished - total(before, "vllm:request_success_total", finished_reason="length") == 6
+    fronts: set[int] = set()
+    views = []
+    for _ in range(12):  # a new connection each time: the kernel spreads them over the fronts
+        with httpx.Client(base_url=service.url, timeout=30) as fresh:
+            fronts.add(fresh.get("/stats").json()["front"]["pid"])
+        views.append(vllm_samples(service.url))
+    assert len(fronts) == (1 if data_parallel.second_host else 2)
+    assert all(view == scraped for view in views)
 
 
 def test_the_death_of_one_engine_core_ends_the_streams_with_an_error_and_health_says_so(
