@@ -38,6 +38,9 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
         an added token gives its content (stream/decode/added_tokens.py).
     tool_function: the function a chat tool_choice names (tool_call_parser "tool_choice_function"): the output is
         its arguments.
+    tool_parameter_types: for a tool-call parser that reads the request's tools (the XML-parameter families), its
+        function tools as compact JSON, {function: {parameter: [JSON types]}} for the parameters that are not
+        strings (parse/tool_types.py); "" = no tools.
     """
 
     stop: list[str] = []
@@ -50,6 +53,7 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
     return_token_ids: bool = False
     spaces_between_special_tokens: bool = True
     tool_function: str = ""
+    tool_parameter_types: str = ""
 
 
 # Constraint kinds (vLLM's StructuredOutputsParams; the token-only gRPC API's `constraint` oneof).

@@ -30,11 +30,13 @@ from detok_worker.parse.registry import (
     NAMED_CALL,
     NEEDS_SPECIAL_TOKENS,
     REQUIRED_CALLS,
+    SCHEMA_TOOL_CALL_PARSERS,
     THINKING_SWITCHED,
     ParserError,
     check_names,
     resolve,
 )
+from detok_worker.parse.tool_types import parameter_types
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -102,8 +104,13 @@ class ParserChoice:
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")
         if not (reasoning or tool_calls):
             return params
+        types = parameter_types(body.tools) if tool_calls in SCHEMA_TOOL_CALL_PARSERS else ""
         detok = msgspec.structs.replace(
-            params.detok, reasoning_parser=reasoning, tool_call_parser=tool_calls, tool_function=function
+            params.detok,
+            reasoning_parser=reasoning,
+            tool_call_parser=tool_calls,
+            tool_function=function,
+            tool_parameter_types=types,
         )
         if {reasoning, tool_calls} & NEEDS_SPECIAL_TOKENS:
             detok = msgspec.structs.replace(detok, skip_special_tokens=False)

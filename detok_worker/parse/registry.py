@@ -4,7 +4,8 @@ A request names at most one reasoning parser and one tool-call parser (DetokPara
 tool_call_parser). Its OutputParser chains them: the reasoning stage's content is the tool stage's input.
 Harmony (gpt-oss) does both in one stage, since its channels carry both. A chat `tool_choice` that forces calls
 ("required", or a named function) replaces the tool-call parser with the stage for that output (REQUIRED_CALLS,
-NAMED_CALL); those two are not parsers a configuration names.
+NAMED_CALL); those two are not parsers a configuration names. The XML-parameter families (SCHEMA_TOOL_CALL_PARSERS)
+type their arguments by the request's tools (DetokParams.tool_parameter_types).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from detok_worker.parse.tool_calls import (
     RequiredCalls,
     TaggedJsonCalls,
 )
+from detok_worker.parse.tool_types import ToolTypes
+from detok_worker.parse.xml_calls import GLM47, MINIMAX_M2, QWEN3_CODER, XmlCalls
 
 AUTO = "auto"
 HARMONY = "gpt_oss"
@@ -63,8 +66,15 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     ),
     HARMONY: lambda: HarmonyStage(reasoning=False),
 }
+# tool-call parsers that read the request's tools (the names a call may take, its parameters' types): name -> stage
+SCHEMA_TOOL_CALL_PARSERS: dict[str, Callable[[ToolTypes], TextStage]] = {
+    "qwen3_coder": lambda tools: XmlCalls(QWEN3_CODER, tools),
+    "glm45": lambda tools: XmlCalls(GLM47, tools),  # vLLM 0.32 reads GLM-4.5 to 4.7 with one parser
+    "glm47": lambda tools: XmlCalls(GLM47, tools),
+    "minimax_m2": lambda tools: XmlCalls(MINIMAX_M2, tools),
+}
 # Parsers whose markers are special tokens: the worker must decode them (skip_special_tokens false), as vLLM does.
-NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json", "deepseek_v31"})
+NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json", "deepseek_v31", "glm45", "glm47", "minimax_m2"})
 
 # family markers (tokens of the vocabulary) -> parser, in order; the first family found wins
 _REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -74,6 +84,8 @@ _REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 _TOOL_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "<|message|>"), HARMONY),
+    (("<tool_call>", "<arg_key>", "<arg_value>"), "glm47"),  # before hermes: GLM's vocabulary has <tool_call> too
+    (("<minimax:tool_call>", "</minimax:tool_call>"), "minimax_m2"),
     (("<tool_call>", "</tool_call>"), "hermes"),
     (("[TOOL_CALLS]",), "mistral"),
     (("<|python_tag|>",), "llama3_json"),
@@ -88,8 +100,9 @@ def check_names(reasoning: str, tool_calls: str) -> None:
     """Raise ParserError for a name no parser has ("" means none)."""
     if reasoning and reasoning not in REASONING_PARSERS:
         raise ParserError(f"unknown reasoning parser {reasoning!r}; known: {', '.join(sorted(REASONING_PARSERS))}")
-    if tool_calls and tool_calls not in TOOL_CALL_PARSERS and tool_calls not in (REQUIRED_CALLS, NAMED_CALL):
-        raise ParserError(f"unknown tool-call parser {tool_calls!r}; known: {', '.join(sorted(TOOL_CALL_PARSERS))}")
+    known = TOOL_CALL_PARSERS.keys() | SCHEMA_TOOL_CALL_PARSERS.keys()
+    if tool_calls and tool_calls not in known and tool_calls not in (REQUIRED_CALLS, NAMED_CALL):
+        raise ParserError(f"unknown tool-call parser {tool_calls!r}; known: {', '.join(sorted(known))}")
 
 
 def family_parser(token_to_id: Callable[[str], int | None], families: Sequence[tuple[tuple[str, ...], str]]) -> str:
@@ -130,10 +143,11 @@ class StagedParser(OutputParser):
 
 
 def create_parser(
-    reasoning: str, tool_calls: str, prompt_tail_text: str = "", tool_function: str = ""
+    reasoning: str, tool_calls: str, prompt_tail_text: str = "", tool_function: str = "", tool_types: str = ""
 ) -> OutputParser | None:
-    """The parser of one request (None when it names none); `tool_function`: the function of NAMED_CALL. Raises
-    ParserError for an unknown name."""
+    """The parser of one request (None when it names none); `tool_function`: the function of NAMED_CALL;
+    `tool_types`: the request's tools for SCHEMA_TOOL_CALL_PARSERS (tool_types.parameter_types). Raises ParserError
+    for an unknown name or tool types that do not decode."""
     check_names(reasoning, tool_calls)
     if reasoning == HARMONY or tool_calls == HARMONY:
         return StagedParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
@@ -144,6 +158,12 @@ def create_parser(
         stages.append(RequiredCalls())
     elif tool_calls == NAMED_CALL:
         stages.append(NamedCall(tool_function))
+    elif tool_calls in SCHEMA_TOOL_CALL_PARSERS:
+        try:
+            tools = ToolTypes.from_json(tool_types)
+        except ValueError as exc:
+            raise ParserError(str(exc)) from exc
+        stages.append(SCHEMA_TOOL_CALL_PARSERS[tool_calls](tools))
     elif tool_calls:
         stages.append(TOOL_CALL_PARSERS[tool_calls]())
     return StagedParser(stages) if stages else None

@@ -67,7 +67,9 @@ def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int
     if not (params.reasoning_parser or params.tool_call_parser):
         return None
     tail_text = decode_text(tokenizer, prompt_tail) if prompt_tail else ""
-    parser = create_parser(params.reasoning_parser, params.tool_call_parser, tail_text, params.tool_function)
+    parser = create_parser(
+        params.reasoning_parser, params.tool_call_parser, tail_text, params.tool_function, params.tool_parameter_types
+    )
     if parser is None:
         return None
     stop_filter = None

@@ -13,7 +13,12 @@ The tokenizers: Qwen3 (embedded), DeepSeek-V3 for DeepSeek-R1 and V3.1's tool ca
 SentencePiece Mistral v1 fixture, whose vocabulary has no `[TOOL_CALLS]` token (the marker is plain text there). No
 Llama-3 tokenizer is available offline (its licence keeps it out of the repo, see
 tests/fixtures/tokenizers/LICENSES.md): the Llama-3 JSON tool-call output (`<|python_tag|>` + JSON calls) is written
-on the byte-level DeepSeek-V3 fixture, where `<|python_tag|>` is plain text, not a special token.
+on the byte-level DeepSeek-V3 fixture, where `<|python_tag|>` is plain text, not a special token. No GLM or MiniMax
+tokenizer is available offline either: their outputs are written on the DeepSeek-V3 fixture with each family's
+markers added as special tokens (helpers/fixtures.py MARKED_FIXTURES), so the front must decode them
+(`skip_special_tokens` off for those parsers). The requests offer tools with typed parameters
+(helpers/parse_cases.py TOOLS): the XML-parameter families' arguments (`"days": 3`, not `"3"`) show that the tools'
+types reach the worker's parser.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from typing import Any
 
 import openai
 import pytest
-from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from helpers.parse_cases import CASES, OutputCase, calls_of, case_ids, random_splits, whole_parse
+from helpers.fixtures import fixture_dir, load_fixture_tokenizer
+from helpers.parse_cases import CASES, TOOLS, OutputCase, calls_of, case_ids, random_splits, whole_parse
 from helpers.serve_helpers import ServeProcess, serving
 
 from detok_worker.bus.messages import RequestParams
@@ -43,6 +48,9 @@ FAMILIES = {
     "llama3": ["llama3-json"],
     "mistral": ["mistral", "mistral-v11"],  # [TOOL_CALLS][{...}] and the v11+ [TOOL_CALLS]name[ARGS]{...}
     "deepseek-v31": ["deepseek-v31-tools"],  # the markers are special tokens of the V3 vocabulary
+    "qwen3-coder": ["qwen3-coder-tools"],  # XML parameters, typed by the request's tools
+    "glm": ["glm47-tools"],
+    "minimax": ["minimax-m2-tools"],
 }
 # The gpt-oss and Mistral fixtures ship no chat template: the shape of the model's own (only the prompt's end
 # matters here, and the cases' prompt_tail is what these render).
@@ -51,16 +59,6 @@ CHAT_TEMPLATES = {
     "<|start|>assistant",
     "mistral": "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}",
 }
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-    for name in ("get_weather", "get_time", "time")
-]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 Calls = list[tuple[str, str]]
 
@@ -118,7 +116,7 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         template.write_text(CHAT_TEMPLATES[request.param])
         template_flags = ["--set", f"tokenizer.chat_template={template}"]
     serve = ServeProcess(
-        "--workers", "1", "--tokenizer", str(FIXTURE_TOKENIZER_DIRS[tokenizer_name]),
+        "--workers", "1", "--tokenizer", str(fixture_dir(tokenizer_name)),
         "--source", "trace", "--trace", str(path), "--replay-speed", "1", "--step-interval-ms", "1",
         *parser_flags(cases), *template_flags,
     )  # fmt: skip

@@ -12,7 +12,8 @@ from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, TextDelta, TokenBatch, Tokens
 from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
 from detok_worker.parse.base import ParsedOutput
-from detok_worker.parse.registry import create_parser
+from detok_worker.parse.registry import SCHEMA_TOOL_CALL_PARSERS, create_parser
+from detok_worker.parse.tool_types import parameter_types
 from detok_worker.trace.format import TraceWriter, make_header
 from detok_worker.worker.state import WorkerState
 from helpers.fixtures import load_fixture_tokenizer
@@ -36,6 +37,15 @@ class OutputCase:
     skip_special_tokens: bool = True
 
 
+# the tools every recorded case's request offers (the XML-parameter families type the arguments by them)
+TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
+    for name, properties in (
+        ("get_weather", {"city": {"type": "string"}, "days": {"type": "integer"}}),
+        ("get_time", {"tz": {"type": "string"}}),
+        ("time", {}),
+    )
+]
 QWEN_TOOL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
 CASES = [
     OutputCase(
@@ -119,6 +129,32 @@ CASES = [
         "<｜end▁of▁sentence｜>", "", "deepseek_v31", reasoning="", content="Let me check.",
         tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}'), ("get_time", '{"tz": "CET"}')],
     ),
+    OutputCase(  # Qwen3-Coder: the embedded Qwen3 vocabulary is its own (<tool_call> a token, <function= text)
+        "qwen3-coder-tools", "qwen3", "<|im_start|>assistant\n",
+        "I'll check both.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n巴黎 ☀️ <b>\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+        "<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>",
+        "<|im_end|>", "", "qwen3_coder", reasoning="", content="I'll check both.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️ <b>", "days": 3}'), ("get_time", '{"tz": "CET"}')],
+    ),
+    OutputCase(  # GLM-4.5 to 4.7 (no GLM tokenizer offline: DeepSeek-V3's with GLM's markers as special tokens)
+        "glm47-tools", "glm-markers", "<|assistant|>",
+        "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>巴黎 ☀️</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n<arg_key>tz</arg_key>"
+        "\n<arg_value>CET</arg_value>\n</tool_call>",
+        "<|user|>", "", "glm47", reasoning="", content="Let me check.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️", "days": 3}'), ("get_time", '{"tz": "CET"}')],
+        skip_special_tokens=False,
+    ),
+    OutputCase(  # MiniMax-M2 (no MiniMax tokenizer offline: the DeepSeek-V3 fixture with its markers as special tokens)
+        "minimax-m2-tools", "minimax-markers", "]~b]ai\n",
+        'Checking.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">巴黎 ☀️</parameter>\n'
+        '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_time">\n<parameter name="tz">CET'
+        "</parameter>\n</invoke>\n</minimax:tool_call>",
+        "[e~[", "", "minimax_m2", reasoning="", content="Checking.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️", "days": 3}'), ("get_time", '{"tz": "CET"}')],
+        skip_special_tokens=False,
+    ),
     OutputCase(
         "mistral", "mistral-sp-v1", "[/INST]",
         'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
@@ -154,14 +190,23 @@ def params_of(tokenizer: Any, case: OutputCase) -> DetokParams:
         skip_special_tokens=case.skip_special_tokens,
         reasoning_parser=case.reasoning_parser,
         tool_call_parser=case.tool_call_parser,
+        tool_parameter_types=tool_types_of(case),
     )
+
+
+def tool_types_of(case: OutputCase) -> str:
+    """What the front gives the worker of the request's TOOLS for the case's parser."""
+    return parameter_types(TOOLS) if case.tool_call_parser in SCHEMA_TOOL_CALL_PARSERS else ""
 
 
 def whole_parse(tokenizer: Any, case: OutputCase) -> ParsedOutput:
     """The parser on the full decode, in one piece (no stop strings: cases with stops check the expected split)."""
     tail, ids = case_ids(tokenizer, case)
     parser = create_parser(
-        case.reasoning_parser, case.tool_call_parser, tokenizer.decode(tail, skip_special_tokens=False)
+        case.reasoning_parser,
+        case.tool_call_parser,
+        tokenizer.decode(tail, skip_special_tokens=False),
+        tool_types=tool_types_of(case),
     )
     assert parser is not None
     skip = case.skip_special_tokens

@@ -1,7 +1,7 @@
-"""The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens and
-tool_function, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words, prompt_logprobs and
-thinking_token_budget, RequestParams' priority, cache_salt, session_id and report_cached; and the engine's
-PromptLogprobs and PromptCached messages to the front. Each field is the last of its array-like struct (in the
+"""The bus fields of vLLM's request fields: DetokParams' return_token_ids, spaces_between_special_tokens,
+tool_function and tool_parameter_types, TextDelta.token_ids, SamplingParams' allowed_token_ids, bad_words,
+prompt_logprobs and thinking_token_budget, RequestParams' priority, cache_salt, session_id and report_cached; and the
+engine's PromptLogprobs and PromptCached messages to the front. Each field is the last of its array-like struct (in the
 order added), with a default, so frames of peers that predate it still decode (as "not asked"), and new frames
 carry it last."""
 
@@ -48,7 +48,9 @@ def test_new_fields_travel_last() -> None:
         stream_interval=3,
         logprob_token_ids=[4, 2],
     )
-    detok = DetokParams(return_token_ids=True, spaces_between_special_tokens=False, tool_function="f")
+    detok = DetokParams(
+        return_token_ids=True, spaces_between_special_tokens=False, tool_function="f", tool_parameter_types='{"f":{}}'
+    )
     params = RequestParams(
         3,
         detok,
@@ -64,8 +66,8 @@ def test_new_fields_travel_last() -> None:
     raw = msgspec.msgpack.decode(frame)
     # RequestParams: ..., cache_salt, engine_max_tokens, lora, session_id, report_cached
     assert raw[3][-6:] == [-2, "s1", True, "adapter", "c", True]
-    # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function
-    assert raw[3][1][-3:] == [True, False, "f"]
+    # DetokParams: ..., return_token_ids, spaces_between_special_tokens, tool_function, tool_parameter_types
+    assert raw[3][1][-4:] == [True, False, "f", '{"f":{}}']
     # SamplingParams: ..., bad_words, prompt_logprobs, thinking_token_budget, extra_args, stream_interval,
     # logprob_token_ids
     assert raw[3][3][-6:] == [["no"], -1, 8, {"k": 1}, 3, [4, 2]]
