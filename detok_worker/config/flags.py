@@ -124,7 +124,12 @@ def add_front_flags(parser: argparse.ArgumentParser) -> None:
     add_override_flag(group, "--host", "front.host", "HTTP listen address")
     add_override_flag(group, "--port", "front.port", "HTTP port (0 = pick a free one)", type=int)
     add_override_flag(group, "--fronts", "front.processes", "front processes sharing the port (detok serve)", type=int)
-    add_override_flag(group, "--reasoning-parser", "front.reasoning_parser", "qwen3, deepseek_r1, gpt_oss, auto, none")
+    add_override_flag(
+        group,
+        "--reasoning-parser",
+        "front.reasoning_parser",
+        "qwen3, deepseek_r1, gpt_oss, glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3, granite, auto, none",
+    )
     add_override_flag(
         group,
         "--tool-call-parser",

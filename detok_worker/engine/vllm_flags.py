@@ -39,7 +39,11 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 # vLLM's LoRA resolver plugins: a request naming an unknown model loads an adapter of that name from there
 LORA_RESOLVER_ENVS = ("VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST")
 # vLLM's parser names -> detok's parser of the same output format
-REASONING_PARSERS = {"qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss"}
+REASONING_PARSERS = {
+    "qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss",
+    "glm45": "glm45", "glm47": "glm45", "kimi_k2": "kimi_k2", "minimax_m2": "minimax_m2",
+    "minimax_m2_append_think": "minimax_m2_append_think", "olmo3": "olmo3", "granite": "granite",
+}  # fmt: skip
 TOOL_CALL_PARSERS = {
     "hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "openai": "gpt_oss",
     "deepseek_v31": "deepseek_v31",

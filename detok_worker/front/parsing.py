@@ -79,10 +79,10 @@ class ParserChoice:
             return REQUIRED_CALLS
         return NAMED_CALL if isinstance(choice, dict) else ""
 
-    def thinking(self, body: ChatCompletionRequest) -> bool:
-        """The chat's `enable_thinking` template argument (the request's over the server's), as vLLM's parsers read
-        it: thinking unless it is given and false."""
-        return bool(merged_template_kwargs(body, self.template_kwargs).get("enable_thinking", True))
+    def thinking(self, body: ChatCompletionRequest, reasoning: str) -> bool:
+        """Whether the chat's template arguments (the request's over the server's) leave thinking on, as vLLM's
+        parser of that family (a parser in THINKING_SWITCHED) reads them."""
+        return THINKING_SWITCHED[reasoning](merged_template_kwargs(body, self.template_kwargs))
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named; a request with tools that no parser reads is refused where
@@ -98,7 +98,7 @@ class ParserChoice:
             raise bad_request(message, "tool_choice")
         forced = "" if self.parser_reads_forced else self.forced_shape(body)
         reasoning = self.reasoning
-        if reasoning in THINKING_SWITCHED and not self.thinking(body):
+        if reasoning in THINKING_SWITCHED and not self.thinking(body, reasoning):
             reasoning = ""
         function = str((body.tool_choice.get("function") or {}).get("name") or "") if forced == NAMED_CALL else ""
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")

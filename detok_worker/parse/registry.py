@@ -10,13 +10,16 @@ type their arguments by the request's tools (DetokParams.tool_parameter_types).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
 from detok_worker.parse.harmony import HarmonyStage
 from detok_worker.parse.reasoning import (
     THINK_END,
     THINK_START,
+    CountedMarkers,
+    PrefixedContent,
     ReasoningTokenCount,
     ThinkStage,
     ThinkState,
@@ -37,6 +40,15 @@ AUTO = "auto"
 HARMONY = "gpt_oss"
 REQUIRED_CALLS = "tool_choice_required"  # the output is a JSON array of calls
 NAMED_CALL = "tool_choice_function"  # the output is the arguments of DetokParams.tool_function
+# Kimi-K2's tool-call markers (special tokens)
+KIMI_CALLS_BEGIN, KIMI_CALLS_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+KIMI_CALL_BEGIN, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+KIMI_ARGUMENTS_BEGIN = "<|tool_call_argument_begin|>"
+GLM_CALL_BEGIN, GLM_CALL_END = "<tool_call>", "</tool_call>"
+MINIMAX_CALLS_BEGIN, MINIMAX_CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
+# Granite's reasoning starts and ends with a phrase, each in two spellings
+GRANITE_REASONING_START = ("Here is my thought process:", "Here's my thought process:")
+GRANITE_REASONING_END = ("Here is my response:", "Here's my response:")
 
 # name -> stage factory taking the decoded end of the prompt
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
@@ -46,13 +58,57 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     # the front does not name it (THINKING_SWITCHED)
     "qwen3_vllm": lambda prompt_tail: ThinkStage(ThinkState.OPENING_TO_REASONING, absorb=True),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
+    # vLLM 0.32's parsers of these families read no prompt either (the first three: its parser engine's rules)
+    "glm45": lambda prompt_tail: ThinkStage(
+        ThinkState.OPENING_TO_REASONING, absorb=True, reopen=True, implicit_ends=(GLM_CALL_BEGIN,), trim=True
+    ),
+    "kimi_k2": lambda prompt_tail: ThinkStage(
+        ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(KIMI_CALLS_BEGIN,), trim=True
+    ),
+    "minimax_m2": lambda prompt_tail: ThinkStage(
+        ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(MINIMAX_CALLS_BEGIN,), trim=True
+    ),
+    "minimax_m2_append_think": lambda prompt_tail: PrefixedContent(THINK_START),
+    "olmo3": lambda prompt_tail: ThinkStage(ThinkState.OPENING_TO_REASONING),
+    "granite": lambda prompt_tail: ThinkStage(
+        ThinkState.OPENING_TO_CONTENT, GRANITE_REASONING_START, GRANITE_REASONING_END
+    ),
 }
-# the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> `until_end`
-# (ReasoningTokenCount)
-COUNTED_REASONING = {"qwen3_vllm": True, "deepseek_r1": False}
-# reasoning parsers that a chat's `enable_thinking` template argument turns off (vLLM's parser of that family reads
-# it from the request's chat_template_kwargs): with thinking off the whole output is content
-THINKING_SWITCHED = frozenset({"qwen3_vllm"})
+# the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> the marker
+# tokens it counts by (ReasoningTokenCount); None: vLLM's parser counts none (0)
+COUNTED_REASONING: dict[str, CountedMarkers | None] = {
+    "qwen3_vllm": CountedMarkers(),
+    "deepseek_r1": CountedMarkers(pairs=True),
+    "glm45": CountedMarkers(tool_call=(GLM_CALL_BEGIN, GLM_CALL_END)),
+    "kimi_k2": CountedMarkers(
+        ends=(THINK_END, KIMI_CALLS_BEGIN), aside=(KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_ARGUMENTS_BEGIN, KIMI_CALL_END)
+    ),
+    "minimax_m2": CountedMarkers(ends=(THINK_END, MINIMAX_CALLS_BEGIN), aside=(MINIMAX_CALLS_END,)),
+    "minimax_m2_append_think": None,
+    "olmo3": None,
+    "granite": None,
+}
+
+
+def _enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
+    """vLLM's qwen3: thinking unless `enable_thinking` is given and false."""
+    return bool(template_kwargs.get("enable_thinking", True))
+
+
+def _thinking_or_enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
+    """vLLM's glm45 and kimi_k2: thinking unless `thinking` or `enable_thinking` is given, and then if one is true."""
+    given = [template_kwargs.get(key) for key in ("thinking", "enable_thinking")]
+    return all(value is None for value in given) or any(bool(value) for value in given)
+
+
+# reasoning parsers that a chat's template arguments turn off (vLLM's parser of that family reads them from the
+# request's chat_template_kwargs) -> whether the arguments leave thinking on; with thinking off the whole output is
+# content
+THINKING_SWITCHED: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "qwen3_vllm": _enable_thinking,
+    "glm45": _thinking_or_enable_thinking,
+    "kimi_k2": _thinking_or_enable_thinking,
+}
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
     "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
@@ -74,7 +130,10 @@ SCHEMA_TOOL_CALL_PARSERS: dict[str, Callable[[ToolTypes], TextStage]] = {
     "minimax_m2": lambda tools: XmlCalls(MINIMAX_M2, tools),
 }
 # Parsers whose markers are special tokens: the worker must decode them (skip_special_tokens false), as vLLM does.
-NEEDS_SPECIAL_TOKENS = frozenset({HARMONY, "mistral", "llama3_json", "deepseek_v31", "glm45", "glm47", "minimax_m2"})
+# vLLM's parser-engine families (glm45, kimi_k2, minimax_m2) always decode them so.
+NEEDS_SPECIAL_TOKENS = frozenset(
+    {HARMONY, "mistral", "llama3_json", "deepseek_v31", "glm45", "glm47", "minimax_m2", "kimi_k2"}
+)
 
 # family markers (tokens of the vocabulary) -> parser, in order; the first family found wins
 _REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -169,18 +228,20 @@ def create_parser(
     return StagedParser(stages) if stages else None
 
 
-def reasoning_token_count(
-    reasoning: str, prompt_tail_text: str, token_to_id: Callable[[str], int | None]
-) -> ReasoningTokenCount | None:
-    """The count of a request's reasoning tokens, for a parser in COUNTED_REASONING whose markers are tokens of the
-    tokenizer; else None."""
-    until_end = COUNTED_REASONING.get(reasoning)
-    if until_end is None:
+def reasoning_token_count(reasoning: str, token_to_id: Callable[[str], int | None]) -> ReasoningTokenCount | None:
+    """The count of a request's reasoning tokens, for a parser in COUNTED_REASONING that counts by markers, when
+    they are all tokens of the tokenizer; else None (none counted)."""
+    markers = COUNTED_REASONING.get(reasoning)
+    if markers is None:
         return None
-    start, end = token_to_id(THINK_START), token_to_id(THINK_END)
-    if start is None or end is None:
-        return None
-    counting = reasoning in THINKING_SWITCHED or (
-        initial_state(prompt_tail_text, ThinkState.OPENING_TO_REASONING) is not ThinkState.CONTENT
+    ids: list[int] = []
+    tool_call = markers.tool_call or ()
+    for marker in (markers.start, *markers.ends, *tool_call, *markers.aside):
+        token_id = token_to_id(marker)
+        if token_id is None:
+            return None
+        ids.append(token_id)
+    ends, rest = ids[1 : 1 + len(markers.ends)], ids[1 + len(markers.ends) :]
+    return ReasoningTokenCount(
+        ids[0], ends, pairs=markers.pairs, tool_call_ids=tuple(rest[: len(tool_call)]), aside_ids=rest[len(tool_call) :]
     )
-    return ReasoningTokenCount(start, end, until_end=until_end, counting=counting)

@@ -77,5 +77,5 @@ def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int
         stops = tuple(dict.fromkeys(params.stop))
         hidden, visible = ((), stops) if params.include_stop_str_in_output else (stops, ())
         stop_filter = StopStringFilter(compile_stop_strings(hidden, visible))
-    counter = reasoning_token_count(params.reasoning_parser, tail_text, tokenizer.token_to_id)
+    counter = reasoning_token_count(params.reasoning_parser, tokenizer.token_to_id)
     return RidParsing(parser, stop_filter, reasoning_tokens=counter)

@@ -18,7 +18,8 @@ tokenizer is available offline either: their outputs are written on the DeepSeek
 markers added as special tokens (helpers/fixtures.py MARKED_FIXTURES), so the front must decode them
 (`skip_special_tokens` off for those parsers). The requests offer tools with typed parameters
 (helpers/parse_cases.py TOOLS): the XML-parameter families' arguments (`"days": 3`, not `"3"`) show that the tools'
-types reach the worker's parser.
+types reach the worker's parser. Olmo 3's and Granite's reasoning markers are plain text: their outputs are written on
+the DeepSeek-V3 fixture.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ FAMILIES = {
     "qwen3-coder": ["qwen3-coder-tools"],  # XML parameters, typed by the request's tools
     "glm": ["glm47-tools"],
     "minimax": ["minimax-m2-tools"],
+    "glm45-think": ["glm45-think-tools"],  # glm45 reasoning, then its calls
+    "minimax-m2-think": ["minimax-m2-think-tools"],  # minimax_m2 reasoning (no opening marker), then its calls
+    "minimax-m2-append-think": ["minimax-m2-append-think"],
+    "olmo3": ["olmo3-think"],
+    "granite": ["granite-think"],
 }
 # The gpt-oss and Mistral fixtures ship no chat template: the shape of the model's own (only the prompt's end
 # matters here, and the cases' prompt_tail is what these render).

@@ -40,6 +40,12 @@ MARKED_FIXTURES: dict[str, tuple[str, tuple[str, ...]]] = {
         "deepseek-v3",
         ("[e~[", "]~b]", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
     ),
+    "kimi-markers": (  # Kimi-K2
+        "deepseek-v3",
+        ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<think>", "</think>",
+         "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+         "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+    ),
 }  # fmt: skip
 
 _loaded: dict[str, object] = {}

@@ -155,6 +155,37 @@ CASES = [
         tool_calls=[("get_weather", '{"city": "巴黎 ☀️", "days": 3}'), ("get_time", '{"tz": "CET"}')],
         skip_special_tokens=False,
     ),
+    OutputCase(  # GLM-4.5: the output opens the think block itself; reasoning and tool calls both read
+        "glm45-think-tools", "glm-markers", "<|assistant|>",
+        "<think>The user wants the weather: one call.\n</think>Let me check.\n<tool_call>get_weather\n"
+        "<arg_key>city</arg_key>\n<arg_value>巴黎 ☀️</arg_value>\n</tool_call>",
+        "<|user|>", "glm45", "glm45", reasoning="The user wants the weather: one call.", content="Let me check.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}')], skip_special_tokens=False,
+    ),
+    OutputCase(  # MiniMax-M2: its template opens the think block, the output only closes it
+        "minimax-m2-think-tools", "minimax-markers", "]~b]ai\n<think>\n",
+        "The user wants the weather.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+        '<parameter name="city">巴黎 ☀️</parameter>\n</invoke>\n</minimax:tool_call>',
+        "[e~[", "minimax_m2", "minimax_m2", reasoning="The user wants the weather.", content="",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}')], skip_special_tokens=False,
+    ),
+    OutputCase(  # MiniMax-M2 as vLLM's minimax_m2_append_think gives it: all content, the block's start put back (on
+        # Qwen3, whose </think> is no special token: the parser leaves skip_special_tokens to the request, as vLLM's)
+        "minimax-m2-append-think", "qwen3", "<|im_start|>assistant\n<think>\n",
+        "The user greets me; reply briefly.\n</think>\n\nHello! How can I help?", "<|im_end|>",
+        "minimax_m2_append_think", "", reasoning="",
+        content="<think>The user greets me; reply briefly.\n</think>\n\nHello! How can I help?",
+    ),
+    OutputCase(  # Olmo 3 Think (its markers are text, as on the DeepSeek-V3 fixture): its template opens the block
+        "olmo3-think", "deepseek-v3", "<|im_start|>assistant\n<think>",
+        "Compare 9.11 and 9.8: 0.8 > 0.11.</think>9.8 is greater.", "<｜end▁of▁sentence｜>", "olmo3", "",
+        reasoning="Compare 9.11 and 9.8: 0.8 > 0.11.", content="9.8 is greater.",
+    ),
+    OutputCase(  # Granite 3.2 (its phrases are plain text): thinking asked for by its template
+        "granite-think", "deepseek-v3", "<|start_of_role|>assistant<|end_of_role|>",
+        "Here is my thought process:\nThe user asks 2 + 2.\nHere's my response:\n2 + 2 = 4.",
+        "<｜end▁of▁sentence｜>", "granite", "", reasoning="\nThe user asks 2 + 2.\n", content="\n2 + 2 = 4.",
+    ),
     OutputCase(
         "mistral", "mistral-sp-v1", "[/INST]",
         'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
@@ -241,6 +272,15 @@ def parse_every_way(tool_call_parser: str, text: str) -> ParsedOutput:
 
 def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:
     return [(piece.name, piece.arguments) for piece in out.tool_calls]
+
+
+def random_cuts(length: int, rng: random.Random) -> list[int]:
+    """Cut offsets splitting a text of `length` characters into pieces of 1 to 5."""
+    cuts, at = [], rng.randrange(1, 6)
+    while at < length:
+        cuts.append(at)
+        at += rng.randrange(1, 6)
+    return cuts
 
 
 @dataclass

@@ -40,6 +40,7 @@ def test_streamed_channels_equal_the_whole_parse(case: OutputCase) -> None:
             "<arg_value>",
             "<minimax:tool_call>",
             "<invoke name=",
+            "Here is my thought process:",
         ):
             if marker not in case.content + case.reasoning:
                 assert marker not in piece.content + piece.reasoning
