@@ -32,6 +32,7 @@ from detok_worker.parse.tool_calls import (
     NamedCall,
     RequiredCalls,
     TaggedJsonCalls,
+    kimi_call_name,
 )
 from detok_worker.parse.tool_types import ToolTypes
 from detok_worker.parse.xml_calls import GLM47, MINIMAX_M2, QWEN3_CODER, XmlCalls
@@ -121,6 +122,14 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
         "<｜tool▁call▁end｜>",
     ),
     HARMONY: lambda: HarmonyStage(reasoning=False),
+    "kimi_k2": lambda: DelimitedCalls(
+        KIMI_CALLS_BEGIN,
+        KIMI_CALL_BEGIN,
+        KIMI_ARGUMENTS_BEGIN,
+        KIMI_CALL_END,
+        calls_end=KIMI_CALLS_END,
+        call_name=kimi_call_name,
+    ),
 }
 # tool-call parsers that read the request's tools (the names a call may take, its parameters' types): name -> stage
 SCHEMA_TOOL_CALL_PARSERS: dict[str, Callable[[ToolTypes], TextStage]] = {
@@ -143,6 +152,7 @@ _REASONING_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 _TOOL_FAMILIES: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|channel|>", "<|message|>"), HARMONY),
+    ((KIMI_CALLS_BEGIN, KIMI_CALL_BEGIN), "kimi_k2"),  # Kimi's own markers: before any its vocabulary may share
     (("<tool_call>", "<arg_key>", "<arg_value>"), "glm47"),  # before hermes: GLM's vocabulary has <tool_call> too
     (("<minimax:tool_call>", "</minimax:tool_call>"), "minimax_m2"),
     (("<tool_call>", "</tool_call>"), "hermes"),

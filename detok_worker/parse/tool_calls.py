@@ -13,6 +13,8 @@ before the first call, and whitespace plus one separator between calls.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from enum import Enum
 
 from detok_worker.parse.base import ParsedOutput, TextStage
@@ -22,6 +24,7 @@ from detok_worker.parse.markers import held_suffix_len, split_before_marker
 _SPACE = " \t\r\n"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 _MAX_NAME_CHARS = 64  # OpenAI's limit on a function name; a longer word after `[TOOL_CALLS]` is no call
+_KIMI_CALL_ID = re.compile(r".+:\d+")  # the start of a Kimi-K2 call header, its call id: `functions.NAME:IDX`
 
 
 class _In(Enum):
@@ -285,13 +288,39 @@ class DelimitedCalls(TextStage):
     <｜tool▁calls▁end｜>`. Text before the calls' opening marker is content; after it, everything but the calls is
     markup (as vLLM's parser of the family reads a whole output: the content is the text before the calls). A call
     stands once its name is complete (the marker after it came); cut off by the end of the output, it keeps what
-    was streamed of its arguments."""
+    was streamed of its arguments.
 
-    def __init__(self, begin: str, call_begin: str, name_end: str, call_end: str) -> None:
+    With `calls_end`, the rules of vLLM 0.32's parser engine (Kimi-K2: `<|tool_calls_section_begin|>
+    <|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>...
+    <|tool_calls_section_end|>`): a call's header runs up to the marker before its arguments (other markers are
+    part of it) and `call_name` takes the function's name from it (None: the header names none, no call); the
+    arguments end at the call's closing marker or at `calls_end`, trimmed (held while they may be trailing
+    whitespace), `{}` when there are none; a header the end of the output cuts off still makes a call when it names
+    one; and content that is only whitespace is dropped when a call's opening marker follows it (held until then)."""
+
+    def __init__(
+        self,
+        begin: str,
+        call_begin: str,
+        name_end: str,
+        call_end: str,
+        *,
+        calls_end: str = "",
+        call_name: Callable[[str], str | None] | None = None,
+    ) -> None:
         self._begin, self._call_begin, self._name_end, self._call_end = begin, call_begin, name_end, call_end
+        self._engine = bool(calls_end)
+        self._name_markers = (name_end,) if calls_end else (name_end, call_end)
+        self._arguments_end = (call_end, calls_end) if calls_end else (call_end,)
+        self._call_name = call_name
         self._in = _Delimited.TEXT
         self._held = ""
         self._name = ""
+        self._named = False  # the call being read names a function (else its arguments are markup)
+        self._argued = False  # the call's arguments have begun (engine: past their leading whitespace)
+        self._space = ""  # engine: the arguments' trailing whitespace
+        self._blank = ""  # engine: the content while it is only whitespace
+        self._content_begun = False
         self._calls = 0
 
     def feed(self, text: str, out: ParsedOutput) -> None:
@@ -300,7 +329,7 @@ class DelimitedCalls(TextStage):
         while buffer:
             if self._in is _Delimited.TEXT:
                 before, marker, buffer = split_before_marker(buffer, (self._begin,))
-                out.content += before
+                self._content(before, out)
                 if not marker:
                     self._held = buffer
                     return
@@ -311,33 +340,88 @@ class DelimitedCalls(TextStage):
                     self._held = buffer
                     return
                 self._in, self._name = _Delimited.NAME, ""
+                self._blank = ""  # a call follows: content that is only whitespace is none
             elif self._in is _Delimited.NAME:
-                before, marker, buffer = split_before_marker(buffer, (self._name_end, self._call_end))
+                before, marker, buffer = split_before_marker(buffer, self._name_markers)
                 self._name += before
                 if not marker:
                     self._held = buffer
                     return
                 if marker == self._name_end:
-                    out.add_tool(self._calls, name=self._name)
+                    self._open_call(out)
                     self._in = _Delimited.ARGUMENTS
                 else:  # no arguments marker: not a call
                     self._in = _Delimited.SECTION
             else:
-                before, marker, buffer = split_before_marker(buffer, (self._call_end,))
-                if before:
-                    out.add_tool(self._calls, arguments=before)
+                before, marker, buffer = split_before_marker(buffer, self._arguments_end)
+                self._argue(before, out)
                 if not marker:
                     self._held = buffer
                     return
-                self._calls += 1
+                self._close_call(out)
                 self._in = _Delimited.SECTION
+
+    def _content(self, text: str, out: ParsedOutput) -> None:
+        if self._engine and not self._content_begun:
+            text = self._blank + text
+            if not text.strip():
+                self._blank = text
+                return
+            self._blank, self._content_begun = "", True
+        out.content += text
+
+    def _open_call(self, out: ParsedOutput) -> None:
+        name = self._call_name(self._name) if self._call_name is not None else self._name
+        self._named, self._argued, self._space = name is not None, False, ""
+        if name is not None:
+            out.add_tool(self._calls, name=name)
+
+    def _argue(self, text: str, out: ParsedOutput) -> None:
+        if not (self._named and text):
+            return
+        if self._engine:
+            if not self._argued:
+                text = text.lstrip()
+            text = self._space + text
+            kept = text.rstrip()
+            self._space = text[len(kept) :]
+            text = kept
+        if text:
+            self._argued = True
+            out.add_tool(self._calls, arguments=text)
+
+    def _close_call(self, out: ParsedOutput) -> None:
+        if not self._named:
+            return
+        if self._engine and not self._argued:
+            out.add_tool(self._calls, arguments="{}")
+        self._calls += 1
+        self._named, self._space = False, ""
 
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""
         if self._in is _Delimited.TEXT:
-            out.content += held
-        elif self._in is _Delimited.ARGUMENTS and held:
-            out.add_tool(self._calls, arguments=held)
+            self._content(held, out)
+        elif self._in is _Delimited.ARGUMENTS:
+            self._argue(held, out)
+            if self._engine:
+                self._close_call(out)
+        elif self._in is _Delimited.NAME and self._engine:
+            self._name += held
+            self._open_call(out)
+            self._close_call(out)
+        out.content += self._blank
+        self._blank = ""
+
+
+def kimi_call_name(header: str) -> str | None:
+    """The function a Kimi-K2 call header (`functions.NAME:IDX`) names, as vLLM 0.32 reads it: the header must
+    start with an id (its first line up to a `:` and digits); the name is the part before its first `:`, without
+    `functions.`. None when the header has no id or the name is empty."""
+    header = header.strip()
+    if _KIMI_CALL_ID.match(header) is None:
+        return None
+    return header.split(":")[0].removeprefix("functions.").strip() or None
 
 
 class _OutputCalls(_JsonCallsStage):

@@ -13,8 +13,8 @@ The tokenizers: Qwen3 (embedded), DeepSeek-V3 for DeepSeek-R1 and V3.1's tool ca
 SentencePiece Mistral v1 fixture, whose vocabulary has no `[TOOL_CALLS]` token (the marker is plain text there). No
 Llama-3 tokenizer is available offline (its licence keeps it out of the repo, see
 tests/fixtures/tokenizers/LICENSES.md): the Llama-3 JSON tool-call output (`<|python_tag|>` + JSON calls) is written
-on the byte-level DeepSeek-V3 fixture, where `<|python_tag|>` is plain text, not a special token. No GLM or MiniMax
-tokenizer is available offline either: their outputs are written on the DeepSeek-V3 fixture with each family's
+on the byte-level DeepSeek-V3 fixture, where `<|python_tag|>` is plain text, not a special token. No GLM, MiniMax or
+Kimi tokenizer is available offline either: their outputs are written on the DeepSeek-V3 fixture with each family's
 markers added as special tokens (helpers/fixtures.py MARKED_FIXTURES), so the front must decode them
 (`skip_special_tokens` off for those parsers). The requests offer tools with typed parameters
 (helpers/parse_cases.py TOOLS): the XML-parameter families' arguments (`"days": 3`, not `"3"`) show that the tools'
@@ -54,6 +54,7 @@ FAMILIES = {
     "minimax": ["minimax-m2-tools"],
     "glm45-think": ["glm45-think-tools"],  # glm45 reasoning, then its calls
     "minimax-m2-think": ["minimax-m2-think-tools"],  # minimax_m2 reasoning (no opening marker), then its calls
+    "kimi-k2": ["kimi-k2-think-tools"],  # reasoning, content, two calls; the markers are special tokens
     "minimax-m2-append-think": ["minimax-m2-append-think"],
     "olmo3": ["olmo3-think"],
     "granite": ["granite-think"],

@@ -129,6 +129,14 @@ CASES = [
         "<｜end▁of▁sentence｜>", "", "deepseek_v31", reasoning="", content="Let me check.",
         tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}'), ("get_time", '{"tz": "CET"}')],
     ),
+    OutputCase(  # Kimi-K2 (no Kimi tokenizer offline: the DeepSeek-V3 fixture with its markers as special tokens)
+        "kimi-k2-think-tools", "kimi-markers", "<|im_assistant|>assistant<|im_middle|>",
+        "<think>Weather and time: two calls.\n\n</think>Let me check.<|tool_calls_section_begin|><|tool_call_begin|>"
+        'functions.get_weather:0<|tool_call_argument_begin|>{"city": "巴黎 ☀️"}<|tool_call_end|><|tool_call_begin|>'
+        'functions.get_time:1<|tool_call_argument_begin|> {"tz": "CET"} <|tool_call_end|><|tool_calls_section_end|>',
+        "<|im_end|>", "kimi_k2", "kimi_k2", reasoning="Weather and time: two calls.", content="Let me check.",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}'), ("get_time", '{"tz": "CET"}')], skip_special_tokens=False,
+    ),
     OutputCase(  # Qwen3-Coder: the embedded Qwen3 vocabulary is its own (<tool_call> a token, <function= text)
         "qwen3-coder-tools", "qwen3", "<|im_start|>assistant\n",
         "I'll check both.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n巴黎 ☀️ <b>\n</parameter>\n"
@@ -249,9 +257,9 @@ def whole_parse(tokenizer: Any, case: OutputCase) -> ParsedOutput:
     return out
 
 
-def parse_in_pieces(tool_call_parser: str, text: str, cuts: list[int]) -> ParsedOutput:
-    """A tool-call parser fed `text` cut at `cuts` (character offsets), then finished."""
-    parser = create_parser("", tool_call_parser)
+def parse_in_pieces(tool_call_parser: str, text: str, cuts: list[int], reasoning_parser: str = "") -> ParsedOutput:
+    """A tool-call parser (and a reasoning parser) fed `text` cut at `cuts` (character offsets), then finished."""
+    parser = create_parser(reasoning_parser, tool_call_parser)
     assert parser is not None
     out = ParsedOutput()
     for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
@@ -272,6 +280,15 @@ def parse_every_way(tool_call_parser: str, text: str) -> ParsedOutput:
 
 def calls_of(out: ParsedOutput) -> list[tuple[str, str]]:
     return [(piece.name, piece.arguments) for piece in out.tool_calls]
+
+
+def whole_calls(out: ParsedOutput) -> list[tuple[str, str]]:
+    """Each call's name and arguments, its pieces joined."""
+    calls: dict[int, tuple[str, str]] = {}
+    for piece in out.tool_calls:
+        name, arguments = calls.get(piece.index, ("", ""))
+        calls[piece.index] = (name + piece.name, arguments + piece.arguments)
+    return [calls[index] for index in sorted(calls)]
 
 
 def random_cuts(length: int, rng: random.Random) -> list[int]:

@@ -40,6 +40,9 @@ def test_streamed_channels_equal_the_whole_parse(case: OutputCase) -> None:
             "<arg_value>",
             "<minimax:tool_call>",
             "<invoke name=",
+            "<|tool_calls_section_begin|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
             "Here is my thought process:",
         ):
             if marker not in case.content + case.reasoning:
