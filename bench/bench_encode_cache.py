@@ -10,13 +10,15 @@ Reproduces the reference design's four scenarios, every prompt rendered through 
 - code review: ~2.5 KB review guidelines, 40 different code snippets, each sent once.
 
 Each scenario runs uncached, L0 only, L1 only and L0+L1 (the default sizes: 10,000 entries, 50 MB), from a cold
-cache (no priming), and reports ops/s, µs per encode, hit rates and the speedup over uncached. Every cached
-result is checked against the uncached encode (outside the timed loop). Times are CPU time of this process
+cache (no priming), and reports ops/s, µs per encode, hit rates and the speedup over uncached; encodes go as the
+front's do, through tiktoken where it takes the tokenizer (--library-encode: the tokenizers library only). Every
+cached result is checked against the uncached encode (outside the timed loop). Times are CPU time of this process
 (time.process_time: the tokenizer encodes on this thread), the median of --repeat runs; each run measures every
 cache level of a scenario back to back, so the speedups are ratios within one run. /proc/loadavg is printed
 before and after.
 
     python bench/bench_encode_cache.py [--repeat 5] [--markdown] [--tokenizer DIR] [--scenario "customer service"]
+                                       [--library-encode]
 """
 
 from __future__ import annotations
@@ -279,8 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--tokenizer", help="tokenizer directory or file (default: the embedded Qwen3)")
     parser.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    parser.add_argument(
+        "--library-encode",
+        action="store_true",
+        help="encode through the tokenizers library only (default: as the front does, through tiktoken where it "
+        "takes the tokenizer: backends/hf_tiktoken.py)",
+    )
     args = parser.parse_args(argv)
     tokenizer = create_tokenizer(args.tokenizer) if args.tokenizer else load_default_tokenizer()
+    build_encoder = getattr(tokenizer, "build_tiktoken_encoder", None)
+    if build_encoder is not None and not args.library_encode:
+        print(f"encoder: {'tiktoken' if build_encoder() else 'the tokenizers library'}", file=sys.stderr)
     started = time.perf_counter()
     split_plan_for(tokenizer)
     print(

