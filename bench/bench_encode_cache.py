@@ -7,7 +7,9 @@ Reproduces the reference design's four scenarios, every prompt rendered through 
 - customer service: a shared ~8 KB system prompt, 200 different customer questions, each sent once (no
   repeats: only L1 can help);
 - multi-turn: 20 conversations of 6 turns; each turn sends the whole history plus the new question, once;
-- code review: ~2.5 KB review guidelines, 40 different code snippets, each sent once.
+- code review: ~2.5 KB review guidelines, 40 different code snippets, each sent once;
+- one-off messages: 200 chats of one user message, a different 1,024-character corpus passage each, once (what
+  `bench_http.py --request-cost` sends: nothing for a cache, the encode itself).
 
 Each scenario runs uncached, L0 only, L1 only and L0+L1 (the default sizes: 10,000 entries, 50 MB), from a cold
 cache (no priming), and reports ops/s, µs per encode, hit rates and the speedup over uncached; encodes go as the
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import corpus_text  # noqa: E402
 
 from detok_worker.tokenizer import load_default_tokenizer  # noqa: E402
 from detok_worker.tokenizer.encode_cache import CachedTokenizer, split_plan_for  # noqa: E402
@@ -166,11 +170,17 @@ def scenarios(tokenizer: Tokenizer) -> dict[str, tuple[list[str], int]]:
     review = [
         chat(tokenizer, guidelines, [(f"Review this code:\n```\n{code_snippet(rng, i)}```", None)]) for i in range(40)
     ]
+    corpus = corpus_text()
+    one_off = [
+        chat(tokenizer, None, [(corpus[start : start + 1024], None)])
+        for start in ((index * 7919) % (len(corpus) - 1024) for index in range(200))
+    ]
     return {
         "realistic chat": (realistic, 5),
         "customer service": (service, 1),
         "multi-turn": (multi_turn, 1),
         "code review": (review, 1),
+        "one-off messages": (one_off, 1),
     }
 
 
