@@ -60,7 +60,7 @@ REFUSED_FLAGS = [
     (("--uds", "/tmp/detok.sock"), "--uds"),
     (("--middleware", "my.module:mw"), "--middleware"),
     (("--enable-auto-tool-choice",), "--enable-auto-tool-choice requires --tool-call-parser"),  # vLLM's check
-    (("--tool-call-parser", "qwen3_xml"), "--tool-call-parser qwen3_xml"),
+    (("--tool-call-parser", "pythonic"), "--tool-call-parser pythonic"),
     (("--enable-per-request-metrics",), "--enable-per-request-metrics"),
     (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
 ]
