@@ -302,12 +302,14 @@ class Goodbye(msgspec.Struct, tag="goodbye", array_like=True, gc=False):
 
 class ToolCallDelta(msgspec.Struct, array_like=True, gc=False, frozen=True):
     """A piece of tool call `index` (0, 1, ... in the order the model wrote them): `name` on the call's first
-    piece only ("" after), `arguments` a fragment of its arguments JSON starting at `arguments_offset`."""
+    piece only ("" after), `arguments` a fragment of its arguments JSON starting at `arguments_offset`; `id` the
+    call's id as the model wrote it, with `name` ("" when the model writes none: the front makes one)."""
 
     index: int
     name: str
     arguments: str
     arguments_offset: int
+    id: str = ""
 
 
 class ParsedDelta(msgspec.Struct, array_like=True, gc=False):

@@ -88,7 +88,7 @@ class ParsedReassembly:
         calls: list[ToolCallDelta] = []
         for call in parsed.tool_calls:
             delivered = self.arguments.get(call.index)
-            name = call.name if delivered is None else ""
+            name, call_id = (call.name, call.id) if delivered is None else ("", "")
             if delivered is None and not call.name:
                 self.gap = True  # arguments of a call whose name never came
                 return None
@@ -98,7 +98,7 @@ class ParsedReassembly:
                 return None
             self.arguments[call.index] = (delivered or 0) + len(arguments)
             if name or arguments:
-                calls.append(ToolCallDelta(call.index, name, arguments, call.arguments_offset))
+                calls.append(ToolCallDelta(call.index, name, arguments, call.arguments_offset, call_id))
         self.content += len(content)
         self.reasoning += len(reasoning)
         return ParsedDelta(

@@ -208,7 +208,7 @@ class RequestStream:
         news.content += fresh.content
         news.reasoning += fresh.reasoning
         for call in fresh.tool_calls:
-            news.add_tool(call.index, call.name, call.arguments)
+            news.add_tool(call.index, call.name, call.arguments, call.id)
             self.tool_calls_seen = True
         self.pending_chars += (
             len(fresh.content) + len(fresh.reasoning) + sum(len(c.arguments) for c in fresh.tool_calls)

@@ -334,7 +334,7 @@ class ChatFormatter(FormatterBase):
     `token_ids`, return_token_ids, the prompt's ids: vLLM puts them on the response, and each choice's output ids on
     the choice; streamed, each chunk's output ids)."""
 
-    call_id_prefix = "chatcmpl-tool-"  # a tool call's id: this and a uuid (the worker makes none)
+    call_id_prefix = "chatcmpl-tool-"  # a tool call's id: this and a uuid (when the model wrote none)
 
     def __init__(
         self,
@@ -361,9 +361,11 @@ class ChatFormatter(FormatterBase):
         # (choice, tool call index) -> the call's id
         self._tool_call_ids: dict[tuple[int, int], str] = {}
 
-    def _tool_call_id(self, choice: int, index: int) -> str:
+    def _tool_call_id(self, choice: int, index: int, model_id: str = "") -> str:
+        """The call's id: the one the model wrote (`model_id`, as vLLM's server takes it in every API), else one
+        made for it."""
         if (choice, index) not in self._tool_call_ids:
-            self._tool_call_ids[choice, index] = f"{self.call_id_prefix}{uuid.uuid4().hex}"
+            self._tool_call_ids[choice, index] = model_id or f"{self.call_id_prefix}{uuid.uuid4().hex}"
         return self._tool_call_ids[choice, index]
 
     def _chunk(self, choice: ChatChunkChoice, stream: RequestStream, first: bool = False) -> bytes:
@@ -407,14 +409,15 @@ class ChatFormatter(FormatterBase):
         pieces = text.tool_calls if self.parallel_tool_calls else [p for p in text.tool_calls if p.index == 0]
         if pieces:
             delta.tool_calls = [
-                self._tool_call_piece(index, piece.index, piece.name, piece.arguments) for piece in pieces
+                self._tool_call_piece(index, piece.index, piece.name, piece.arguments, piece.id) for piece in pieces
             ]
         return self._chunk(ChatChunkChoice(index, delta, logprobs=chosen, token_ids=ids), stream)
 
-    def _tool_call_piece(self, choice: int, index: int, name: str, arguments: str) -> ToolCallOut:
+    def _tool_call_piece(self, choice: int, index: int, name: str, arguments: str, model_id: str) -> ToolCallOut:
         if not name:
             return ToolCallOut(FunctionCallOut(arguments=arguments), index=index)
-        return ToolCallOut(FunctionCallOut(name, arguments), index, self._tool_call_id(choice, index), "function")
+        call_id = self._tool_call_id(choice, index, model_id)
+        return ToolCallOut(FunctionCallOut(name, arguments), index, call_id, "function")
 
     def _whole_arguments(self, arguments: str) -> str:
         """A call's arguments in a whole answer: as written, but for tool_choice "required", whose parameters vLLM's
@@ -483,7 +486,7 @@ class ChatFormatter(FormatterBase):
         calls = [
             ToolCallOut(
                 FunctionCallOut(call.name, self._whole_arguments(call.arguments)),
-                id=self._tool_call_id(choice, call.index),
+                id=self._tool_call_id(choice, call.index, call.id),
                 type="function",
             )
             for call in total.tool_calls
@@ -565,7 +568,7 @@ class BlockFormatter(ChatFormatter):
             if not self.parallel_tool_calls and piece.index != 0:
                 continue
             if piece.name:
-                events += self._open(TOOL_CALL, piece.name, self._tool_call_id(index, piece.index))
+                events += self._open(TOOL_CALL, piece.name, self._tool_call_id(index, piece.index, piece.id))
                 self._call = piece.index
             self.arguments[piece.index] = self.arguments.get(piece.index, "") + piece.arguments
             if piece.arguments and self.block == TOOL_CALL and self._call == piece.index:
@@ -587,7 +590,7 @@ class BlockFormatter(ChatFormatter):
         for piece in pieces[0]:
             total.extend(ParsedOutput(content=piece) if isinstance(piece, str) else piece)
         calls = [
-            (self._tool_call_id(0, call.index), call.name, self._whole_arguments(call.arguments))
+            (self._tool_call_id(0, call.index, call.id), call.name, self._whole_arguments(call.arguments))
             for call in total.tool_calls
             if self.parallel_tool_calls or call.index == 0
         ]

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class ToolCallPiece:
-    """A piece of tool call `index`: its name (on the call's first piece only, else "") and/or arguments text."""
+    """A piece of tool call `index`: its name (on the call's first piece only, else "") and/or arguments text;
+    `id` the call's id as the model wrote it (Kimi-K2's `functions.NAME:IDX`), on the first piece only, "" when the
+    model writes none (the front makes one)."""
 
     index: int
     name: str = ""
     arguments: str = ""
+    id: str = ""
 
 
 @dataclass(slots=True)
@@ -30,18 +33,18 @@ class ParsedOutput:
     reasoning: str = ""
     tool_calls: list[ToolCallPiece] = field(default_factory=list)
 
-    def add_tool(self, index: int, name: str = "", arguments: str = "") -> None:
+    def add_tool(self, index: int, name: str = "", arguments: str = "", call_id: str = "") -> None:
         last = self.tool_calls[-1] if self.tool_calls else None
         if last is not None and last.index == index and not name:
             last.arguments += arguments
         else:
-            self.tool_calls.append(ToolCallPiece(index, name, arguments))
+            self.tool_calls.append(ToolCallPiece(index, name, arguments, call_id))
 
     def extend(self, other: ParsedOutput) -> None:
         self.content += other.content
         self.reasoning += other.reasoning
         for piece in other.tool_calls:
-            self.add_tool(piece.index, piece.name, piece.arguments)
+            self.add_tool(piece.index, piece.name, piece.arguments, piece.id)
 
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.tool_calls)

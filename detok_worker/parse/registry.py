@@ -46,6 +46,7 @@ KIMI_CALLS_BEGIN, KIMI_CALLS_END = "<|tool_calls_section_begin|>", "<|tool_calls
 KIMI_CALL_BEGIN, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 KIMI_ARGUMENTS_BEGIN = "<|tool_call_argument_begin|>"
 GLM_CALL_BEGIN, GLM_CALL_END = "<tool_call>", "</tool_call>"
+QWEN3_CALL_BEGIN, QWEN3_CALL_END = GLM_CALL_BEGIN, GLM_CALL_END  # Qwen3's tool-call markers are GLM's
 MINIMAX_CALLS_BEGIN, MINIMAX_CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
 # Granite's reasoning starts and ends with a phrase, each in two spellings
 GRANITE_REASONING_START = ("Here is my thought process:", "Here's my thought process:")
@@ -56,8 +57,10 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
     "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
     # vLLM 0.32's qwen3 parser does not read the prompt: it reasons from the start unless thinking is off, when
-    # the front does not name it (THINKING_SWITCHED)
-    "qwen3_vllm": lambda prompt_tail: ThinkStage(ThinkState.OPENING_TO_REASONING, absorb=True),
+    # the front does not name it (THINKING_SWITCHED); a tool call ends the reasoning (its parser engine's rule)
+    "qwen3_vllm": lambda prompt_tail: ThinkStage(
+        ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(QWEN3_CALL_BEGIN,)
+    ),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
     # vLLM 0.32's parsers of these families read no prompt either (the first three: its parser engine's rules)
     "glm45": lambda prompt_tail: ThinkStage(
@@ -78,7 +81,7 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
 # the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> the marker
 # tokens it counts by (ReasoningTokenCount); None: vLLM's parser counts none (0)
 COUNTED_REASONING: dict[str, CountedMarkers | None] = {
-    "qwen3_vllm": CountedMarkers(),
+    "qwen3_vllm": CountedMarkers(ends=(THINK_END, QWEN3_CALL_BEGIN), aside=(QWEN3_CALL_END,)),
     "deepseek_r1": CountedMarkers(pairs=True),
     "glm45": CountedMarkers(tool_call=(GLM_CALL_BEGIN, GLM_CALL_END)),
     "kimi_k2": CountedMarkers(

@@ -293,10 +293,11 @@ class DelimitedCalls(TextStage):
     With `calls_end`, the rules of vLLM 0.32's parser engine (Kimi-K2: `<|tool_calls_section_begin|>
     <|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>...
     <|tool_calls_section_end|>`): a call's header runs up to the marker before its arguments (other markers are
-    part of it) and `call_name` takes the function's name from it (None: the header names none, no call); the
-    arguments end at the call's closing marker or at `calls_end`, trimmed (held while they may be trailing
-    whitespace), `{}` when there are none; a header the end of the output cuts off still makes a call when it names
-    one; and content that is only whitespace is dropped when a call's opening marker follows it (held until then)."""
+    part of it) and `call_name` takes the function's name and the call's id from it (None: the header names none,
+    no call); the arguments end at the call's closing marker or at `calls_end`, trimmed (held while they may be
+    trailing whitespace), `{}` when there are none; a header the end of the output cuts off still makes a call when
+    it names one; and content that is only whitespace is dropped when a call's opening marker follows it (held until
+    then)."""
 
     def __init__(
         self,
@@ -306,7 +307,7 @@ class DelimitedCalls(TextStage):
         call_end: str,
         *,
         calls_end: str = "",
-        call_name: Callable[[str], str | None] | None = None,
+        call_name: Callable[[str], tuple[str, str] | None] | None = None,
     ) -> None:
         self._begin, self._call_begin, self._name_end, self._call_end = begin, call_begin, name_end, call_end
         self._engine = bool(calls_end)
@@ -371,10 +372,10 @@ class DelimitedCalls(TextStage):
         out.content += text
 
     def _open_call(self, out: ParsedOutput) -> None:
-        name = self._call_name(self._name) if self._call_name is not None else self._name
-        self._named, self._argued, self._space = name is not None, False, ""
-        if name is not None:
-            out.add_tool(self._calls, name=name)
+        named = self._call_name(self._name) if self._call_name is not None else (self._name, "")
+        self._named, self._argued, self._space = named is not None, False, ""
+        if named is not None:
+            out.add_tool(self._calls, name=named[0], call_id=named[1])
 
     def _argue(self, text: str, out: ParsedOutput) -> None:
         if not (self._named and text):
@@ -414,14 +415,17 @@ class DelimitedCalls(TextStage):
         self._blank = ""
 
 
-def kimi_call_name(header: str) -> str | None:
-    """The function a Kimi-K2 call header (`functions.NAME:IDX`) names, as vLLM 0.32 reads it: the header must
-    start with an id (its first line up to a `:` and digits); the name is the part before its first `:`, without
-    `functions.`. None when the header has no id or the name is empty."""
+def kimi_call_name(header: str) -> tuple[str, str] | None:
+    """The function a Kimi-K2 call header (`functions.NAME:IDX`) names and the call's id, as vLLM 0.32 reads them:
+    the header must start with an id (its first line up to its last `:` and digits), which is the call's id; the
+    name is the part before its first `:`, without `functions.`. None when the header has no id or the name is
+    empty."""
     header = header.strip()
-    if _KIMI_CALL_ID.match(header) is None:
+    call_id = _KIMI_CALL_ID.match(header)
+    if call_id is None:
         return None
-    return header.split(":")[0].removeprefix("functions.").strip() or None
+    name = header.split(":")[0].removeprefix("functions.").strip()
+    return (name, call_id.group().strip()) if name else None
 
 
 class _OutputCalls(_JsonCallsStage):

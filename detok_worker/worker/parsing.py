@@ -57,7 +57,7 @@ class RidParsing:
         calls = []
         for piece in out.tool_calls:
             offset = self.arguments_offsets.get(piece.index, 0)
-            calls.append(ToolCallDelta(piece.index, piece.name, piece.arguments, offset))
+            calls.append(ToolCallDelta(piece.index, piece.name, piece.arguments, offset, piece.id))
             self.arguments_offsets[piece.index] = offset + len(piece.arguments)
         return calls
 

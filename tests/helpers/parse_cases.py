@@ -35,6 +35,7 @@ class OutputCase:
     finish: str = "stop"
     stop_reason: str | None = None
     skip_special_tokens: bool = True
+    tool_call_ids: tuple[str, ...] = ()  # the calls' ids as the model wrote them (none: the front makes them)
 
 
 # the tools every recorded case's request offers (the XML-parameter families type the arguments by them)
@@ -136,6 +137,7 @@ CASES = [
         'functions.get_time:1<|tool_call_argument_begin|> {"tz": "CET"} <|tool_call_end|><|tool_calls_section_end|>',
         "<|im_end|>", "kimi_k2", "kimi_k2", reasoning="Weather and time: two calls.", content="Let me check.",
         tool_calls=[("get_weather", '{"city": "巴黎 ☀️"}'), ("get_time", '{"tz": "CET"}')], skip_special_tokens=False,
+        tool_call_ids=("functions.get_weather:0", "functions.get_time:1"),
     ),
     OutputCase(  # Qwen3-Coder: the embedded Qwen3 vocabulary is its own (<tool_call> a token, <function= text)
         "qwen3-coder-tools", "qwen3", "<|im_start|>assistant\n",
@@ -318,7 +320,7 @@ class Received:
             assert fresh is not None, "a gap in a parsed channel"
             piece = ParsedOutput(fresh.content, fresh.reasoning)
             for call in fresh.tool_calls:
-                piece.add_tool(call.index, call.name, call.arguments)
+                piece.add_tool(call.index, call.name, call.arguments, call.id)
             self.pieces.append(piece)
             self.total.extend(piece)
             if delta.finish is not None:

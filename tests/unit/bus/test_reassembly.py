@@ -40,3 +40,14 @@ def test_arguments_of_a_call_whose_name_never_came_are_a_gap() -> None:
     reassembly = ParsedReassembly()
     assert reassembly.take(ParsedDelta("", 0, tool_calls=[ToolCallDelta(1, "", "{}", 0)])) is None
     assert reassembly.gap
+
+
+def test_a_calls_model_id_comes_once_with_its_name_and_survives_a_reopen() -> None:
+    """A re-opened worker re-sends the call from its first piece, the model's id with its name: delivered once."""
+    reassembly = ParsedReassembly()
+    first = ParsedDelta("", 0, tool_calls=[ToolCallDelta(0, "f", '{"a"', 0, "functions.f:0")])
+    assert reassembly.take(first) == first
+    again = ParsedDelta("", 0, tool_calls=[ToolCallDelta(0, "f", '{"a": 1}', 0, "functions.f:0")])
+    assert reassembly.take(again) == ParsedDelta("", 0, tool_calls=[ToolCallDelta(0, "", ": 1}", 0)])
+    fresh = ParsedReassembly()  # a front that first hears of the call from the re-opened worker
+    assert fresh.take(again) == again

@@ -93,3 +93,24 @@ def test_auto_reads_kimis_calls_where_its_markers_are_tokens() -> None:
     """Kimi's markers name the family; Qwen3's vocabulary (no such markers) stays hermes."""
     assert resolve(AUTO, load_fixture_tokenizer("kimi-markers").token_to_id, tools=True) == "kimi_k2"
     assert resolve(AUTO, load_fixture_tokenizer("qwen3").token_to_id, tools=True) == "hermes"
+
+
+def test_each_call_carries_the_id_its_header_starts_with_on_its_first_piece() -> None:
+    """vLLM's id of a call: its header's first line up to the last `:` and digits, trimmed (the name before the
+    first `:`); any cut gives it on the call's first piece only."""
+    headers = {
+        "functions.get_weather:0": "functions.get_weather:0",
+        " functions.get_weather:1 ": "functions.get_weather:1",
+        "get_weather:2": "get_weather:2",
+        "functions.a:b:4": "functions.a:b:4",
+        "functions.get_weather:5 trailing": "functions.get_weather:5",
+    }
+    text = KIMI_CALLS_BEGIN + "".join(
+        KIMI_CALL_BEGIN + header + KIMI_ARGUMENTS_BEGIN + '{"x": 1}' + KIMI_CALL_END for header in headers
+    )
+    text += KIMI_CALL_BEGIN + "functions.cut:6"  # a header the end of the output cuts off still has its id
+    rng = random.Random(5)
+    for cuts in [[], *(random_cuts(len(text), rng) for _ in range(20))]:
+        out = parse_in_pieces("kimi_k2", text, cuts)
+        assert [piece.id for piece in out.tool_calls if piece.name] == [*headers.values(), "functions.cut:6"]
+        assert all(not piece.id for piece in out.tool_calls if not piece.name), "the id comes with the name only"

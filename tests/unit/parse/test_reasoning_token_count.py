@@ -23,7 +23,7 @@ PROMPT_TAILS = (
 THINK = ("<think>", "</think>")
 # detok's parser -> vLLM's name for it, the fixture tokenizer, the marker tokens among the random ids
 FAMILIES = {
-    "qwen3_vllm": ("qwen3", "qwen3", THINK),
+    "qwen3_vllm": ("qwen3", "qwen3", (*THINK, "<tool_call>", "</tool_call>")),
     "deepseek_r1": ("deepseek_r1", "qwen3", THINK),
     "glm45": ("glm45", "qwen3", (*THINK, "<tool_call>", "</tool_call>")),  # GLM's markers are Qwen3's tokens too
     "kimi_k2": (
