@@ -135,7 +135,7 @@ def add_front_flags(parser: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         "front.tool_call_parser",
         "hermes, qwen, llama3_json, mistral, deepseek_v31, qwen3_coder, glm45, glm47, minimax_m2, kimi_k2, gpt_oss,"
-        " auto, none",
+        " deepseek_v32, auto, none",
     )
     cache = parser.add_argument_group("encode cache")
     add_override_flag(

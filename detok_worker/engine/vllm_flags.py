@@ -50,6 +50,7 @@ TOOL_CALL_PARSERS = {
     "qwen3_coder": "qwen3_coder", "qwen3_xml": "qwen3_coder", "glm45": "glm45", "glm47": "glm47",
     "minimax_m2": "minimax_m2",
     "kimi_k2": "kimi_k2",
+    "deepseek_v32": "deepseek_v32",
 }  # fmt: skip
 COMPLETIONS_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens default
 # vLLM clamps max_tokens to the context instead of refusing it: detok's front refuses only what no context holds

@@ -35,7 +35,7 @@ from detok_worker.parse.tool_calls import (
     kimi_call_name,
 )
 from detok_worker.parse.tool_types import ToolTypes
-from detok_worker.parse.xml_calls import GLM47, MINIMAX_M2, QWEN3_CODER, XmlCalls
+from detok_worker.parse.xml_calls import DEEPSEEK_V32, GLM47, MINIMAX_M2, QWEN3_CODER, XmlCalls
 
 AUTO = "auto"
 HARMONY = "gpt_oss"
@@ -140,11 +140,12 @@ SCHEMA_TOOL_CALL_PARSERS: dict[str, Callable[[ToolTypes], TextStage]] = {
     "glm45": lambda tools: XmlCalls(GLM47, tools),  # vLLM 0.32 reads GLM-4.5 to 4.7 with one parser
     "glm47": lambda tools: XmlCalls(GLM47, tools),
     "minimax_m2": lambda tools: XmlCalls(MINIMAX_M2, tools),
+    "deepseek_v32": lambda tools: XmlCalls(DEEPSEEK_V32, tools),
 }
 # Parsers whose markers are special tokens: the worker must decode them (skip_special_tokens false), as vLLM does.
-# vLLM's parser-engine families (glm45, kimi_k2, minimax_m2) always decode them so.
+# vLLM's parser-engine families (glm45, kimi_k2, minimax_m2, deepseek_v32) always decode them so.
 NEEDS_SPECIAL_TOKENS = frozenset(
-    {HARMONY, "mistral", "llama3_json", "deepseek_v31", "glm45", "glm47", "minimax_m2", "kimi_k2"}
+    {HARMONY, "mistral", "llama3_json", "deepseek_v31", "glm45", "glm47", "minimax_m2", "kimi_k2", "deepseek_v32"}
 )
 
 # family markers (tokens of the vocabulary) -> parser, in order; the first family found wins

@@ -174,6 +174,22 @@ def value_json(text: str, types: tuple[str, ...]) -> str:
     return loaded if loaded is not None else json.dumps(text, ensure_ascii=False)
 
 
+def loaded_value_json(text: str, types: tuple[str, ...] | None) -> str:
+    """A value read as JSON where it parses as such (else as text), then fitted to its schema `types` as vLLM's
+    parser engine fits it: a string or another scalar (as its JSON text) converts as `value_json` converts text; an
+    object or an array stays as it is (vLLM also fits their members to a nested schema, which detok does not have)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = text
+    written = _finite_json(value)
+    if written is None:  # an infinity or NaN
+        value, written = text, json.dumps(text, ensure_ascii=False)
+    if isinstance(value, dict | list) or types is None:
+        return written
+    return value_json(value if isinstance(value, str) else written, types)
+
+
 def is_text(types: tuple[str, ...] | None) -> bool:
     """Whether a value of these types is its text as a JSON string (None: a parameter the schema leaves untyped)."""
     return types is None or types == _TEXT

@@ -1,12 +1,17 @@
-"""Tool calls whose arguments are XML-style parameters, as vLLM 0.32's engine-based parsers of three families read
-them (vllm/parser/qwen3.py, glm47_moe.py, minimax_m2.py over vllm/parser/engine/):
+"""Tool calls whose arguments are XML-style parameters, as vLLM 0.32's engine-based parsers of four families read
+them (vllm/parser/qwen3.py, glm47_moe.py, minimax_m2.py, deepseek_v32.py over vllm/parser/engine/):
 
 - qwen3_coder (Qwen3-Coder, Qwen3.5): `<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n
   </function>\\n</tool_call>`;
 - glm45 / glm47 (GLM-4.5 to 4.7, one parser in vLLM): `<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE
   </arg_value>\\n</tool_call>`;
 - minimax_m2: `<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="KEY">VALUE</parameter>\\n</invoke>\\n
-  </minimax:tool_call>`.
+  </minimax:tool_call>`;
+- deepseek_v32 (DeepSeek-V3.2's DSML): `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter
+  name="KEY" string="true">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>`: a value whose
+  `string` attribute is not "true" (or is missing) is JSON where it parses as such, else text, and the schema type
+  then fits either (tool_types.loaded_value_json); calls may name any function; the content before the calls keeps
+  its trailing whitespace.
 
 The text is cut at the family's markers (the longest at the earliest place; a marker is held while the text's end may
 still become one), and each marker moves a small state machine (`XmlFamily.steps`); a marker that means nothing
@@ -30,7 +35,11 @@ sends it); content between a call that is none and a later call that stands stay
 call's opening); a parameter named twice is written twice (`json.loads` keeps the last value, as vLLM's object
 has it, there at the first one's place). Not read as vLLM reads them: a call without a name whose arguments are a
 JSON object naming one (vLLM's fallback makes it a call), special tokens other than the markers (vLLM drops them;
-the worker leaves them out only when it skips special tokens), a parameter tag inside a MiniMax key's quotes.
+the worker leaves them out only when it skips special tokens), a parameter tag inside a MiniMax key's quotes. In
+deepseek_v32: a value that parses to JSON holding an infinity or NaN is its text as a string (vLLM writes
+`Infinity`, no JSON), an object or array value's members are not fitted to a nested schema (the worker has the
+top-level types only), and arguments that are a lone `arguments` or `input` member wrapping the tool's parameters
+are not unwrapped (vLLM's V3.2 parser unwraps them after the fact, which a stream that already sent them cannot).
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from enum import Enum
 
 from detok_worker.parse.base import ParsedOutput, TextStage
 from detok_worker.parse.markers import held_suffix_len
-from detok_worker.parse.tool_types import ToolTypes, is_text, value_json
+from detok_worker.parse.tool_types import ToolTypes, is_text, loaded_value_json, value_json
 
 _NOT_PATTERN_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # str.isspace() counts them; the patterns' \s (regex) does not
 
@@ -102,14 +111,17 @@ class _Arguments:
         self._types: tuple[str, ...] | None = None
         self._value = ""  # a value that is not a string, so far
         self._opened = False  # a string value's opening quote is written
+        self._loaded = False
 
-    def start(self, key: str) -> None:
+    def start(self, key: str, *, loaded: bool = False) -> None:
+        """`loaded`: the value is JSON where it parses as such (else text) before its schema type converts it."""
         self._key, self._types, self._value, self._opened = key, self._typed.get(key), "", False
+        self._loaded = loaded
 
     def add(self, text: str) -> None:
         if self._key is None or not text:
             return
-        if not is_text(self._types):
+        if self._loaded or not is_text(self._types):
             self._value += text
             return
         if not self._opened:
@@ -120,7 +132,9 @@ class _Arguments:
     def close(self) -> None:
         if self._key is None:
             return
-        if not is_text(self._types):
+        if self._loaded:
+            self._member(loaded_value_json(self._value, self._types))
+        elif not is_text(self._types):
             assert self._types is not None
             self._member(value_json(self._value, self._types))
         elif self._opened:
@@ -187,6 +201,7 @@ class _TaggedParameters(_ParameterReader):
     the next opening (whitespace allowed inside the tags)."""
 
     OPENING: tuple[str, ...] = ()
+    CLOSING: tuple[str, ...] = _PARAMETER_CLOSE
 
     def _scan(self, text: str, *, final: bool) -> str:
         at = 0
@@ -219,7 +234,7 @@ class _TaggedParameters(_ParameterReader):
         (index, -1) when what is there may still end it; (-1, -1) when nothing in `text` ends it."""
         start = text.find("<", at)
         while start >= 0:
-            closing, after = _match(text, start, _PARAMETER_CLOSE)
+            closing, after = _match(text, start, self.CLOSING)
             if closing is _Match.FULL:
                 return start, after
             opening, _ = _match(text, start, self.OPENING)
@@ -311,6 +326,50 @@ class _MinimaxParameters(_TaggedParameters):
         self._in_value = True
 
 
+_DSML = "｜DSML｜"
+
+
+class _DsmlParameters(_TaggedParameters):
+    """`<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`: the key in double quotes, the
+    `string` attribute optional; with "true" the value is text, else JSON where it parses as such (then text); either
+    way its schema type converts it then."""
+
+    OPENING = (f"<{_DSML}parameter", " ", "name=")
+    CLOSING = (f"</{_DSML}parameter>",)
+
+    def __init__(self, arguments: _Arguments) -> None:
+        super().__init__(arguments)
+        self._text_value = False  # the opening read last says string="true"
+
+    def _opening(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
+        status, end = _match(text, at, (*self.OPENING, '"'))
+        close = text.find('"', end) if status is _Match.FULL else -1
+        if status is _Match.FULL and close < 0:
+            status = _Match.PARTIAL
+        if status is not _Match.FULL or close == end:
+            return _decided(status, final=final), "", 0
+        key = text[end:close]
+        attribute, after = _match(text, close + 1, (" ", 'string="'))
+        value_end = text.find('"', after) if attribute is _Match.FULL else -1
+        if attribute is _Match.FULL and value_end >= 0:
+            tag_end, gt = _match(text, value_end + 1, ("", ">"))
+            if tag_end is _Match.FULL:
+                self._text_value = text[after:value_end] == "true"
+                return _Match.FULL, key, gt
+            attribute = tag_end
+        elif attribute is _Match.FULL:
+            attribute = _Match.PARTIAL
+        if attribute is _Match.PARTIAL and not final:
+            return _Match.PARTIAL, "", 0
+        tag_end, gt = _match(text, close + 1, ("", ">"))
+        self._text_value = False
+        return _decided(tag_end, final=final), key, gt
+
+    def _start(self, key: str) -> None:
+        self.arguments.start(key, loaded=not self._text_value)
+        self._in_value = True
+
+
 class _GlmParameters(_ParameterReader):
     """`<arg_key>KEY</arg_key>`, whitespace, `<arg_value>VALUE</arg_value>`: the key (up to the first `</arg_key>`
     that such a value follows) stripped, the value as written."""
@@ -385,8 +444,10 @@ class XmlFamily:
         reader: Callable[[_Arguments], _ParameterReader],
         *,
         checks_names: bool,  # a call must name one of the request's tools (when it has tools)
+        keeps_content_space: bool = False,  # the content before the calls keeps its trailing whitespace
     ) -> None:
         self.markers, self.steps, self.reader, self.checks_names = markers, steps, reader, checks_names
+        self.keeps_content_space = keeps_content_space
         # the earliest marker, and the longest of those that start there (a regex tries alternatives in order)
         self._pattern = re.compile("|".join(map(re.escape, sorted(markers, key=len, reverse=True))))
         self._longest = max(map(len, markers))
@@ -447,6 +508,24 @@ MINIMAX_M2 = XmlFamily(
     },
     _MinimaxParameters,
     checks_names=True,
+)  # fmt: skip
+_DSML_CALLS_BEGIN, _DSML_CALLS_END = f"<{_DSML}function_calls>", f"</{_DSML}function_calls>"
+_DSML_INVOKE = f'<{_DSML}invoke name="'
+DEEPSEEK_V32 = XmlFamily(
+    (_DSML_CALLS_BEGIN, _DSML_CALLS_END, _DSML_INVOKE, '">', f"</{_DSML}invoke>", f"<{_DSML}parameter",
+     f"</{_DSML}parameter>"),
+    {
+        (_C, _DSML_CALLS_BEGIN): _Step(_P),
+        **{(state, _DSML_INVOKE): _Step(_N, starts=True) for state in (_C, _P, _B)},
+        (_N, '">'): _Step(_A),
+        (_A, f"</{_DSML}invoke>"): _Step(_B, ends=True),
+        (_A, _DSML_CALLS_END): _Step(_B, ends=True),
+        (_B, _DSML_CALLS_END): _Step(_B),
+        (_B, _DSML_CALLS_BEGIN): _Step(_P),
+    },
+    _DsmlParameters,
+    checks_names=False,
+    keeps_content_space=True,
 )  # fmt: skip
 
 
@@ -530,7 +609,9 @@ class XmlCalls(TextStage):
         name, self._name = self._name.strip(), ""
         if not (self._open and name) or (self._family.checks_names and not self._tools.knows(name)):
             return
-        self._space = ""  # the content ends before the calls, without its trailing whitespace
+        if self._family.keeps_content_space and self._wrote and not self._calls:
+            out.content += self._space
+        self._space = ""  # the content ends before the calls (without its trailing whitespace, as most families)
         self._reader = self._family.reader(_Arguments(self._tools.of(name)))
         out.add_tool(self._calls, name=name, arguments="{")
 

@@ -52,6 +52,7 @@ FAMILIES = {
     "qwen3-coder": ["qwen3-coder-tools"],  # XML parameters, typed by the request's tools
     "glm": ["glm47-tools"],
     "minimax": ["minimax-m2-tools"],
+    "deepseek-v32": ["deepseek-v32-tools"],  # DSML calls; the markers are text of the V3 vocabulary
     "glm45-think": ["glm45-think-tools"],  # glm45 reasoning, then its calls
     "minimax-m2-think": ["minimax-m2-think-tools"],  # minimax_m2 reasoning (no opening marker), then its calls
     "kimi-k2": ["kimi-k2-think-tools"],  # reasoning, content, two calls; the markers are special tokens

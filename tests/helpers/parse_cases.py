@@ -165,6 +165,17 @@ CASES = [
         tool_calls=[("get_weather", '{"city": "巴黎 ☀️", "days": 3}'), ("get_time", '{"tz": "CET"}')],
         skip_special_tokens=False,
     ),
+    OutputCase(  # DeepSeek-V3.2's DSML calls: its vocabulary is V3's, where the DSML markers are text, not tokens; the
+        # `string` attribute says which values are text, the schema types the others; the content keeps its end
+        "deepseek-v32-tools", "deepseek-v3", "<｜Assistant｜>",
+        "Checking.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+        '<｜DSML｜parameter name="city" string="true">巴黎 ☀️</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="tz" string="true">CET</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        "<｜end▁of▁sentence｜>", "", "deepseek_v32", reasoning="", content="Checking.\n\n",
+        tool_calls=[("get_weather", '{"city": "巴黎 ☀️", "days": 3}'), ("get_time", '{"tz": "CET"}')],
+    ),
     OutputCase(  # GLM-4.5: the output opens the think block itself; reasoning and tool calls both read
         "glm45-think-tools", "glm-markers", "<|assistant|>",
         "<think>The user wants the weather: one call.\n</think>Let me check.\n<tool_call>get_weather\n"

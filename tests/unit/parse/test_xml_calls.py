@@ -1,11 +1,11 @@
-"""The XML-parameter tool calls (`--tool-call-parser qwen3_coder`, `glm45` / `glm47`, `minimax_m2`): random outputs of
-each family (calls with typed and string parameters, text, CJK and emoji, stray markup, calls that are none, calls
-cut off by the end of the output), parsed by detok in random pieces and whole, and by vLLM 0.32's own parser of the
-family (in vLLM's virtualenv, one subprocess for every case of the module) on the whole text with the same tools:
-the same content and calls, arguments to the character.
+"""The XML-parameter tool calls (`--tool-call-parser qwen3_coder`, `glm45` / `glm47`, `minimax_m2`, `deepseek_v32`):
+random outputs of each family (calls with typed and string parameters, text, CJK and emoji, stray markup, calls
+that are none, calls cut off by the end of the output), parsed by detok in random pieces and whole, and by vLLM
+0.32's own parser of the family (in vLLM's virtualenv, one subprocess for every case of the module) on the whole
+text with the same tools: the same content and calls, arguments to the character.
 
 vLLM reads the text only (no token ids), as detok does: its tokenizer matters only for the special tokens it would
-drop, and these outputs have none, so the embedded Qwen3 tokenizer serves the three parsers. They run as vLLM's
+drop, and these outputs have none, so the embedded Qwen3 tokenizer serves the four parsers. They run as vLLM's
 server runs them without a reasoning parser (reasoning markers are text).
 
 The differences kept, each where vLLM's streaming already sent what detok sends:
@@ -13,6 +13,8 @@ The differences kept, each where vLLM's streaming already sent what detok sends:
   whole parse drops the parameter;
 - whitespace before the content's first text stays when calls come after that text; vLLM's whole parse strips it;
 - a parameter named twice is written twice (the parsed object is vLLM's: the last value).
+DSML values (deepseek_v32) carry a random `string` attribute (or none) whatever the schema says; they avoid values
+that parse to a JSON infinity (vLLM writes `Infinity`, no JSON; detok the text as a string).
 The outputs avoid the one other difference (content between a call that is none and a later call that stands: vLLM
 drops it, detok has sent it)."""
 
@@ -70,6 +72,7 @@ STRAYS = {
     "qwen3_coder": ["</tool_call>", "</function>", "<parameter=a>", "</parameter>", ">", "</think>", "<tool_"],
     "glm47": ["</tool_call>", "<arg_key>", "</arg_value>", "<think>", "<tool"],
     "minimax_m2": ["</invoke>", '<parameter name="a">', "</parameter>", '">', "</minimax:tool_call>", "<minimax:"],
+    "deepseek_v32": ["</｜DSML｜invoke>", '<｜DSML｜parameter name="a">', "</｜DSML｜parameter>", '">', "<｜DSML｜"],
 }
 NAMES = ["get_weather", "search", "ping", "nope", " get_weather ", ""]
 PARTIAL = "巴黎 Pa"  # a string value cut off by the end of the output
@@ -104,16 +107,33 @@ def minimax_call(rng: random.Random, name: str, params: list[tuple[str, str]], c
     return call + cut if cut else f"{call}</invoke>\n"
 
 
-WRITERS = {"qwen3_coder": qwen3_call, "glm47": glm_call, "minimax_m2": minimax_call}
+# a DSML value's `string` attribute, whatever the value is (the schema may disagree)
+ATTRIBUTES = ["", ' string="true"', ' string="false"', ' string="false" ']
+NO_FINITE_JSON = {"[1e999]"}  # vLLM's DSML parse writes it as `[Infinity]`, no JSON; detok: the text as a string
+
+
+def dsml_call(rng: random.Random, name: str, params: list[tuple[str, str]], cut: str) -> str:
+    body = "".join(
+        f'<｜DSML｜parameter name="{key}"{rng.choice(ATTRIBUTES)}>{value}</｜DSML｜parameter>\n'
+        for key, value in params
+        if value not in NO_FINITE_JSON
+    )
+    call = f'<｜DSML｜invoke name="{name}">\n{body}'
+    return call + cut if cut else f"{call}</｜DSML｜invoke>\n"
+
+
+WRITERS = {"qwen3_coder": qwen3_call, "glm47": glm_call, "minimax_m2": minimax_call, "deepseek_v32": dsml_call}
 OPENINGS = {  # what a cut-off value follows, by family
     "qwen3_coder": lambda key: f"<parameter={key}>\n",
     "glm47": lambda key: f"<arg_key>{key}</arg_key>\n<arg_value>",
     "minimax_m2": lambda key: f'<parameter name="{key}">',
+    "deepseek_v32": lambda key: f'<｜DSML｜parameter name="{key}" string="true">',
 }
 
 
 def stands(family: str, name: str, tools: list[dict[str, Any]] | None) -> bool:
-    known = tools is None or family == "qwen3_coder" or name.strip() in {t["function"]["name"] for t in tools}
+    names_any = tools is None or family in ("qwen3_coder", "deepseek_v32")
+    known = names_any or name.strip() in {t["function"]["name"] for t in tools}
     return bool(name.strip()) and known
 
 
@@ -135,12 +155,18 @@ def random_output(rng: random.Random, family: str) -> Output:
         text += "".join(rng.choice(WORDS if stood else ["\n", " "]) for _ in range(rng.randrange(0, 3)))
     if family == "minimax_m2" and rng.random() < 0.5:
         text = text.replace("<invoke", "<minimax:tool_call>\n<invoke", 1) + "</minimax:tool_call>"
+    if family == "deepseek_v32" and rng.random() < 0.5:
+        text = text.replace("<｜DSML｜invoke", "<｜DSML｜function_calls>\n<｜DSML｜invoke", 1) + rng.choice(
+            ["</｜DSML｜function_calls>", "</｜DSML｜function_calls>\nafter"]
+        )
     if rng.random() < 0.25:  # cut off inside a call: its name, a typed value (both drop it) or a string value
         where = rng.choice(["name", "typed", "string"]) if tools else rng.choice(["name", "string"])
         if where == "name":
-            cut_call = {"qwen3_coder": "<function=get_wea", "glm47": "<tool_call>get_wea"}.get(
-                family, '<invoke name="get_wea'
-            )
+            cut_call = {
+                "qwen3_coder": "<function=get_wea",
+                "glm47": "<tool_call>get_wea",
+                "deepseek_v32": '<｜DSML｜invoke name="get_wea',
+            }.get(family, '<invoke name="get_wea')
             return Output(family, text + cut_call, tools)
         key = "city" if where == "string" else "days"
         cut = OPENINGS[family](key) + ("4" if where == "typed" else PARTIAL)
@@ -292,6 +318,30 @@ def test_a_string_value_streams_as_it_is_written() -> None:
     assert feed("\n</parameter>\n") == '{"city": "Paris is\\nbig", "days": 12'
     assert [piece.arguments for piece in parser.finish().tool_calls] == ["}"]
     assert all(not name for name, _ in streamed[1:])
+
+
+def test_a_dsml_value_streams_when_its_attribute_says_string() -> None:
+    """DSML: a `string="true"` value of a string parameter streams as it is written; one without the attribute comes
+    at its closing tag, parsed as JSON; the content keeps its trailing whitespace before the calls."""
+    parser = create_parser("", "deepseek_v32", tool_types=parameter_types(TOOLS))
+    assert parser is not None
+    content: list[str] = []
+    streamed: list[str] = []
+
+    def feed(text: str) -> str:
+        for char in text:
+            out = parser.feed(char)
+            content.append(out.content)
+            streamed.extend(piece.arguments for piece in out.tool_calls)
+        return "".join(streamed)
+
+    assert feed('Hi \n<｜DSML｜invoke name="get_weather">') == "{"
+    assert feed('<｜DSML｜parameter name="city" string="true">Paris is') == '{"city": "Paris is'
+    assert feed('</｜DSML｜parameter><｜DSML｜parameter name="opts">{"a": ') == '{"city": "Paris is"'
+    assert feed("[1]}</｜DSML｜parameter>") == '{"city": "Paris is", "opts": {"a": [1]}'
+    assert feed("</｜DSML｜invoke>after") == '{"city": "Paris is", "opts": {"a": [1]}}'
+    parser.finish()
+    assert "".join(content) == "Hi \n"
 
 
 @pytest.mark.parametrize(
