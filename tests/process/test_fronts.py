@@ -150,9 +150,10 @@ def test_two_fronts_serve_200_concurrent_streams_exactly(service: ServeProcess, 
 def test_sigkill_of_one_front_loses_only_its_own_streams(service: ServeProcess, tokenizer: Any) -> None:
     before = front_pids(service)
     victim, survivor = before[1], before[0]
-    # long streams (400+ tokens, few stop strings: 1.6 s and more at 4 ms a step), so that many are live at the kill
-    cases = echo_cases(tokenizer, 200, seed=22, min_tokens=400, stop_share=0.2)
-    outcomes = asyncio.run(run_streams(service, cases, kill_pid=victim, kill_after_started=50))
+    # long streams (800+ tokens, few stop strings: 3.2 s and more at 4 ms a step) and the kill at the 20th first
+    # event, so that many are live at the kill even when this client reads slower than the fronts write
+    cases = echo_cases(tokenizer, 200, seed=22, min_tokens=800, stop_share=0.2)
+    outcomes = asyncio.run(run_streams(service, cases, kill_pid=victim, kill_after_started=20))
     wait_for(lambda: all_idle(service), 20, what="live rids 0 everywhere after the kill")  # every access line is out
     served = served_by(service)
     on_survivor = [(c, o) for c, o in zip(cases, outcomes, strict=True) if served.get(o.rid or "") == survivor]
