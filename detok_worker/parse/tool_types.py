@@ -78,7 +78,8 @@ def _preferred(types: set[str]) -> list[str]:
 
 def parameter_types(tools: Any) -> str:
     """What the worker needs of a request's tools, as compact JSON: {function: {parameter: [types]}} for every
-    function tool, with only the parameters that are not plain strings; "" for a request without tools."""
+    function tool (a parameter declared a string is one: DSML reads an untyped value as JSON, a string one as text);
+    "" for a request without tools."""
     if not tools or not isinstance(tools, list):
         return ""
     functions: dict[str, dict[str, list[str]]] = {}
@@ -93,8 +94,8 @@ def parameter_types(tools: Any) -> str:
         properties = parameters.get("properties") if isinstance(parameters, dict) else None
         typed: dict[str, list[str]] = {}
         for name, schema in (properties or {}).items() if isinstance(properties, dict) else ():
-            if isinstance(schema, dict) and (types := _preferred(_schema_types(schema))) != ["string"]:
-                typed[name] = types
+            if isinstance(schema, dict):
+                typed[name] = _preferred(_schema_types(schema))
         functions[function["name"]] = typed
     return json.dumps(functions, ensure_ascii=False, separators=(",", ":"))
 
@@ -122,7 +123,7 @@ class ToolTypes:
         return self.functions is None or function in self.functions
 
     def of(self, function: str) -> Mapping[str, tuple[str, ...]]:
-        """The function's parameters whose values are converted (the others are strings)."""
+        """The function's parameters and their types (a parameter its schema does not name has none)."""
         if self.functions is None:
             return _UNTYPED
         return self.functions.get(function, _UNTYPED)

@@ -330,9 +330,9 @@ _DSML = "｜DSML｜"
 
 
 class _DsmlParameters(_TaggedParameters):
-    """`<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`: the key in double quotes, the
-    `string` attribute optional; with "true" the value is text, else JSON where it parses as such (then text); either
-    way its schema type converts it then."""
+    """`<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`: the key in double quotes (a
+    parameter with an empty key is read and dropped), the `string` attribute optional; with "true" the value is
+    text, else JSON where it parses as such (then text); either way its schema type converts it then."""
 
     OPENING = (f"<{_DSML}parameter", " ", "name=")
     CLOSING = (f"</{_DSML}parameter>",)
@@ -346,7 +346,7 @@ class _DsmlParameters(_TaggedParameters):
         close = text.find('"', end) if status is _Match.FULL else -1
         if status is _Match.FULL and close < 0:
             status = _Match.PARTIAL
-        if status is not _Match.FULL or close == end:
+        if status is not _Match.FULL:
             return _decided(status, final=final), "", 0
         key = text[end:close]
         attribute, after = _match(text, close + 1, (" ", 'string="'))
@@ -366,7 +366,8 @@ class _DsmlParameters(_TaggedParameters):
         return _decided(tag_end, final=final), key, gt
 
     def _start(self, key: str) -> None:
-        self.arguments.start(key, loaded=not self._text_value)
+        if key:
+            self.arguments.start(key, loaded=not self._text_value)
         self._in_value = True
 
 

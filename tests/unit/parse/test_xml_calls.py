@@ -177,7 +177,7 @@ def random_output(rng: random.Random, family: str) -> Output:
 
 
 # outputs written by hand: tags in names, the lookahead end of a value, keys that run over a `</arg_key>`, the
-# name's quotes and openings that are no parameter, stray closing markers
+# name's quotes and openings that are no parameter, stray closing markers, a DSML call that its block's end closes
 EDGES = [
     Output(family, text, TOOLS)
     for family, text in (
@@ -192,6 +192,23 @@ EDGES = [
         ("minimax_m2", "a</minimax:tool_call>b<invoke name=get_weather><parameter name='days'>2</parameter></invoke>"),
         ("minimax_m2", '<invoke name="search"><parameter name="a" x>1</parameter><parameter name=q>2</parameter>'),
         ("minimax_m2", '<invoke name=search><parameter name="">1</parameter><parameter name="q" >2</parameter>'),
+        (
+            "deepseek_v32",
+            '<｜DSML｜function_calls><｜DSML｜invoke name="search"><｜DSML｜parameter name="q">'
+            "v</｜DSML｜parameter></｜DSML｜function_calls>after<｜DSML｜function_calls>"
+            '<｜DSML｜invoke name="ping"></｜DSML｜invoke></｜DSML｜function_calls>',
+        ),
+        (
+            "deepseek_v32",
+            '<｜DSML｜invoke name="get_weather"><｜DSML｜parameter name="days" string="true">2'
+            '<｜DSML｜parameter name="city" string="false">"x"</｜DSML｜parameter></｜DSML｜invoke>',
+        ),
+        (
+            "deepseek_v32",
+            '<｜DSML｜invoke name="search"><｜DSML｜parameter name="" string="true">1</｜DSML｜parameter>'
+            '<｜DSML｜parameter name="q"string="true">2</｜DSML｜parameter><｜DSML｜parameter  name="q" string="x" >3'
+            "</｜DSML｜parameter></｜DSML｜invoke>",
+        ),
     )
 ]
 DUPLICATES = [
