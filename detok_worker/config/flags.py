@@ -128,7 +128,8 @@ def add_front_flags(parser: argparse.ArgumentParser) -> None:
         group,
         "--reasoning-parser",
         "front.reasoning_parser",
-        "qwen3, deepseek_r1, gpt_oss, glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3, granite, auto, none",
+        "qwen3, deepseek_r1, deepseek_v3, gpt_oss, glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3, "
+        "granite, auto, none",
     )
     add_override_flag(
         group,

@@ -40,7 +40,7 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 LORA_RESOLVER_ENVS = ("VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST")
 # vLLM's parser names -> detok's parser of the same output format
 REASONING_PARSERS = {
-    "qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "openai_gptoss": "gpt_oss",
+    "qwen3": "qwen3_vllm", "deepseek_r1": "deepseek_r1", "deepseek_v3": "deepseek_v3", "openai_gptoss": "gpt_oss",
     "glm45": "glm45", "glm47": "glm45", "kimi_k2": "kimi_k2", "minimax_m2": "minimax_m2",
     "minimax_m2_append_think": "minimax_m2_append_think", "olmo3": "olmo3", "granite": "granite",
 }  # fmt: skip

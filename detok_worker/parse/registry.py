@@ -56,6 +56,8 @@ GRANITE_REASONING_END = ("Here is my response:", "Here's my response:")
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
     "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
+    # vLLM's deepseek_v3 is its deepseek_r1 while thinking is on, else none (THINKING_SWITCHED)
+    "deepseek_v3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
     # vLLM 0.32's qwen3 parser does not read the prompt: it reasons from the start unless thinking is off, when
     # the front does not name it (THINKING_SWITCHED); a tool call ends the reasoning (its parser engine's rule)
     "qwen3_vllm": lambda prompt_tail: ThinkStage(
@@ -83,6 +85,7 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
 COUNTED_REASONING: dict[str, CountedMarkers | None] = {
     "qwen3_vllm": CountedMarkers(ends=(THINK_END, QWEN3_CALL_BEGIN), aside=(QWEN3_CALL_END,)),
     "deepseek_r1": CountedMarkers(pairs=True),
+    "deepseek_v3": CountedMarkers(pairs=True),
     "glm45": CountedMarkers(tool_call=(GLM_CALL_BEGIN, GLM_CALL_END)),
     "kimi_k2": CountedMarkers(
         ends=(THINK_END, KIMI_CALLS_BEGIN), aside=(KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_ARGUMENTS_BEGIN, KIMI_CALL_END)
@@ -105,6 +108,11 @@ def _thinking_or_enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
     return all(value is None for value in given) or any(bool(value) for value in given)
 
 
+def _thinking_asked(template_kwargs: Mapping[str, Any]) -> bool:
+    """vLLM's deepseek_v3: thinking only when `thinking` or `enable_thinking` is true."""
+    return bool(template_kwargs.get("thinking")) or bool(template_kwargs.get("enable_thinking"))
+
+
 # reasoning parsers that a chat's template arguments turn off (vLLM's parser of that family reads them from the
 # request's chat_template_kwargs) -> whether the arguments leave thinking on; with thinking off the whole output is
 # content
@@ -112,6 +120,7 @@ THINKING_SWITCHED: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "qwen3_vllm": _enable_thinking,
     "glm45": _thinking_or_enable_thinking,
     "kimi_k2": _thinking_or_enable_thinking,
+    "deepseek_v3": _thinking_asked,
 }
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),

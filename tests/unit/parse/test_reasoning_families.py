@@ -1,15 +1,17 @@
 """The reasoning parsers of vLLM 0.32's other families (glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3,
-granite): random outputs of each family's markup (its markers, the other families', whitespace, CJK and emoji, a
-marker cut by the end of the output), parsed by detok in random pieces and whole, and by vLLM's own parser of that
-name (in vLLM's virtualenv) on the whole text, as its chat server reads a whole answer: the same reasoning and
-content. Where the chat's template arguments turn thinking off (glm45, kimi_k2), the front runs no reasoning parser
-(THINKING_SWITCHED) and vLLM's parser returns the output as content. The recorded cases of these families
-(helpers/parse_cases.py, with their tool-call parsers) are vLLM's split too.
+granite, deepseek_v3): random outputs of each family's markup (its markers, the other families', whitespace, CJK and
+emoji, a marker cut by the end of the output), parsed by detok in random pieces and whole, and by vLLM's own parser
+of that name (in vLLM's virtualenv) on the whole text, as its chat server reads a whole answer: the same reasoning
+and content. Where the chat's template arguments turn thinking off (glm45, kimi_k2; deepseek_v3 unless they turn it
+on), the front runs no reasoning parser (THINKING_SWITCHED) and vLLM's parser returns the output as content. The
+recorded cases of these families (helpers/parse_cases.py, with their tool-call parsers) are vLLM's split too.
 
 The differences kept, each where vLLM's streaming already splits the output as detok does: an olmo3 output without
 `</think>` reasons (vLLM's whole answer: all content); a granite output that opens with its thought phrase but never
 writes its response phrase reasons (vLLM's whole answer: all content), and one that does not open with the thought
-phrase is content (vLLM's whole answer finds the phrases further in, and drops the text before them). Kept out of
+phrase is content (vLLM's whole answer finds the phrases further in, and drops the text before them). deepseek_v3's
+outputs hold no `<think>` (its chat template writes it into the prompt); where one stands after other text, vLLM's
+whole answer drops that text, which detok (as its deepseek_r1) keeps in the reasoning. Kept out of
 the outputs: a minimax_m2 `</minimax:tool_call>` that no opening call markup precedes, which vLLM drops from the
 content and detok keeps."""
 
@@ -35,7 +37,10 @@ MARKUP = {
     "minimax_m2_append_think": ["<minimax:tool_call>", '<invoke name="f">'],
     "olmo3": ["<tool_call>"],
     "granite": [*GRANITE_REASONING_START, *GRANITE_REASONING_END, "Here is my", "Here", ":", "<think>"],
+    "deepseek_v3": ["<｜tool▁calls▁begin｜>", "<｜Assistant｜>"],
 }
+# the template arguments of a family's random outputs: deepseek_v3 thinks only when they ask
+THINKING_ON: dict[str, dict[str, Any]] = {"deepseek_v3": {"thinking": True}}
 TEMPLATE_ARGUMENTS: list[dict[str, Any]] = [
     {}, {"thinking": False}, {"enable_thinking": False}, {"thinking": True, "enable_thinking": False},
     {"thinking": None}, {"enable_thinking": True},
@@ -43,7 +48,8 @@ TEMPLATE_ARGUMENTS: list[dict[str, Any]] = [
 
 
 def random_output(family: str, rng: random.Random) -> str:
-    alphabet = WORDS + THINK + MARKUP[family]
+    think = [marker for marker in THINK if marker != "<think>"] if family == "deepseek_v3" else THINK
+    alphabet = WORDS + think + MARKUP[family]
     text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 9)))
     if family == "granite" and rng.random() < 0.6:  # mostly the shape of its answers
         text = rng.choice(GRANITE_REASONING_START) + text
@@ -90,7 +96,7 @@ def known_difference(family: str, text: str, detoks: Parsed, vllms: Parsed) -> b
 
 def test_detoks_split_is_vllms_in_any_pieces() -> None:
     rng = random.Random(45)
-    cases = [(family, {}, random_output(family, rng)) for family in MARKUP for _ in range(70)]
+    cases = [(family, THINKING_ON.get(family, {}), random_output(family, rng)) for family in MARKUP for _ in range(70)]
     switched = [family for family in MARKUP if family in THINKING_SWITCHED]
     cases += [(family, kwargs, random_output(family, rng)) for family in switched for kwargs in TEMPLATE_ARGUMENTS]
     recorded = [case for case in CASES if case.reasoning_parser in MARKUP]

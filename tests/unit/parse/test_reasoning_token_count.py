@@ -35,6 +35,7 @@ FAMILIES = {
     "minimax_m2_append_think": ("minimax_m2_append_think", "qwen3", THINK),
     "olmo3": ("olmo3", "qwen3", THINK),
     "granite": ("granite", "qwen3", THINK),
+    "deepseek_v3": ("deepseek_v3", "qwen3", THINK),
 }
 TOKENIZERS = sorted({tokenizer for _, tokenizer, _ in FAMILIES.values()})
 
@@ -47,11 +48,9 @@ from vllm.tokenizers import get_tokenizer
 tokenizers = [get_tokenizer(folder) for folder in sys.argv[1:]]
 cases = json.loads(sys.stdin.read())
 counts = []
-for name, which, tail, ids in cases:
+for name, which, tail, kwargs, ids in cases:
     tokenizer = tokenizers[which]
     parser_cls = ParserManager.get_parser(reasoning_parser_name=name, tokenizer=tokenizer)
-    # vLLM's server gives the parser the request's template arguments: thinking off closes the block in the prompt
-    kwargs = {"enable_thinking": False} if tail.endswith("</think>\\n\\n") else {}
     parser = parser_cls(tokenizer, None, model_config=None, chat_template_kwargs=kwargs)
     parser.set_prompt_token_ids(tokenizer.encode(tail, add_special_tokens=False))
     request = ChatCompletionRequest(messages=[])
@@ -68,9 +67,17 @@ def random_output(marker_ids: list[int], rng: random.Random) -> list[int]:
     return ids
 
 
+def template_arguments(name: str, tail: str) -> dict[str, bool]:
+    """The chat's template arguments that give this prompt tail: thinking off closes the block in the prompt
+    (deepseek_v3 thinks only when they ask)."""
+    if tail.endswith("</think>\n\n"):
+        return {"enable_thinking": False}
+    return {"thinking": True} if name == "deepseek_v3" else {}
+
+
 def detok_count(name: str, tail: str, ids: list[int], rng: random.Random) -> int:
-    if name in THINKING_SWITCHED and tail.endswith("</think>\n\n"):  # thinking off: the front runs no parser
-        return 0
+    if name in THINKING_SWITCHED and not THINKING_SWITCHED[name](template_arguments(name, tail)):
+        return 0  # thinking off: the front runs no parser
     counter = reasoning_token_count(name, load_fixture_tokenizer(FAMILIES[name][1]).token_to_id)
     if counter is None:
         return 0
@@ -88,7 +95,10 @@ def test_detoks_count_is_vllms_in_any_batches() -> None:
     for name, (_, tokenizer, markers) in FAMILIES.items():
         marker_ids = [load_fixture_tokenizer(tokenizer).token_to_id(marker) for marker in markers]
         cases += [(name, rng.choice(PROMPT_TAILS), random_output(marker_ids, rng)) for _ in range(60)]
-    vllm_cases = [(FAMILIES[name][0], TOKENIZERS.index(FAMILIES[name][1]), tail, ids) for name, tail, ids in cases]
+    vllm_cases = [
+        (FAMILIES[name][0], TOKENIZERS.index(FAMILIES[name][1]), tail, template_arguments(name, tail), ids)
+        for name, tail, ids in cases
+    ]
     vllm_counts = run_in_vllm(VLLM_SCRIPT, vllm_cases, *TOKENIZERS)
     mine = [detok_count(name, tail, ids, rng) for name, tail, ids in cases]
     differing = [
