@@ -100,9 +100,9 @@ class PrefixStore:
         self._hit_tokens = 0
         self._unaligned = 0
 
-    def lookup(self, add_special_tokens: bool, segments: Sequence[str]) -> tuple[int, _Node] | None:
+    def lookup(self, add_special_tokens: bool, segments: Sequence[str], min_index: int = 0) -> tuple[int, _Node] | None:
         """The deepest cached node along `segments` (the text cut after each boundary), with the index of its
-        segment; counts a hit or a miss."""
+        segment; counts a hit or a miss (a node before segment `min_index` is a miss too)."""
         with self._lock:
             nodes = self._nodes
             node: _Node | None = None
@@ -114,7 +114,7 @@ class PrefixStore:
                     break
                 node = parent = child
                 index += 1
-            if node is None:
+            if node is None or index < min_index:
                 self._misses += 1
                 return None
             self._touch(node)
@@ -263,7 +263,10 @@ class PrefixEncoder:
         if len(boundaries) > MAX_BOUNDARIES_PER_TEXT:
             boundaries = boundaries[-MAX_BOUNDARIES_PER_TEXT:]
         segments = text_segments(text, boundaries)
-        found = self.store.lookup(add_special_tokens, segments)
+        # a prefix shorter than half the rest costs more to build on (the rest's offsets moved, the parts joined)
+        # than its encode saves: such a text is encoded whole, its boundaries cached
+        worth = next((i for i, (_, end, _) in enumerate(boundaries) if 3 * end >= len(text)), len(boundaries))
+        found = self.store.lookup(add_special_tokens, segments, worth)
         if found is not None:
             hit = self._encode_from(text, boundaries, segments, found, add_special_tokens, framing)
             if hit is not None:

@@ -183,13 +183,33 @@ def test_a_segment_is_reused_only_under_the_same_parent() -> None:
     for text in (other, skipped):
         assert as_lists(cached.encode(text)) == as_lists(tokenizer.encode(text))
     stats = cached.stats().l1
-    # each shares only first's first node, "<|im_start|>" (one token)
-    assert (stats.hits, stats.hit_tokens) == (2, 2)
+    # each shares only first's first node, "<|im_start|>" (one token): too short a prefix to build on, a miss
+    assert (stats.hits, stats.misses, stats.hit_tokens) == (0, 3, 0)
     assert as_lists(cached.encode(first + "<|im_start|>assistant\n")) == as_lists(
         tokenizer.encode(first + "<|im_start|>assistant\n")
     )
     # the whole first chain: up to its last special token (the final newline is not a boundary)
-    assert cached.stats().l1.hit_tokens == 2 + len(tokenizer.encode(first.removesuffix("\n")).ids)
+    assert cached.stats().l1.hit_tokens == len(tokenizer.encode(first.removesuffix("\n")).ids)
+
+
+def test_a_prefix_shorter_than_half_the_rest_is_not_built_on() -> None:
+    # building on a cached prefix moves the rest's offsets and joins the parts: for a short prefix that costs more
+    # than encoding it, so the text is encoded whole (a miss) and its boundaries cached for the next one
+    tokenizer = load_fixture_tokenizer("qwen3")
+    system = "<|im_start|>system\nYou answer briefly.<|im_end|>\n"
+    long_turn = "<|im_start|>user\n" + "Tell me everything about tea. " * 10 + "<|im_end|>\n"
+    short_turn = "<|im_start|>user\nTea?<|im_end|>\n"
+    cached = CachedTokenizer(tokenizer, l1_max_memory=1 << 20)
+    cached.encode(system + short_turn)
+    assert as_lists(cached.encode(system + long_turn)) == as_lists(tokenizer.encode(system + long_turn))
+    stats = cached.stats().l1
+    assert (stats.hits, stats.misses) == (0, 2)  # the system prompt is cached, but short against the long turn
+    assert as_lists(cached.encode(system + long_turn + short_turn)) == as_lists(
+        tokenizer.encode(system + long_turn + short_turn)
+    )
+    stats = cached.stats().l1
+    # the long turn's boundaries were cached by the whole encode: built on up to its end
+    assert (stats.hits, stats.hit_tokens) == (1, len(tokenizer.encode(system + long_turn.removesuffix("\n")).ids))
 
 
 def test_concurrent_encodes_stay_exact_under_eviction() -> None:

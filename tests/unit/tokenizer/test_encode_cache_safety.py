@@ -123,7 +123,7 @@ def test_normalizer_variants_are_split_exactly(
     cached = CachedTokenizer(tokenizer, l0_max_entries=1000, l1_max_memory=1 << 24)
     assert_exact(name, tokenizer, cached)
     stats = cached.stats().l1
-    assert stats.enabled and stats.hits > 50 and stats.unaligned == 0
+    assert stats.enabled and stats.hits > 40 and stats.unaligned == 0
 
 
 def test_post_processor_adding_bos_and_eos_gives_one_of_each(tmp_path: Path) -> None:
