@@ -1,7 +1,7 @@
 """The asyncio event loop of detok's asyncio processes (the gRPC gateway, the engine server; the front's is
 uvicorn's, which picks uvloop the same way): uvloop when it is installed (a dependency except on Windows), else
 asyncio's own. grpc.aio runs on any asyncio loop, and on uvloop a Generate stream's message costs less CPU, in a bare
-client and in the gateway's process (BENCHMARKS.md, "Side by side with SMG")."""
+client and in the gateway's process."""
 
 from __future__ import annotations
 

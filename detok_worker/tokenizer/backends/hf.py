@@ -39,7 +39,7 @@ from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.json.xz")
 CONFIG_FILE = "tokenizer_config.json"
-# tokenizers' encode holds the GIL for the whole text (~4 s for 1 M characters: every other thread stops);
+# tokenizers' encode holds the GIL for the whole text (a long one stops every other thread for seconds);
 # encode_batch releases it while it works, so longer texts go through it (same pipeline, same ids).
 GIL_FREE_ENCODE_CHARS = 4096
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -222,7 +222,7 @@ class HFTokenizer(TokenizerBase):
 
 
 def read_vocab_facts(tokenizer: RustTokenizer) -> VocabFacts:
-    """The vocabulary size, the unknown ids (from the whole vocabulary, ~0.1 s for 150k tokens) and the added
+    """The vocabulary size, the unknown ids (from the whole vocabulary) and the added
     tokens."""
     known_ids = set(tokenizer.get_vocab(with_added_tokens=True).values())
     vocab_size = max(known_ids, default=-1) + 1

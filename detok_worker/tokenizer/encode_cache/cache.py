@@ -34,7 +34,7 @@ _plans_lock = threading.Lock()
 
 
 def split_plan_for(tokenizer: Tokenizer) -> SplitPlan:
-    """The split plan of a tokenizer, computed once per tokenizer object (it takes up to a few hundred ms) and
+    """The split plan of a tokenizer, computed once per tokenizer object (test encodes: slow) and
     kept on disk by tokenizer content (plan_cache.py)."""
     with _plans_lock:
         try:

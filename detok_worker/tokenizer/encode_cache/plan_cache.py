@@ -1,6 +1,5 @@
-"""The encode cache's split plan (split_safety.py: ~0.2 s of test encodes for Qwen3, in the front before it
-serves) on disk, like the fast path's tables: a front that starts with a tokenizer seen before reads the plan
-instead of test-encoding again.
+"""The encode cache's split plan (split_safety.py: test encodes, in the front before it serves) on disk, like
+the fast path's tables: a front that starts with a tokenizer seen before reads the plan instead of test-encoding again.
 
 Where: the detok cache directory (`cache_root()`), folder `split-plan/`, one JSON file per key. The key covers
 what the plan is a function of: the tokenizer's `content_fingerprint()` (a tokenizer without one is never

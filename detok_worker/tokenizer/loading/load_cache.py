@@ -1,8 +1,8 @@
 """What loading a Hugging Face tokenizer.json costs besides building it, kept on disk per file content: the
-decompressed JSON of a tokenizer.json.xz (lzma is ~1/5 of loading Qwen3) and the vocabulary facts HFTokenizer
-derives from the whole vocabulary (`get_vocab`, another ~1/5) and from its added tokens. Every detok process
+decompressed JSON of a tokenizer.json.xz (lzma) and the vocabulary facts HFTokenizer derives from the whole
+vocabulary (`get_vocab`) and from its added tokens: each a large part of a load. Every detok process
 loads the tokenizer; with this only the first start after a new file pays for them, and with the facts at hand
-HFTokenizer defers building the library tokenizer (`Tokenizer.from_str`, ~0.45 s for Qwen3) to its first use: a
+HFTokenizer defers building the library tokenizer (`Tokenizer.from_str`, the slowest part) to its first use: a
 worker whose fast-path tables come from their disk cache, or an engine stub that only needs the EOS and special
 ids, never builds it.
 
