@@ -45,8 +45,8 @@ NAMED_CALL = "tool_choice_function"  # the output is the arguments of DetokParam
 KIMI_CALLS_BEGIN, KIMI_CALLS_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 KIMI_CALL_BEGIN, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
 KIMI_ARGUMENTS_BEGIN = "<|tool_call_argument_begin|>"
-GLM_CALL_BEGIN, GLM_CALL_END = "<tool_call>", "</tool_call>"
-QWEN3_CALL_BEGIN, QWEN3_CALL_END = GLM_CALL_BEGIN, GLM_CALL_END  # Qwen3's tool-call markers are GLM's
+# hermes' tool-call markers, which Qwen, Qwen3 and GLM write too
+TOOL_CALL_BEGIN, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 MINIMAX_CALLS_BEGIN, MINIMAX_CALLS_END = "<minimax:tool_call>", "</minimax:tool_call>"
 # Granite's reasoning starts and ends with a phrase, each in two spellings
 GRANITE_REASONING_START = ("Here is my thought process:", "Here's my thought process:")
@@ -61,12 +61,12 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     # vLLM 0.32's qwen3 parser does not read the prompt: it reasons from the start unless thinking is off, when
     # the front does not name it (THINKING_SWITCHED); a tool call ends the reasoning (its parser engine's rule)
     "qwen3_vllm": lambda prompt_tail: ThinkStage(
-        ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(QWEN3_CALL_BEGIN,)
+        ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(TOOL_CALL_BEGIN,)
     ),
     HARMONY: lambda prompt_tail: HarmonyStage(tools=False),
     # vLLM 0.32's parsers of these families read no prompt either (the first three: its parser engine's rules)
     "glm45": lambda prompt_tail: ThinkStage(
-        ThinkState.OPENING_TO_REASONING, absorb=True, reopen=True, implicit_ends=(GLM_CALL_BEGIN,), trim=True
+        ThinkState.OPENING_TO_REASONING, absorb=True, reopen=True, implicit_ends=(TOOL_CALL_BEGIN,), trim=True
     ),
     "kimi_k2": lambda prompt_tail: ThinkStage(
         ThinkState.OPENING_TO_REASONING, absorb=True, implicit_ends=(KIMI_CALLS_BEGIN,), trim=True
@@ -83,10 +83,10 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
 # the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> the marker
 # tokens it counts by (ReasoningTokenCount); None: vLLM's parser counts none (0)
 COUNTED_REASONING: dict[str, CountedMarkers | None] = {
-    "qwen3_vllm": CountedMarkers(ends=(THINK_END, QWEN3_CALL_BEGIN), aside=(QWEN3_CALL_END,)),
+    "qwen3_vllm": CountedMarkers(ends=(THINK_END, TOOL_CALL_BEGIN), aside=(TOOL_CALL_END,)),
     "deepseek_r1": CountedMarkers(pairs=True),
     "deepseek_v3": CountedMarkers(pairs=True),
-    "glm45": CountedMarkers(tool_call=(GLM_CALL_BEGIN, GLM_CALL_END)),
+    "glm45": CountedMarkers(tool_call=(TOOL_CALL_BEGIN, TOOL_CALL_END)),
     "kimi_k2": CountedMarkers(
         ends=(THINK_END, KIMI_CALLS_BEGIN), aside=(KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_ARGUMENTS_BEGIN, KIMI_CALL_END)
     ),
@@ -123,8 +123,8 @@ THINKING_SWITCHED: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "deepseek_v3": _thinking_asked,
 }
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
-    "hermes": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
-    "qwen": lambda: TaggedJsonCalls("<tool_call>", "</tool_call>"),
+    "hermes": lambda: TaggedJsonCalls(TOOL_CALL_BEGIN, TOOL_CALL_END),
+    "qwen": lambda: TaggedJsonCalls(TOOL_CALL_BEGIN, TOOL_CALL_END),
     "llama3_json": Llama3JsonCalls,
     "mistral": MistralCalls,
     "deepseek_v31": lambda: DelimitedCalls(
