@@ -51,7 +51,7 @@ class Dialect(ABC):
     def generate_request(self, rid: str, prompt_ids: list[int], params: RequestParams, detok: DetokParams) -> Any:
         """Prompt ids in, ids out: stop *strings* stay with detok's workers; stop ids (EOS included as detok
         applies it: unless ignore_eos) go to the engine so it stops generating there; the sampling parameters and
-        the constraint go as the client gave them (grpc_sampling.py; UnsupportedParameter when they cannot)."""
+        the constraint go as the client gave them (grpc_sampling.py; ParameterError when they cannot)."""
         pb2 = self.pb2
         refuse_engine_fields(params)
         sampling = pb2.SamplingParams(

@@ -1,6 +1,6 @@
 """A request's SamplingParams (bus) as the token-only gRPC API's SamplingParams, per dialect (vLLM's
 `VllmEngine`, SGLang's `SglangScheduler`). A value a dialect has no field for, or that does not fit its field,
-raises UnsupportedParameter naming the request parameter: the gateway then rejects the request with it and the
+raises ParameterError naming the request parameter: the gateway then rejects the request with it and the
 front answers 400 (a parameter is honoured or refused, never dropped).
 
 Unset values stay unset, so the engine applies its own defaults (proto3 scalars: 0 = unset for top_p, top_k,
@@ -24,20 +24,15 @@ from detok_worker.bus.messages import (
     RequestParams,
     SamplingParams,
 )
+from detok_worker.bus.request_fields import GRPC_FLOATS, GRPC_REFUSED
+from detok_worker.errors import ParameterError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-
-
-class UnsupportedParameter(ValueError):
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _common_fields(sampling: SamplingParams) -> dict[str, Any]:
     """The fields both dialects' SamplingParams have."""
-    fields: dict[str, Any] = {name: getattr(sampling, name) for name in _FLOATS if getattr(sampling, name) is not None}
+    fields = {name: value for name in GRPC_FLOATS if (value := getattr(sampling, name)) is not None}
     if sampling.top_k is not None and sampling.top_k > 0:
         fields["top_k"] = _int32(sampling.top_k, "top_k")
     fields["n"] = sampling.n
@@ -60,7 +55,7 @@ def sglang_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     """Keyword arguments for SglangScheduler's SamplingParams (no seed; logprobs go in the request:
     sglang_request_fields)."""
     if sampling.seed is not None:
-        raise UnsupportedParameter("seed", "SGLang's gRPC SamplingParams has no seed")
+        raise ParameterError("SGLang's gRPC SamplingParams has no seed", "seed")
     fields = _common_fields(sampling)
     fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     fields.update(_sglang_constraint(sampling.constraint))
@@ -68,25 +63,14 @@ def sglang_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 
 def refuse_engine_fields(params: RequestParams) -> None:
-    """vLLM's engine-core fields have no place in the token-only gRPC API: a request that sets one is refused naming
-    it (the front refuses them first for this source; this holds for any front that speaks the bus)."""
-    sampling = params.sampling
-    asked = (
-        ("allowed_token_ids", sampling.allowed_token_ids is not None),
-        ("bad_words", bool(sampling.bad_words)),
-        ("priority", params.priority != 0),
-        ("cache_salt", params.cache_salt is not None),
-        ("logprob_token_ids", bool(sampling.logprob_token_ids)),
-        ("prompt_logprobs", sampling.prompt_logprobs is not None),
-        ("thinking_token_budget", sampling.thinking_token_budget is not None),
-        ("vllm_xargs", bool(sampling.extra_args)),
-        ("stream_interval", sampling.stream_interval is not None),
-        ("session_id", params.session_id is not None),
-        ("model", bool(params.lora)),  # a LoRA adapter, named as the request's model
-    )
-    for param, set_ in asked:
-        if set_:
-            raise UnsupportedParameter(param, f"{param} cannot be passed to a gRPC engine (use --source vllm)")
+    """The fields the token-only gRPC API has no place for (bus/request_fields.py: GRPC_REFUSED), and a LoRA
+    adapter: a request that sets one is refused naming it (the front refuses them first for this source; this holds
+    for any front that speaks the bus)."""
+    asked = [field.client_name for field in GRPC_REFUSED if field.asks(field.value_of(params))]
+    if params.lora:  # a LoRA adapter, named as the request's model
+        asked.append("model")
+    if asked:
+        raise ParameterError(f"{asked[0]} cannot be passed to a gRPC engine (use --source vllm)", asked[0])
 
 
 def sglang_request_fields(sampling: SamplingParams) -> dict[str, Any]:
@@ -98,7 +82,7 @@ def sglang_request_fields(sampling: SamplingParams) -> dict[str, Any]:
 
 def _int32(value: int, param: str) -> int:
     if not INT32_MIN <= value <= INT32_MAX:
-        raise UnsupportedParameter(param, f"{param} must fit in 32 bits for the gRPC engine (got {value})")
+        raise ParameterError(f"{param} must fit in 32 bits for the gRPC engine (got {value})", param)
     return value
 
 
@@ -112,7 +96,7 @@ def _vllm_constraint(constraint: Constraint | None) -> dict[str, Any]:
         return {"choice": {"choices": list(constraint.choices)}}
     if kind in (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_REGEX, CONSTRAINT_GRAMMAR, CONSTRAINT_STRUCTURAL_TAG):
         return {kind: constraint.spec}
-    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")
+    raise ParameterError(f"unknown constraint kind {kind!r}", "response_format")
 
 
 def _sglang_constraint(constraint: Constraint | None) -> dict[str, Any]:
@@ -129,4 +113,4 @@ def _sglang_constraint(constraint: Constraint | None) -> dict[str, Any]:
         return {"ebnf_grammar": constraint.spec}
     if kind in (CONSTRAINT_JSON_SCHEMA, CONSTRAINT_REGEX, CONSTRAINT_STRUCTURAL_TAG):
         return {kind: constraint.spec}
-    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")
+    raise ParameterError(f"unknown constraint kind {kind!r}", "response_format")

@@ -42,27 +42,15 @@ from detok_worker.bus.messages import (
     Submit,
     TokenLogprob,
 )
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.bus.request_fields import VLLM_PASSED
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
+from detok_worker.errors import ParameterError
 
 # how the engine core ends a request -> the bus's finish; ABORT and ERROR are handled by the source itself
 FINISHES = {FinishReason.STOP: FINISH_STOP, FinishReason.LENGTH: FINISH_LENGTH, FinishReason.REPETITION: FINISH_STOP}
 SUPPORTED_TASKS = ("generate",)
 # a PromptLogprobs frame's bytes per (id, logprob) pair at most: a msgpack uint32 and a float64, with room to spare
 FRAME_BYTES_PER_VALUE = 16
-
-
-# the sampling fields a request may leave to the server's defaults (the model's generation config), as vLLM's
-# server fills them (its requests' to_sampling_params)
-DEFAULTED_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 class RequestBuilder:
@@ -95,32 +83,29 @@ class RequestBuilder:
         )
 
     def build(self, submit: Submit, detok: DetokParams) -> EngineCoreRequest:
-        """Raises UnsupportedParameter (the client's parameter, answered with a 400 naming it) when vLLM refuses
+        """Raises ParameterError (the client's parameter, answered with a 400 naming it) when vLLM refuses
         the request."""
         params = submit.params
         sampling = params.sampling
         defaults = self.defaults
-        fields: dict[str, Any] = {
-            name: value
-            for name in DEFAULTED_FIELDS
-            if (value := getattr(sampling, name)) is not None or (value := defaults.get(name)) is not None
-        }
+        # the table's fields by name (bus/request_fields.py); a defaulted one the client left unset: the model's
+        # generation config's value, as vLLM's server fills it (its requests' to_sampling_params)
+        fields: dict[str, Any] = {}
+        for field, defaulted in VLLM_PASSED:
+            value = getattr(sampling, field.name)
+            if field.asks(value) or defaulted and (value := defaults.get(field.name)) is not None:
+                fields[field.name] = value
         if fields.get("top_k", 0) < 0:  # detok's "off" (-1); vLLM's is 0
             fields["top_k"] = 0
-        fields.update(
-            (name, value)
-            for name in ("seed", "logprobs", "prompt_logprobs", "thinking_token_budget", "logprob_token_ids")
-            if (value := getattr(sampling, name)) is not None
-        )
         if sampling.logprob_token_ids:  # vLLM's server: those ids' logprobs in place of the top candidates
             fields.pop("logprobs", None)
         lora = None
         if params.lora:
             lora = self.loras.get(params.lora)
             if lora is None:
-                raise UnsupportedParameter("model", f"the LoRA adapter {params.lora!r} is not loaded in the engine")
+                raise ParameterError(f"the LoRA adapter {params.lora!r} is not loaded in the engine", "model")
         if sampling.bad_words and self.processor.tokenizer is None:  # vLLM would drop them without a tokenizer
-            raise UnsupportedParameter("bad_words", "bad_words need vLLM's tokenizer (no --skip-tokenizer-init)")
+            raise ParameterError("bad_words need vLLM's tokenizer (no --skip-tokenizer-init)", "bad_words")
         requested = None if params.engine_max_tokens else params.max_tokens
         try:
             # vLLM's server: a max_tokens above the context is refused, one above what the prompt leaves is cut
@@ -143,10 +128,6 @@ class RequestBuilder:
                 min_tokens=detok.min_tokens,
                 stop_token_ids=list(params.detok.stop_token_ids),
                 ignore_eos=params.ignore_eos,
-                logit_bias=dict(sampling.logit_bias) or None,
-                allowed_token_ids=sampling.allowed_token_ids,
-                bad_words=list(sampling.bad_words) or None,
-                extra_args=dict(sampling.extra_args) if sampling.extra_args else None,
                 structured_outputs=structured_outputs(sampling.constraint, self.tool_grammar),
                 detokenize=False,
                 output_kind=RequestOutputKind.DELTA,
@@ -163,12 +144,12 @@ class RequestBuilder:
                 priority=params.priority,
                 session_id=params.session_id,
             )
-        except UnsupportedParameter:
+        except ParameterError:
             raise
         except VLLMValidationError as exc:
-            raise UnsupportedParameter(exc.parameter or "request", f"vLLM refused the request: {exc}") from exc
+            raise ParameterError(f"vLLM refused the request: {exc}", exc.parameter or "request") from exc
         except ValueError as exc:
-            raise UnsupportedParameter("request", f"vLLM refused the request: {exc}") from exc
+            raise ParameterError(f"vLLM refused the request: {exc}", "request") from exc
 
 
 def structured_outputs(
@@ -179,7 +160,7 @@ def structured_outputs(
     kind = constraint.kind
     if kind == CONSTRAINT_TOOL_CALLS:
         if tool_grammar is None:
-            raise UnsupportedParameter("tool_choice", "the engine has no tool-call parser to build the grammar from")
+            raise ParameterError("the engine has no tool-call parser to build the grammar from", "tool_choice")
         return tool_grammar.structured_outputs(constraint.spec)
     if kind == CONSTRAINT_JSON_OBJECT:
         return StructuredOutputsParams(json_object=True)
@@ -193,7 +174,7 @@ def structured_outputs(
         return StructuredOutputsParams(grammar=constraint.spec)
     if kind == CONSTRAINT_STRUCTURAL_TAG:
         return StructuredOutputsParams(structural_tag=constraint.spec)
-    raise UnsupportedParameter("response_format", f"unknown constraint kind {kind!r}")
+    raise ParameterError(f"unknown constraint kind {kind!r}", "response_format")
 
 
 def output_logprobs(output: EngineCoreOutput) -> list[TokenLogprob] | None:

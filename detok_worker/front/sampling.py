@@ -9,9 +9,9 @@ Constraint sources, as vLLM reads them: `response_format` (json_object, json_sch
 front.tool_choice_grammar = "tool_parser", the request's tools for the engine to build the tool-call parser's own
 grammar from, for "auto" too when nothing else constrains the output). At most one.
 
-vLLM's engine fields (allowed_token_ids, bad_words, prompt_logprobs; priority and cache_salt, which go on the
-RequestParams) are checked here as vLLM's server checks them; validation.py refuses them for an engine source that
-cannot pass them on.
+Each field's own check is its row in bus/request_fields.py; here are the checks that need the vocabulary or the
+whole request (logit_bias, logprobs, allowed_token_ids, prompt_logprobs, logprob_token_ids), as vLLM's server makes
+them; validation.py refuses what the engine source cannot pass on.
 """
 
 from __future__ import annotations
@@ -32,24 +32,13 @@ from detok_worker.bus.messages import (
     Constraint,
     SamplingParams,
 )
+from detok_worker.bus.request_fields import SAMPLING_CHECKED, RequestField
+from detok_worker.errors import ParameterError
 from detok_worker.front.errors import bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.tokenizer.protocol import is_count
 
-# (field, lowest, highest, lowest allowed) of the float sampling fields: OpenAI's ranges, with vLLM's exclusions
-# (top_p and repetition_penalty must be > 0; to a gRPC engine a 0 would also read as "unset").
-SAMPLING_RANGES = (
-    ("temperature", 0.0, 2.0, True),
-    ("top_p", 0.0, 1.0, False),
-    ("min_p", 0.0, 1.0, True),
-    ("presence_penalty", -2.0, 2.0, True),
-    ("frequency_penalty", -2.0, 2.0, True),
-    ("repetition_penalty", 0.0, 100.0, False),
-)
 LOGIT_BIAS_LIMIT = 100.0
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-CACHE_SALT_MAX_CHARS = 128  # vLLM's limit, and the characters it forbids in a salt
-CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 # structured_outputs keys that select the constraint -> its kind; the others are backend options detok cannot pass
 _STRUCTURED_KINDS = {
     "json": CONSTRAINT_JSON_SCHEMA,
@@ -70,30 +59,36 @@ def sampling_params(
     scores_prompts: bool = False,
     tool_parser_grammar: bool = False,
 ) -> SamplingParams:
-    """The request's SamplingParams (n=1: validation.py refuses the others). `scores_prompts`: the engine source
-    computes prompt logprobs (see prompt_logprobs_of). `tool_parser_grammar`: the engine builds the tool-call
-    grammar (front.tool_choice_grammar)."""
-    _check_ranges(request)
+    """The request's SamplingParams (n=1: validation.py refuses the others): each field of the table
+    (bus/request_fields.py) checked there, then those whose check needs the vocabulary or the whole request.
+    `scores_prompts`: the engine source computes prompt logprobs (see prompt_logprobs_of). `tool_parser_grammar`:
+    the engine builds the tool-call grammar (front.tool_choice_grammar)."""
     return SamplingParams(
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        min_p=request.min_p,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty,
-        seed=request.seed,
+        **checked_values(request, SAMPLING_CHECKED),
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
         logprobs=logprobs_of(request),
         constraint=constraint_of(request, tool_parser_grammar),
         allowed_token_ids=_allowed_token_ids(request.allowed_token_ids, vocab_size),
-        bad_words=_bad_words(request.bad_words),
         prompt_logprobs=prompt_logprobs_of(request, scores_prompts),
-        thinking_token_budget=_thinking_token_budget(request.thinking_token_budget),
-        extra_args=request.vllm_xargs or None,
-        stream_interval=_stream_interval(request.stream_interval),
         logprob_token_ids=_logprob_token_ids(request, vocab_size),
     )
+
+
+def checked_values(request: GenerationRequest, fields: tuple[RequestField, ...]) -> dict[str, Any]:
+    """bus name -> value of the `fields` the request sets, each through its table check (a 400 naming it)."""
+    values: dict[str, Any] = {}
+    for field in fields:
+        value = getattr(request, field.client_name, None)
+        if value is None:
+            continue
+        if field.check is not None:
+            try:
+                value = field.check(value)
+            except ParameterError as exc:
+                raise bad_request(str(exc), exc.param) from exc
+        if value is not None:
+            values[field.name] = value
+    return values
 
 
 def _logprob_token_ids(request: CompletionRequest | ChatCompletionRequest, vocab_size: int) -> list[int] | None:
@@ -107,23 +102,6 @@ def _logprob_token_ids(request: CompletionRequest | ChatCompletionRequest, vocab
         message = "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0`"
         raise bad_request(message, "logprob_token_ids")
     return _allowed_token_ids(ids, vocab_size, "logprob_token_ids")
-
-
-def _stream_interval(interval: int | None) -> int | None:
-    if interval is not None and interval < 1:
-        raise bad_request("stream_interval must be at least 1", "stream_interval")
-    return interval
-
-
-def _thinking_token_budget(budget: int | None) -> int | None:
-    """vLLM's rule: a non-negative integer, or -1 (as null) for no limit."""
-    if budget is None or budget == -1:
-        return None
-    if budget < 0:  # the body's type already refused a non-integer (true, 1.5)
-        raise bad_request(
-            "thinking_token_budget must be a non-negative integer or -1 for unlimited", "thinking_token_budget"
-        )
-    return budget
 
 
 def logprobs_of(request: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -172,21 +150,6 @@ def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest, score
     return k
 
 
-def _check_ranges(request: GenerationRequest) -> None:
-    for name, low, high, low_allowed in SAMPLING_RANGES:
-        value = getattr(request, name)
-        if value is not None and not (math.isfinite(value) and (low < value or low_allowed and low == value)):
-            raise bad_request(f"{name} must be {'>=' if low_allowed else '>'} {low} (got {value})", name)
-        if value is not None and value > high:
-            raise bad_request(f"{name} must be at most {high} (got {value})", name)
-    if request.top_k is not None and not -1 <= request.top_k <= INT64_MAX:
-        raise bad_request("top_k must be -1 (off), 0 (off) or a positive number", "top_k")
-    if request.seed is not None and not INT64_MIN <= request.seed <= INT64_MAX:
-        raise bad_request("seed must fit in 64 bits", "seed")
-    if request.priority is not None and not INT64_MIN <= request.priority <= INT64_MAX:
-        raise bad_request("priority must fit in 64 bits", "priority")
-
-
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     """OpenAI's form: token ids as strings -> bias in -100..100."""
     result: dict[int, float] = {}
@@ -211,24 +174,6 @@ def _allowed_token_ids(ids: list[int] | None, vocab_size: int, param: str = "all
         message = f"{param}: {outside[:5]} are not token ids of this model (0..{vocab_size - 1})"
         raise bad_request(message, param)
     return list(ids)
-
-
-def _bad_words(words: list[str] | None) -> list[str]:
-    """vLLM: every word tokenizes to at least one token (it encodes the word without its leading whitespace, so a
-    blank one does not); repeated words once, in order."""
-    if any(not word.lstrip() for word in words or ()):
-        raise bad_request("bad_words must not contain an empty or blank string", "bad_words")
-    return list(dict.fromkeys(words or ()))
-
-
-def cache_salt_of(salt: str | None) -> str | None:
-    """vLLM's rule for a cache salt: a non-empty string of at most 128 characters without '@', '/', '\\' or NUL."""
-    if salt is None:
-        return None
-    if not salt or len(salt) > CACHE_SALT_MAX_CHARS or not CACHE_SALT_FORBIDDEN.isdisjoint(salt):
-        message = "cache_salt must be a non-empty string of at most 128 characters without '@', '/', '\\' or NUL"
-        raise bad_request(message, "cache_salt")
-    return salt
 
 
 # ---- constraints --------------------------------------------------------------------------------------------

@@ -15,11 +15,21 @@ from typing import Any, TypeVar
 import msgspec
 
 from detok_worker.bus.messages import DetokParams, RequestParams
+from detok_worker.bus.request_fields import (
+    FIELD_BY_NAME,
+    GRPC_REFUSED,
+    INT64_MAX,
+    REQUEST_FIELDS,
+    VLLM_SOURCE,
+    is_set,
+    other_than,
+    truthy,
+)
 from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
-from detok_worker.front.sampling import INT64_MAX, cache_salt_of, sampling_params
+from detok_worker.front.sampling import checked_values, sampling_params
 from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
@@ -51,7 +61,7 @@ class Limits:
     force_include_usage: bool = False  # front.force_include_usage
     exclude_tools_when_tool_choice_none: bool = False  # front.exclude_tools_when_tool_choice_none
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    engine_source: str = ""  # engine.source: which request fields the engine can honour (ENGINE_FIELDS)
+    engine_source: str = ""  # engine.source: which request fields the engine can honour (RequestField.taken_by)
     prompt_tokens_details: bool = False  # front.prompt_tokens_details: the engine reports cached prompt tokens
     tool_parser_grammar: bool = False  # front.tool_choice_grammar = "tool_parser": the engine builds it
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
@@ -186,7 +196,7 @@ def with_vllm_headers(body: R, headers: Mapping[str, str], engine_source: str) -
         with contextlib.suppress(ValueError):
             body = msgspec.structs.replace(body, priority=int(header))
     session = headers.get(SESSION_HEADER)
-    if session and body.session_id is None and engine_source == ENGINE_FIELDS_SOURCE:
+    if session and body.session_id is None and takes(engine_source, "session_id"):
         body = msgspec.structs.replace(body, session_id=session)
     return body
 
@@ -217,72 +227,52 @@ def _max_tokens(request: GenerationRequest, limits: Limits, override: int | None
     return value, False
 
 
-def _is_set(value: Any) -> bool:
-    return value is not None
-
-
-def _truthy(value: Any) -> bool:
-    return bool(value)
-
-
-def _not(*allowed: Any) -> Callable[[Any], bool]:
-    return lambda value: value not in allowed
-
-
 # field -> "this value asks for something detok cannot honour": a 400 naming the field (never silently dropped).
 _REFUSED: dict[str, Callable[[Any], bool]] = {
-    "best_of": _not(None, 1),
-    "use_beam_search": _truthy,
-    "length_penalty": _not(None, 1, 1.0),
-    "guided_decoding_backend": _is_set,
-    "guided_whitespace_pattern": _is_set,
-    "logits_processors": _is_set,
-    "kv_transfer_params": _is_set,
+    "best_of": other_than(None, 1),
+    "use_beam_search": truthy,
+    "length_penalty": other_than(None, 1, 1.0),
+    "guided_decoding_backend": is_set,
+    "guided_whitespace_pattern": is_set,
+    "logits_processors": is_set,
+    "kv_transfer_params": is_set,
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "suffix": _is_set,
-    "prompt_embeds": _is_set,
+    "suffix": is_set,
+    "prompt_embeds": is_set,
 }
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "chat_template": _is_set,
-    "audio": _is_set,
-    "functions": _is_set,
-    "function_call": _is_set,
-    "prediction": _is_set,
-    "moderation": _is_set,
-    "prompt_cache_options": _is_set,
-    "prompt_cache_retention": _is_set,
-    "verbosity": _is_set,
-    "web_search_options": _is_set,
-    "mm_processor_kwargs": _is_set,
-    "store": _truthy,
-    "service_tier": _not(None, "auto", "default"),
-    "modalities": _not(None, ["text"]),
+    "chat_template": is_set,
+    "audio": is_set,
+    "functions": is_set,
+    "function_call": is_set,
+    "prediction": is_set,
+    "moderation": is_set,
+    "prompt_cache_options": is_set,
+    "prompt_cache_retention": is_set,
+    "verbosity": is_set,
+    "web_search_options": is_set,
+    "mm_processor_kwargs": is_set,
+    "store": truthy,
+    "service_tier": other_than(None, "auto", "default"),
+    "modalities": other_than(None, ["text"]),
 }
-
-
-# vLLM's fields of its SamplingParams and EngineCoreRequest that only an engine source speaking to vLLM's engine
-# core can pass on: field -> "this value asks for it" (their defaults ask nothing of the engine)
-ENGINE_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "allowed_token_ids": _is_set,
-    "bad_words": _truthy,
-    "priority": _not(None, 0),
-    "cache_salt": _is_set,
-    "session_id": _is_set,
-    "thinking_token_budget": _not(None, -1),
-    "prompt_logprobs": _is_set,
-    "vllm_xargs": _truthy,
-    "stream_interval": _is_set,
-}
-ENGINE_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {"logprob_token_ids": _truthy}  # vLLM's, completions only
-ENGINE_FIELDS_SOURCE = "vllm"  # the engine source that honours ENGINE_FIELDS
 
 
 # every field _check_unsupported looks at, per request type: all of them null (their default) asks nothing refused
 _CHECKED_FIELDS = {
-    CompletionRequest: attrgetter(*_REFUSED, *_REFUSED_COMPLETION, *ENGINE_FIELDS, *ENGINE_COMPLETION_FIELDS),
-    ChatCompletionRequest: attrgetter(*_REFUSED, *_REFUSED_CHAT, *ENGINE_FIELDS),
+    request_type: attrgetter(
+        *_REFUSED,
+        *own,
+        *(row.client_name for row in GRPC_REFUSED if row.client_name in request_type.__struct_fields__),
+    )
+    for request_type, own in ((CompletionRequest, _REFUSED_COMPLETION), (ChatCompletionRequest, _REFUSED_CHAT))
 }
+
+
+def takes(engine_source: str, name: str) -> bool:
+    """Whether `engine_source` passes the table's field `name` on to its engine."""
+    return FIELD_BY_NAME[name].taken_by(engine_source)
 
 
 def _check_unsupported(request: CompletionRequest | ChatCompletionRequest, engine_source: str) -> None:
@@ -293,16 +283,12 @@ def _check_unsupported(request: CompletionRequest | ChatCompletionRequest, engin
     for name, refused in (*_REFUSED.items(), *own.items()):
         if refused(getattr(request, name)):
             raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
-    if engine_source == ENGINE_FIELDS_SOURCE:
-        return
-    engine_fields = (
-        {**ENGINE_FIELDS, **ENGINE_COMPLETION_FIELDS} if isinstance(request, CompletionRequest) else ENGINE_FIELDS
-    )
-    for name, asks in engine_fields.items():
-        if asks(getattr(request, name)):
+    for engine_field in GRPC_REFUSED:  # only the vllm engine source passes them on
+        name = engine_field.client_name
+        if not engine_field.taken_by(engine_source) and engine_field.asks(getattr(request, name, None)):
             message = (
-                f"{name} is honoured only by the {ENGINE_FIELDS_SOURCE!r} engine source (detok serve --source "
-                f"{ENGINE_FIELDS_SOURCE}); this server's engine source is {engine_source!r}"
+                f"{name} is honoured only by the {VLLM_SOURCE!r} engine source (detok serve --source "
+                f"{VLLM_SOURCE}); this server's engine source is {engine_source!r}"
             )
             raise bad_request(message, name, code="unsupported_parameter")
 
@@ -364,9 +350,8 @@ def check_generation(
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1", "truncate_prompt_tokens")
     vocab_size = max(limits.vocab_size, model_vocab_size)
-    sampling = sampling_params(
-        request, vocab_size, limits.engine_source == ENGINE_FIELDS_SOURCE, limits.tool_parser_grammar
-    )
+    scores_prompts = takes(limits.engine_source, "prompt_logprobs")
+    sampling = sampling_params(request, vocab_size, scores_prompts, limits.tool_parser_grammar)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)
     max_tokens, engine_max_tokens = _max_tokens(request, limits, override, echo)
@@ -394,10 +379,8 @@ def check_generation(
         detok=detok,
         ignore_eos=ignore_eos,
         sampling=sampling,
-        priority=request.priority or 0,
-        cache_salt=cache_salt_of(request.cache_salt),
         engine_max_tokens=engine_max_tokens,
-        session_id=request.session_id,
+        **checked_values(request, REQUEST_FIELDS),
         report_cached=limits.prompt_tokens_details,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage) or limits.force_include_usage

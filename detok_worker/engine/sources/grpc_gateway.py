@@ -36,9 +36,9 @@ from detok_worker.engine.grpc_api import (
     new_ids_of_complete,
     output_logprobs,
 )
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
+from detok_worker.errors import ParameterError
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -146,7 +146,7 @@ class GrpcGateway:
             return  # rejected, or ends at once ("length") without the engine
         try:
             request = self.api.dialect.generate_request(submit.rid, submit.prompt_ids, submit.params, detok)
-        except UnsupportedParameter as exc:  # the client's parameter: the front answers 400 naming it
+        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
             link.fail(submit.rid, f"{exc} ({self.api.dialect.service} at {self.api.url})", param=exc.param)
             return
         self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, request))

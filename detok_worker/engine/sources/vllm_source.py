@@ -39,7 +39,6 @@ from vllm.version import __version__ as VLLM_VERSION
 
 from detok_worker.bus.messages import AdapterCall, PromptCached, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
@@ -47,6 +46,7 @@ from detok_worker.engine.vllm_loras import LoraAdapters
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
 from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
+from detok_worker.errors import ParameterError
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -158,7 +158,7 @@ class VllmSource:
             return  # rejected, or ends at once ("length") without the engine
         try:
             request = self.requests.build(submit, detok)
-        except UnsupportedParameter as exc:  # the client's parameter: the front answers 400 naming it
+        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
             link.fail(submit.rid, str(exc), param=exc.param)
             return
         self.on_engine.add(submit.rid)

@@ -8,17 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from detok_worker.errors import ParameterError
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, validate_token_ids
 
-
-class StopConfigError(ValueError):
-    """Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
-    fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
-    StopSequenceConfig's own."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+# Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
+# fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
+# StopSequenceConfig's own.
+StopConfigError = ParameterError
 
 
 # The checks of one request's stop fields, each written once: StopRules.from_params runs them on a request's params

@@ -12,7 +12,7 @@ from google.protobuf.json_format import MessageToDict
 from detok_worker.bus.messages import Constraint, DetokParams, RequestParams, SamplingParams, TokenLogprob
 from detok_worker.engine.grpc_api import output_logprobs
 from detok_worker.engine.grpc_dialects import DIALECTS
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.errors import ParameterError
 
 SAMPLING = SamplingParams(
     temperature=0.25,
@@ -100,7 +100,7 @@ def test_seed_and_logprobs() -> None:
     ],
 )
 def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: SamplingParams, param: str) -> None:
-    with pytest.raises(UnsupportedParameter) as raised:
+    with pytest.raises(ParameterError) as raised:
         generate(dialect, sampling)
     assert raised.value.param == param
 
@@ -124,7 +124,7 @@ def test_what_a_dialect_cannot_carry_is_refused_by_name(dialect: str, sampling: 
 )
 def test_vllm_engine_core_fields_are_refused_by_name(dialect: str, params: RequestParams, param: str) -> None:
     """They have no place in the token-only gRPC API: never dropped (the front refuses them first for this source)."""
-    with pytest.raises(UnsupportedParameter) as raised:
+    with pytest.raises(ParameterError) as raised:
         DIALECTS[dialect].generate_request("rid-1", [1, 2, 3], params, params.detok)
     assert raised.value.param == param
 

@@ -16,7 +16,7 @@ import json
 from types import SimpleNamespace
 from vllm.lora.request import LoRARequest
 from detok_worker.bus.messages import DetokParams, RequestParams, SamplingParams, Submit
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.errors import ParameterError
 from detok_worker.engine.vllm_requests import RequestBuilder
 
 class Recorder:
@@ -35,7 +35,7 @@ builder = RequestBuilder(Recorder(), model, {"adapter": adapter})
 def build(params):
     try:
         return builder.build(Submit("r", list(range(10)), params), params.detok)
-    except UnsupportedParameter as error:
+    except ParameterError as error:
         return {"refused": error.param}
 
 print(json.dumps([
@@ -79,7 +79,7 @@ import json, sys
 from types import SimpleNamespace
 from vllm.tokenizers import get_tokenizer
 from detok_worker.bus.messages import CONSTRAINT_TOOL_CALLS, Constraint, RequestParams, SamplingParams, Submit
-from detok_worker.engine.grpc_sampling import UnsupportedParameter
+from detok_worker.errors import ParameterError
 from detok_worker.engine.vllm_requests import RequestBuilder
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
 
@@ -105,7 +105,7 @@ def build(builder, **fields):
     params = RequestParams(8, sampling=SamplingParams(constraint=Constraint(CONSTRAINT_TOOL_CALLS, spec)))
     try:
         return builder.build(Submit("r", list(range(10)), params), params.detok)
-    except UnsupportedParameter as error:
+    except ParameterError as error:
         return {"refused": error.param}
 
 print(json.dumps([
