@@ -1,4 +1,4 @@
-"""The engine's side of the detok bus, for any engine loop: the local sources', the gRPC gateway's, a real scheduler's.
+"""The engine's side of the detok bus, for any engine loop: the relays' to real engines (gRPC, vLLM), the stub's.
 
 `EngineLink` binds the engine sockets (docs/protocol.md), takes Submit/Abort/Delivered from the front and
 Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registry, rid -> worker assignment,
@@ -110,8 +110,6 @@ class EngineLink:
         # the LoRA adapters the engine has loaded, name -> path, for the fronts (EngineStats); None: it loads none
         self.lora_adapters: dict[str, str] | None = None
         self.scheduler = Scheduler(
-            max_batch=engine.max_batch,
-            tokens_per_step=engine.tokens_per_step,
             heartbeat_timeout_s=engine.heartbeat_timeout_s,
             eos_ids=eos_ids,
             special_ids=special_ids,
@@ -220,27 +218,13 @@ class EngineLink:
             return True
         return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
 
-    def accept(
-        self,
-        submit: Submit,
-        planned: list[int] | None = None,
-        *,
-        release_ns: list[int] | None = None,
-        finish: str | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> DetokParams | None:
-        """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
-        stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
-        should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
+    def accept(self, submit: Submit) -> DetokParams | None:
+        """Take a request; its ids come by `push` as the engine generates them. Returns its DetokParams
+        (stop_token_ids: the ids the engine should stop at, EOS included unless ignore_eos), or None when it was
+        rejected (the front is told)."""
         rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
         self.fronts.remember(rid, submit.front)
-        if planned is None:
-            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
-        else:
-            reject = self.scheduler.submit(
-                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
-            )
-        if reject is not None:
+        if (reject := self.scheduler.submit(rid, prompt_ids, params)) is not None:
             self.fronts.send(reject)
             return None
         if self.recorder is not None:
@@ -276,7 +260,7 @@ class EngineLink:
 
     def step(self) -> int:
         """Send one TokenBatch per worker with work; returns how many were sent."""
-        plan = self.scheduler.plan_step(time.monotonic(), time.monotonic_ns(), time.time_ns())
+        plan = self.scheduler.plan_step(time.monotonic(), time.time_ns())
         for reject in plan.rejects:
             self._news.stopped.append(reject.rid)
             self.fronts.send(reject)

@@ -1,11 +1,9 @@
 """The engine's scheduling state, pure (no sockets, the caller passes the clock).
 
-A request's ids are either planned at submit (the stub's sources: at most max_batch generate at once, the rest wait
-in arrival order) or pushed as an engine generates them (`submit(pushed=True)` + `push`: it runs at once, as the
-engine that schedules it decides; a cap of ours would only hold requests that engine could run). Each step takes
-the new ids of the requests `_touched` since the last one (so a step costs what changed, not what runs):
-tokens_per_step of a planned one (when replaying a trace at recorded speed, every id whose time has come), every id
-pushed so far of a pushed one (with their logprobs when the request asked), and builds one TokenBatch per worker.
+A request's ids are pushed as its engine generates them (`submit` + `push`): it runs from its submit on, as the
+engine that schedules it decides (a cap of ours would only hold requests that engine could run). Each step takes
+the ids pushed since the last one of the requests `_touched` meanwhile (so a step costs what changed, not what
+runs), with their logprobs when the request asked, and builds one TokenBatch per worker.
 A step is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a
 worker could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow
 worker, that worker's requests just pause.
@@ -35,7 +33,6 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
-from detok_worker.engine.admission import Admission
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import (
@@ -64,8 +61,6 @@ class Scheduler:
     def __init__(
         self,
         *,
-        max_batch: int,
-        tokens_per_step: int,
         heartbeat_timeout_s: float,
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
@@ -75,7 +70,6 @@ class Scheduler:
         vocab_size: int = 0,
         max_live_stop_chars: int | None = None,
     ) -> None:
-        self.tokens_per_step = tokens_per_step
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
         self.special_ids = frozenset(special_ids)
@@ -85,8 +79,7 @@ class Scheduler:
         self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s, max_live_stop_chars)
         self.running: dict[str, Request] = {}
         self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
-        self.waiting = Admission(max_batch)  # planned requests not running yet
-        self._to_assign: list[Request] = []  # admitted or orphaned requests without a worker
+        self._to_assign: list[Request] = []  # new or orphaned requests without a worker
         self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
         self._now = 0.0  # the caller's clock as of the last plan_step/expire_workers
@@ -104,30 +97,19 @@ class Scheduler:
 
     @property
     def live_rids(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running)
 
     def has_rid(self, rid: str, *, generating: bool = False) -> bool:  # generating: the engine still makes its ids
-        request = self._live(rid)
+        request = self.running.get(rid)
         return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
-        """The rids of the running and the waiting requests (`live_rids` counts them)."""
-        return [request.rid for request in (*self.running.values(), *self.waiting)]
+        """The rids of the running requests (`live_rids` counts them)."""
+        return list(self.running)
 
-    def submit(
-        self,
-        rid: str,
-        prompt_ids: list[int],
-        params: RequestParams,
-        planned: list[int],
-        release_ns: list[int] | None = None,
-        finish: str | None = None,
-        *,
-        pushed: bool = False,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> Reject | None:
-        """Queue a request whose output ids are `planned` (or, with pushed, come by `push`; `logprobs` likewise).
-        Returns a Reject when it cannot be taken; a duplicate live rid is ignored."""
+    def submit(self, rid: str, prompt_ids: list[int], params: RequestParams) -> Reject | None:
+        """Take a request whose output ids come by `push`. Returns a Reject when it cannot be taken; a duplicate live
+        rid is ignored."""
         if self.has_rid(rid):
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
@@ -139,10 +121,7 @@ class Scheduler:
         except StopRuleError as exc:
             return self._reject(rid, str(exc), REJECT_INVALID)
         tail = prompt_tail(prompt_ids, self.special_ids)
-        request = new_request(rid, tail, params, rules, None if pushed else planned, release_ns, finish, logprobs)
-        if not pushed:
-            self.waiting.add(request)
-            return None
+        request = new_request(rid, tail, params, rules)
         # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
         self.running[rid] = request
         self._to_assign.append(request)
@@ -151,11 +130,11 @@ class Scheduler:
     def push(
         self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
     ) -> bool:
-        """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
+        """New ids of a request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it. `logprobs`: one per id."""
         self.generated += len(ids)
-        request = self._live(rid)
+        request = self.running.get(rid)
         if request is None or not request.open_ended:
             return False
         request.push(ids, finish, logprobs)
@@ -164,13 +143,13 @@ class Scheduler:
 
     def detok_params(self, rid: str) -> DetokParams | None:
         """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
-        request = self._live(rid)
+        request = self.running.get(rid)
         return None if request is None else request.detok
 
     def backlog(self, rid: str) -> int:
         """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
-        request = self._live(rid)
-        return 0 if request is None else len(request.planned) - request.cursor
+        request = self.running.get(rid)
+        return 0 if request is None else len(request.ids) - request.cursor
 
     def abort(self, rid: str) -> bool:
         """Stop generating `rid`; its worker gets Tokens(rid, [], finish="abort") to free its state."""
@@ -242,14 +221,12 @@ class Scheduler:
 
     # ---- steps ----------------------------------------------------------------------------------------
 
-    def plan_step(self, now: float, now_ns: int, sent_ns: int) -> StepPlan:
+    def plan_step(self, now: float, sent_ns: int) -> StepPlan:
         """Next ids of every generating request, grouped into one TokenBatch per worker (not yet committed).
-        now/now_ns: monotonic clock (liveness, replay pacing); sent_ns: wall clock stamped on the batches."""
+        now: monotonic clock (liveness); sent_ns: wall clock stamped on the batches."""
         self._now = now
-        self._admit()
         rejects = self._assign(now)
         groups: Groups = {}
-        tokens_per_step = self.tokens_per_step
         running, touched = self.running, self._touched
         for rid, request in list(touched.items()):
             worker = request.worker
@@ -257,10 +234,9 @@ class Scheduler:
                 del touched[rid]  # ended, or waiting for a worker (placing it touches it again)
                 continue
             cursor = request.cursor
-            end, ends = request.step_end(tokens_per_step, now_ns)
+            end, ends = len(request.ids), not request.open_ended
             if end == cursor and not ends and request.opened:
-                if request.pushed:
-                    del touched[rid]  # nothing new: its next push touches it again
+                del touched[rid]  # nothing new: its next push touches it again
                 continue
             group = groups.get(worker)
             if group is None:
@@ -290,7 +266,7 @@ class Scheduler:
                 continue  # ended or moved while the batch was in flight
             if report and not request.ended and (end > request.cursor or ends):
                 emitted.append(
-                    Emitted(request.rid, request.planned[request.cursor : end], request.finish if ends else None)
+                    Emitted(request.rid, request.ids[request.cursor : end], request.finish if ends else None)
                 )
             request.cursor = end
             request.opened = True
@@ -298,28 +274,14 @@ class Scheduler:
                 del running[request.rid]
                 self._unassign(request)
                 self._hold(request)
-            elif request.pushed and end == len(request.planned):
+            elif end == len(request.ids):
                 self._touched.pop(request.rid, None)  # all sent: its next push touches it again
         return emitted
 
-    def next_release_ns(self) -> int | None:
-        """Earliest time a paced (replayed) request has its next id; None if none is waiting on time."""
-        times = [r.release_ns[r.cursor] for r in self.running.values() if r.release_ns and r.cursor < len(r.release_ns)]
-        return min(times) if times else None
-
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._pending)
+        return bool(self.running or self._pending)
 
     # ---- internals ------------------------------------------------------------------------------------
-
-    def _live(self, rid: str) -> Request | None:
-        return self.running.get(rid) or self.waiting.get(rid)
-
-    def _admit(self) -> None:
-        """Planned requests, up to max_batch running (pushed ones run from their submit on)."""
-        for request in self.waiting.admit(len(self.running)):
-            self.running[request.rid] = request
-            self._to_assign.append(request)
 
     def _assign(self, now: float) -> list[Reject]:
         rejects: list[Reject] = []
@@ -387,7 +349,7 @@ class Scheduler:
     def _stop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
-            return self.waiting.remove(rid)
+            return False
         aborted_on_worker = request.worker is not None and request.opened
         if aborted_on_worker:
             self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))

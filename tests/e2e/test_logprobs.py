@@ -14,7 +14,7 @@ import pytest
 from helpers.grpc_engine_server import EngineServer
 from helpers.serve_helpers import ServeProcess, healthy_serve
 
-from detok_worker.engine.sources.fake_logprobs import fake_value
+from engine_stub.fake_logprobs import fake_value
 
 openai = pytest.importorskip("openai")
 

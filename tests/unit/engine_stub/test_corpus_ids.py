@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from detok_worker.engine.sources import corpus_ids
-from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, create_tokenizer
 from detok_worker.tokenizer.loading import load_cache
+from engine_stub import corpus_ids
+from engine_stub.planned import load_corpus
 
 
 @pytest.fixture

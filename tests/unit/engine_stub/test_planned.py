@@ -10,8 +10,11 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
 from detok_worker.config.schema import ENGINE_SOURCES
 from detok_worker.engine.sources.base import RunOptions, SourceError
-from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, create_local_source, run_source
-from detok_worker.engine.sources.planned import (
+from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, run_source
+from detok_worker.errors import OperatorError
+from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
+from engine_stub.local import create_local_source
+from engine_stub.planned import (
     CorpusSource,
     EchoSource,
     TraceSource,
@@ -19,8 +22,6 @@ from detok_worker.engine.sources.planned import (
     primary_eos_id,
     split_passages,
 )
-from detok_worker.errors import OperatorError
-from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 
 PARAMS = RequestParams(max_tokens=100)
 
