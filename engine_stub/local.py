@@ -147,9 +147,10 @@ class EngineProcess:
         """One step of the engines, their ids pushed to the link; False when the generating source had nothing to
         do (planned ids cost no work: a step that sends none of them is idle)."""
         link = self.link
-        for rid, ids, finish, logprobs in self.plans.step(time.monotonic_ns(), link.backlog):
-            if not link.push(rid, ids, finish, logprobs):
-                self.plans.cancel(rid)  # no longer generating: stopped or ended meanwhile
+        scheduler = self.scheduler
+        backlog = None if scheduler.all_sent() else scheduler.backlog
+        for rid in link.push_all(self.plans.step(time.monotonic_ns(), backlog)):
+            self.plans.cancel(rid)  # no longer generating: stopped or ended meanwhile
         generator = self.generator
         if generator is None or not generator.has_work():
             return False

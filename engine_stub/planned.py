@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, RequestParams, TokenLogprob
+from detok_worker.engine.scheduler import Output
 from detok_worker.engine.sources.base import SourceError
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace
@@ -148,10 +149,6 @@ class TraceSource:
         return Plan(list(recorded.output_ids), offsets)
 
 
-# one step's news of a request: (rid, new ids, finish or None, their logprobs when it asked)
-StepOutput = tuple[str, list[int], str | None, list[TokenLogprob] | None]
-
-
 @dataclass(slots=True)
 class _Planned:
     rid: str
@@ -207,19 +204,23 @@ class PlannedEngine:
         times = [p.release_ns[p.sent] for p in self.running.values() if p.release_ns and p.sent < len(p.release_ns)]
         return min(times) if times else None
 
-    def step(self, now_ns: int, backlog: Callable[[str], int]) -> list[StepOutput]:
-        """The new ids of every running request that has some (and the finish of those that end)."""
-        running = self.running
+    def step(self, now_ns: int, backlog: Callable[[str], int] | None) -> list[Output]:
+        """The new ids of every running request that has some (and the finish of those that end). `backlog`: the
+        ids of a rid its worker has not taken yet (None: the link holds none back)."""
+        running, tokens_per_step = self.running, self.tokens_per_step
         while self.waiting and len(running) < self.max_batch:
             planned = self.waiting.popleft()
             running[planned.rid] = planned
-        out: list[StepOutput] = []
-        for rid, planned in list(running.items()):
-            if backlog(rid):
+        out: list[Output] = []
+        ended: list[str] = []
+        for rid, planned in running.items():
+            if backlog is not None and backlog(rid):
                 continue
             start, ids = planned.sent, planned.ids
             if planned.release_ns is None:
-                end = min(start + self.tokens_per_step, len(ids))
+                end = start + tokens_per_step
+                if end > len(ids):
+                    end = len(ids)
             else:
                 end = bisect.bisect_right(planned.release_ns, now_ns, lo=start)
             ends = end >= len(ids)
@@ -229,5 +230,7 @@ class PlannedEngine:
             out.append((rid, ids[start:end], planned.finish if ends else None, logprobs))
             planned.sent = end
             if ends:
-                del running[rid]
+                ended.append(rid)
+        for rid in ended:
+            del running[rid]
         return out

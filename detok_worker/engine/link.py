@@ -53,7 +53,7 @@ from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
 from detok_worker.engine.limits import SubmitLimits
-from detok_worker.engine.scheduler import Scheduler
+from detok_worker.engine.scheduler import Output, Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
@@ -238,6 +238,11 @@ class EngineLink:
         generates (stopped, aborted, unknown): stop generating it. `logprobs`: one per id, for a request that asked
         for them (SamplingParams.logprobs set); ignored otherwise."""
         return self.scheduler.push(rid, ids, finish, logprobs)
+
+    def push_all(self, outputs: Iterable[Output]) -> list[str]:
+        """`push` of one engine step's outputs, (rid, new ids, finish, logprobs) each, in one call; returns the rids
+        that no longer generate (stop generating them)."""
+        return self.scheduler.push_all(outputs)
 
     def send_prompt_info(self, message: PromptLogprobs | PromptCached) -> None:
         """What the engine tells of a request's prompt when the request asked (its prompt logprobs, how much of it

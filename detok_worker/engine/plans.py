@@ -40,19 +40,6 @@ class Request:
     stop_chars: int = 0  # characters of its stop strings (its worker's worker.max_live_stop_chars)
     placed: bool = False  # it had a worker once: output may have reached its client (a re-open is never refused)
 
-    def push(self, ids: list[int], finish: str | None, logprobs: list[TokenLogprob] | None) -> None:
-        """The engine's new ids (and their logprobs, when the request asked); `finish` ends it. Ids past max_tokens
-        are dropped and end it with "length"."""
-        room = self.max_tokens - len(self.ids)
-        self.ids.extend(ids[:room])
-        if self.logprobs is not None:
-            self.logprobs += aligned_logprobs(logprobs, min(len(ids), room))
-        if len(ids) > room:
-            finish = FINISH_LENGTH
-        if finish is not None:
-            self.finish = finish
-            self.open_ended = False
-
     def stop_at_cursor(self) -> None:
         """Its worker found a stop: a re-open must end where that worker ended, at the ids it had (its stop is found
         again in them)."""
@@ -83,18 +70,6 @@ def aligned_logprobs(logprobs: list[TokenLogprob] | None, count: int) -> list[To
     """`count` entries: the engine's, padded with NO_LOGPROB where it gave fewer (so entries stay aligned with ids)."""
     given = list(logprobs or ())[:count]
     return given + [NO_LOGPROB] * (count - len(given))
-
-
-def step_tokens(request: Request, cursor: int, end: int, ends: bool) -> Tokens:
-    """The Tokens item of ids cursor..end (their logprobs too, when the request asked), with the finish if `ends`."""
-    logprobs = request.logprobs
-    return Tokens(
-        request.rid,
-        request.ids[cursor:end],
-        request.finish if ends else None,
-        None,
-        None if logprobs is None else logprobs[cursor:end],
-    )
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from detok_worker.bus.messages import (
     FINISH_ABORT,
+    FINISH_LENGTH,
     REJECT_FAILED,
     REJECT_INVALID,
     REJECT_NO_WORKER,
@@ -42,9 +43,9 @@ from detok_worker.engine.plans import (
     StepPlan,
     WorkerGroup,
     WorkerPlan,
+    aligned_logprobs,
     new_request,
     prompt_tail,
-    step_tokens,
     worker_plans,
 )
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
@@ -52,6 +53,9 @@ from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, Stop
 
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
+
+# one request's news of an engine step: (rid, new ids, finish or None, their logprobs or None)
+Output = tuple[str, list[int], str | None, list[TokenLogprob] | None]
 
 BAD_DUPLICATE_RID = "duplicate_rid"
 BAD_STRAY_FINISH = "stray_finish"  # Finish for a rid the sender does not own (late, after a re-open)
@@ -81,6 +85,7 @@ class Scheduler:
         self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
         self._to_assign: list[Request] = []  # new or orphaned requests without a worker
         self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
+        self._uncommitted = 0  # batches of the last step not committed (their worker's queue was full)
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
         self._now = 0.0  # the caller's clock as of the last plan_step/expire_workers
         self.step_number = 0
@@ -133,13 +138,34 @@ class Scheduler:
         """New ids of a request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it. `logprobs`: one per id."""
-        self.generated += len(ids)
-        request = self.running.get(rid)
-        if request is None or not request.open_ended:
-            return False
-        request.push(ids, finish, logprobs)
-        self._touched[rid] = request
-        return True
+        return not self.push_all(((rid, ids, finish, logprobs),))
+
+    def push_all(self, outputs: Iterable[Output]) -> list[str]:
+        """`push` of one engine step's outputs, (rid, ids, finish, logprobs) each; returns the rids that are not
+        generating."""
+        running, touched = self.running, self._touched
+        gone: list[str] = []
+        generated = 0
+        for rid, ids, finish, logprobs in outputs:
+            count = len(ids)
+            generated += count
+            request = running.get(rid)
+            if request is None or not request.open_ended:
+                gone.append(rid)
+                continue
+            kept = request.ids
+            room = request.max_tokens - len(kept)
+            if count > room:  # ids past max_tokens are dropped, and end it
+                ids, count, finish = ids[:room], room, FINISH_LENGTH
+            kept += ids
+            if request.logprobs is not None:
+                request.logprobs += aligned_logprobs(logprobs, count)
+            if finish is not None:
+                request.finish = finish
+                request.open_ended = False
+            touched[rid] = request
+        self.generated += generated
+        return gone
 
     def detok_params(self, rid: str) -> DetokParams | None:
         """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
@@ -150,6 +176,11 @@ class Scheduler:
         """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
         request = self.running.get(rid)
         return 0 if request is None else len(request.ids) - request.cursor
+
+    def all_sent(self) -> bool:
+        """Every id pushed before the last step went to its worker (`backlog` is 0 for every rid until the next
+        push): each batch of that step was committed, and no request waits for a worker."""
+        return not self._uncommitted and not self._to_assign
 
     def abort(self, rid: str) -> bool:
         """Stop generating `rid`; its worker gets Tokens(rid, [], finish="abort") to free its state."""
@@ -228,31 +259,46 @@ class Scheduler:
         rejects = self._assign(now)
         groups: Groups = {}
         running, touched = self.running, self._touched
-        for rid, request in list(touched.items()):
+        untouched: list[str] = []
+        for rid, request in touched.items():
             worker = request.worker
             if running.get(rid) is not request or worker is None:
-                del touched[rid]  # ended, or waiting for a worker (placing it touches it again)
+                untouched.append(rid)  # ended, or waiting for a worker (placing it touches it again)
                 continue
-            cursor = request.cursor
-            end, ends = len(request.ids), not request.open_ended
+            cursor, ids = request.cursor, request.ids
+            end, ends = len(ids), not request.open_ended
             if end == cursor and not ends and request.opened:
-                del touched[rid]  # nothing new: its next push touches it again
+                untouched.append(rid)  # all sent: its next push touches it again
                 continue
             group = groups.get(worker)
             if group is None:
                 group = groups[worker] = WorkerGroup.empty()
             if not request.opened:
-                group.opens.append(Open(request.rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
+                group.opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
-            group.items.append(step_tokens(request, cursor, end, ends))
+            logprobs = request.logprobs
+            group.items.append(
+                Tokens(
+                    rid,
+                    ids[cursor:end],
+                    request.finish if ends else None,
+                    None,
+                    None if logprobs is None else logprobs[cursor:end],
+                )
+            )
             group.advances.append((request, end, ends))
+        for rid in untouched:
+            del touched[rid]
         self.step_number += 1
-        return StepPlan(worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry), rejects)
+        plans = worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry)
+        self._uncommitted = len(plans)
+        return StepPlan(plans, rejects)
 
     def commit(self, plan: WorkerPlan, *, report: bool = False) -> list[Emitted]:
         """The worker's batch was sent: advance its requests, end the finished ones. With report, returns the
         newly emitted ids per rid (for recording)."""
         emitted: list[Emitted] = []
+        self._uncommitted -= 1
         self.registry.sent(plan.worker, plan.batch.step, self._now)
         pending = self._pending.get(plan.worker)
         if pending is not None:
@@ -274,8 +320,6 @@ class Scheduler:
                 del running[request.rid]
                 self._unassign(request)
                 self._hold(request)
-            elif end == len(request.ids):
-                self._touched.pop(request.rid, None)  # all sent: its next push touches it again
         return emitted
 
     def has_work(self) -> bool:

@@ -42,9 +42,8 @@ class StubScheduler(Scheduler):
 
     def push_step(self, now_ns: int) -> None:
         """The engine's step: its new ids pushed (a rid that no longer generates leaves it)."""
-        for rid, ids, finish, logprobs in self.engine.step(now_ns, self.backlog):
-            if not self.push(rid, ids, finish, logprobs):
-                self.engine.cancel(rid)
+        for rid in self.push_all(self.engine.step(now_ns, None if self.all_sent() else self.backlog)):
+            self.engine.cancel(rid)
 
     def drop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         self.engine.cancel(rid)

@@ -94,3 +94,24 @@ def test_the_stubs_requests_are_refused_at_submit_and_re_opens_never():
     assert plan.rejects == [] and plan.workers[0].worker == "w2"
     assert sent(plan) == {"a": [5, 6, 7], "c": [6]}
     assert plan.workers[0].batch.items[0] == Tokens("a", [5, 6, 7], "stop")
+
+
+def test_push_all_takes_a_whole_engine_step_and_names_the_rids_that_no_longer_generate():
+    scheduler = new_scheduler()
+    scheduler.hello("w1", 1, 0.0)
+    for rid in ("a", "b"):
+        scheduler.submit(rid, [1], RequestParams(max_tokens=3))
+    assert not scheduler.all_sent()  # both wait to be placed
+    step(scheduler)
+    assert scheduler.all_sent()
+    assert scheduler.push_all([("a", [5, 6], None, None), ("b", [7], "stop", None), ("gone", [8], None, None)]) == [
+        "gone"
+    ]
+    assert scheduler.generated == 4 and scheduler.backlog("a") == 2
+    plan = step(scheduler, commit=False)  # a full worker queue: the ids stay back
+    assert sent(plan) == {"a": [5, 6], "b": [7]} and not scheduler.all_sent()
+    step(scheduler)
+    assert scheduler.all_sent() and scheduler.backlog("a") == 0
+    assert scheduler.push_all([("a", [9, 10], None, None), ("b", [1], None, None)]) == ["b"]  # b ended
+    assert sent(step(scheduler)) == {"a": [9]}  # past max_tokens: cut, and it ends
+    assert scheduler.live_rids == 0
