@@ -1,4 +1,4 @@
-"""The corpus source's passage ids on disk (detok_worker/engine/sources/corpus_ids.py): a hit gives exactly the
+"""The corpus source's passage ids on disk (engine_stub/corpus_ids.py): a hit gives exactly the
 ids an encode gives, without building the library tokenizer; another tokenizer file or another corpus text misses."""
 
 from __future__ import annotations
