@@ -14,7 +14,7 @@ from collections import deque
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
+from detok_worker.engine.link import EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions, SourceError
 from detok_worker.process.signals import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -28,6 +28,7 @@ from engine_stub.planned import PlannedEngine, TokenSource
 
 log = logging.getLogger(__name__)
 
+BAD_SOURCE = "source_error"  # a request the source could not plan or generate (counted with the bad frames)
 MAX_POLL_MS = 100
 MIN_IDLE_WAIT_NS = 1_000_000
 BLOCKED_RETRY_NS = 5_000_000

@@ -62,7 +62,6 @@ from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
 
-BAD_SOURCE = "source_error"
 OUTBOX_RETRY_S = 0.05
 LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
 # the last step found a worker's queue full (`blocked`): ZeroMQ cannot tell when it drains, so step again this soon
@@ -290,11 +289,6 @@ class EngineLink:
         Rejects, and the table it carries is the one the next EngineStats report."""
         self.fronts.send_to(front, answer)
         self.fronts.flush()
-
-    def reject(self, rid: str, error: str, *, front: int = 0) -> None:
-        """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
-        Submit.front."""
-        self.fronts.send(Reject(rid, error), front)
 
     def close(self) -> None:
         self.sockets.close()
