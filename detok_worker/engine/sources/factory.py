@@ -5,11 +5,13 @@ llama-cpp) are engine_stub's, which no relay needs."""
 from __future__ import annotations
 
 from detok_worker.config import DetokConfig
+from detok_worker.config.schema import ENGINE_SOURCES
 from detok_worker.engine.sources.base import EngineRun, RunOptions
 from detok_worker.errors import OperatorError
 
-LOCAL_SOURCES = ("corpus", "echo", "trace", "llama-cpp")  # engine_stub's, run by its loop in this process
 RELAY_SOURCES = ("grpc", "vllm")  # a real engine behind: it schedules, detok relays its ids
+# every other name is engine_stub's (engine_stub/local.py: create_local_source), run by its loop in this process
+LOCAL_SOURCES = tuple(source for source in ENGINE_SOURCES if source not in RELAY_SOURCES)
 
 
 def engine_run(source: str) -> EngineRun:

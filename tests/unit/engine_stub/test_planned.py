@@ -11,7 +11,7 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
 from detok_worker.config.schema import ENGINE_SOURCES
 from detok_worker.engine.sources.base import RunOptions, SourceError
-from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, run_source
+from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, engine_run, run_source
 from detok_worker.errors import OperatorError
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 from engine_stub.local import create_local_source
@@ -127,8 +127,17 @@ def test_create_source_from_config(qwen3, tmp_path):
     assert isinstance(traced, TraceSource) and traced.speed == 1.0
 
 
-def test_the_factory_knows_every_configured_source() -> None:
-    assert sorted(LOCAL_SOURCES + RELAY_SOURCES) == sorted(ENGINE_SOURCES)
+def test_the_factory_knows_every_configured_source(qwen3, tmp_path) -> None:
+    assert sorted(LOCAL_SOURCES + RELAY_SOURCES) == sorted(ENGINE_SOURCES) and set(RELAY_SOURCES) < set(ENGINE_SOURCES)
+    path = tmp_path / "t.trace"
+    write_trace(path, _trace())
+    for source in LOCAL_SOURCES:  # each is a branch of create_local_source (a model may be missing here)
+        config = load_config(None, {"engine.source": source, "engine.trace": str(path)})
+        try:
+            create_local_source(config, qwen3)
+        except SourceError as exc:
+            assert "is not a local token source" not in str(exc), source
+        assert callable(engine_run(source))
 
 
 def test_replay_needs_a_local_source() -> None:
