@@ -260,6 +260,7 @@ class Scheduler:
         groups: Groups = {}
         running, touched = self.running, self._touched
         untouched: list[str] = []
+        group_worker, opens, items, advances = None, [], [], []  # the group of the last request's worker
         for rid, request in touched.items():
             worker = request.worker
             if running.get(rid) is not request or worker is None:
@@ -270,14 +271,16 @@ class Scheduler:
             if end == cursor and not ends and request.opened:
                 untouched.append(rid)  # all sent: its next push touches it again
                 continue
-            group = groups.get(worker)
-            if group is None:
-                group = groups[worker] = WorkerGroup.empty()
+            if worker is not group_worker:
+                group = groups.get(worker)
+                if group is None:
+                    group = groups[worker] = WorkerGroup.empty()
+                group_worker, (opens, items, advances) = worker, group
             if not request.opened:
-                group.opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
+                opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
             logprobs = request.logprobs
-            group.items.append(
+            items.append(
                 Tokens(
                     rid,
                     ids[cursor:end],
@@ -286,7 +289,7 @@ class Scheduler:
                     None if logprobs is None else logprobs[cursor:end],
                 )
             )
-            group.advances.append((request, end, ends))
+            advances.append((request, end, ends))
         for rid in untouched:
             del touched[rid]
         self.step_number += 1
@@ -306,9 +309,9 @@ class Scheduler:
             if not pending:
                 del self._pending[plan.worker]
                 self.registry.pending_sent(plan.worker)
-        running = self.running
+        running, worker = self.running, plan.worker
         for request, end, ends in plan.advances:
-            if running.get(request.rid) is not request or request.worker != plan.worker:
+            if running.get(request.rid) is not request or request.worker != worker:
                 continue  # ended or moved while the batch was in flight
             if report and not request.ended and (end > request.cursor or ends):
                 emitted.append(
