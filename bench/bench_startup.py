@@ -45,7 +45,7 @@ elif role == "front":
     import detok_worker.front.server
 else:
     import detok_worker.engine.sources.factory
-    import detok_worker.engine.sources.local
+    import engine_stub.local
 marks.append(("import role", time.process_time()))
 from detok_worker.config import DetokConfig
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -59,7 +59,7 @@ elif role == "front":
     from detok_worker.front.app import create_app
     create_app(config, tokenizer)
 else:
-    from detok_worker.engine.sources.factory import create_local_source
+    from engine_stub.local import create_local_source
     create_local_source(config, tokenizer)
 marks.append(("prepare", time.process_time()))
 print(json.dumps({"marks": marks}))

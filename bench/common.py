@@ -20,11 +20,12 @@ if CHECKOUT is not None and str(CHECKOUT) not in sys.path:
     sys.path.insert(0, str(CHECKOUT))
 
 import detok_worker  # noqa: E402
+import engine_stub  # noqa: E402
 
 PACKAGE = Path(detok_worker.__file__).resolve().parent
 REPO = CHECKOUT or PACKAGE.parent
 RESULTS_DIR = CHECKOUT / "bench" / "results" if CHECKOUT else Path.cwd() / "detok-bench-results"
-CORPUS_DIRS = (REPO / "tests" / "fixtures" / "texts", PACKAGE / "engine" / "sources" / "corpus")
+CORPUS_DIRS = (REPO / "tests" / "fixtures" / "texts", Path(engine_stub.__file__).resolve().parent / "corpus")
 FIXTURES = REPO / "tests" / "fixtures" / "tokenizers"
 CONFIGS = PACKAGE / "configs"
 QWEN3_DIR = PACKAGE / "tokenizer" / "data" / "qwen3"

@@ -9,8 +9,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from detok_worker.bus.messages import FINISH_ABORT, FINISH_ERROR
-from detok_worker.engine.generators import GeneratorEngine
-from detok_worker.engine.sources.base import GeneratingSource
+from engine_stub.generators import GeneratingSource, GeneratorEngine
 
 # one step's news for a stream: (new ids, finish or None, error or None)
 StepNews = tuple[list[int], str | None, str | None]

@@ -5,7 +5,7 @@ and benches of gRPC gateways (detok's own and SMG).
 Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
 engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
 GenerateComplete with every output id. A request that asks for logprobs gets the planning sources'
-deterministic fake ones (detok_worker/engine/sources/fake_logprobs.py) in each chunk's and the GenerateComplete's
+deterministic fake ones (engine_stub/fake_logprobs.py) in each chunk's and the GenerateComplete's
 output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the request's
 stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
 ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
@@ -55,14 +55,15 @@ from detok_worker.bus.messages import (
     TokenLogprob,
 )
 from detok_worker.config import DetokConfig
-from detok_worker.engine.sources.base import GeneratingSource, TokenSource
-from detok_worker.engine.sources.factory import create_local_source
-from detok_worker.engine.sources.fake_logprobs import fake_logprobs
 from detok_worker.process.event_loop import run_event_loop
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from detok_worker.tokenizer.protocol import Tokenizer
+from engine_stub.fake_logprobs import fake_logprobs
+from engine_stub.generators import GeneratingSource
 from engine_stub.grpc_generation import Generation, GenerationRuns
+from engine_stub.local import create_local_source
+from engine_stub.planned import TokenSource
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from detok_worker.config.flags import add_config_flags, add_engine_flags, add_fr
 def cmd_synth(args: argparse.Namespace, config: DetokConfig) -> int:
     from tqdm import tqdm
 
-    from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
     from detok_worker.tokenizer import load_configured_tokenizer
     from detok_worker.trace.format import write_trace
     from detok_worker.trace.synth import corpus_pairs, sharegpt_pairs, synth_trace
+    from engine_stub.planned import load_corpus, primary_eos_id
 
     tokenizer = load_configured_tokenizer(config)
     rng = random.Random(args.seed)

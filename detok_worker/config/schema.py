@@ -84,7 +84,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # source = grpc: a Generate that fails before its first chunk is sent again this often
     start_retries: NonNegativeInt = 3
     trace: str = ""
-    corpus: str = ""  # "" = the shipped corpus (engine/sources/corpus/)
+    corpus: str = ""  # "" = the shipped corpus (engine_stub/corpus/)
     step_interval_ms: NonNegativeFloat = 20.0
     max_batch: AtLeastOne = 256
     tokens_per_step: AtLeastOne = 1

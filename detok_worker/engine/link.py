@@ -1,4 +1,4 @@
-"""The engine's side of the detok bus, for any engine loop: the local sources', the gRPC gateway's, a real scheduler's.
+"""The engine's side of the detok bus, for any engine loop: the relays' to real engines (gRPC, vLLM), the stub's.
 
 `EngineLink` binds the engine sockets (docs/protocol.md), takes Submit/Abort/Delivered from the front and
 Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registry, rid -> worker assignment,
@@ -53,7 +53,7 @@ from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
 from detok_worker.engine.limits import SubmitLimits
-from detok_worker.engine.scheduler import Scheduler
+from detok_worker.engine.scheduler import Output, Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
@@ -62,7 +62,6 @@ from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
 
-BAD_SOURCE = "source_error"
 OUTBOX_RETRY_S = 0.05
 LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
 # the last step found a worker's queue full (`blocked`): ZeroMQ cannot tell when it drains, so step again this soon
@@ -110,8 +109,6 @@ class EngineLink:
         # the LoRA adapters the engine has loaded, name -> path, for the fronts (EngineStats); None: it loads none
         self.lora_adapters: dict[str, str] | None = None
         self.scheduler = Scheduler(
-            max_batch=engine.max_batch,
-            tokens_per_step=engine.tokens_per_step,
             heartbeat_timeout_s=engine.heartbeat_timeout_s,
             eos_ids=eos_ids,
             special_ids=special_ids,
@@ -220,27 +217,13 @@ class EngineLink:
             return True
         return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
 
-    def accept(
-        self,
-        submit: Submit,
-        planned: list[int] | None = None,
-        *,
-        release_ns: list[int] | None = None,
-        finish: str | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> DetokParams | None:
-        """Take a request. Its ids come by `push` as the engine generates them, or are all `planned` now (the
-        stub's sources; release_ns paces them). Returns its DetokParams (stop_token_ids: the ids the engine
-        should stop at, EOS included unless ignore_eos), or None when it was rejected (the front is told)."""
+    def accept(self, submit: Submit) -> DetokParams | None:
+        """Take a request; its ids come by `push` as the engine generates them. Returns its DetokParams
+        (stop_token_ids: the ids the engine should stop at, EOS included unless ignore_eos), or None when it was
+        rejected (the front is told)."""
         rid, prompt_ids, params = submit.rid, submit.prompt_ids, submit.params
         self.fronts.remember(rid, submit.front)
-        if planned is None:
-            reject = self.scheduler.submit(rid, prompt_ids, params, [], pushed=True)
-        else:
-            reject = self.scheduler.submit(
-                rid, prompt_ids, params, planned, release_ns=release_ns, finish=finish, logprobs=logprobs
-            )
-        if reject is not None:
+        if (reject := self.scheduler.submit(rid, prompt_ids, params)) is not None:
             self.fronts.send(reject)
             return None
         if self.recorder is not None:
@@ -254,6 +237,11 @@ class EngineLink:
         generates (stopped, aborted, unknown): stop generating it. `logprobs`: one per id, for a request that asked
         for them (SamplingParams.logprobs set); ignored otherwise."""
         return self.scheduler.push(rid, ids, finish, logprobs)
+
+    def push_all(self, outputs: Iterable[Output]) -> list[str]:
+        """`push` of one engine step's outputs, (rid, new ids, finish, logprobs) each, in one call; returns the rids
+        that no longer generate (stop generating them)."""
+        return self.scheduler.push_all(outputs)
 
     def send_prompt_info(self, message: PromptLogprobs | PromptCached) -> None:
         """What the engine tells of a request's prompt when the request asked (its prompt logprobs, how much of it
@@ -276,7 +264,7 @@ class EngineLink:
 
     def step(self) -> int:
         """Send one TokenBatch per worker with work; returns how many were sent."""
-        plan = self.scheduler.plan_step(time.monotonic(), time.monotonic_ns(), time.time_ns())
+        plan = self.scheduler.plan_step(time.monotonic(), time.time_ns())
         for reject in plan.rejects:
             self._news.stopped.append(reject.rid)
             self.fronts.send(reject)
@@ -301,11 +289,6 @@ class EngineLink:
         Rejects, and the table it carries is the one the next EngineStats report."""
         self.fronts.send_to(front, answer)
         self.fronts.flush()
-
-    def reject(self, rid: str, error: str, *, front: int = 0) -> None:
-        """Refuse a request that was never accepted (e.g. the token source failed for it); `front`: its
-        Submit.front."""
-        self.fronts.send(Reject(rid, error), front)
 
     def close(self) -> None:
         self.sockets.close()

@@ -1,11 +1,9 @@
 """The engine's scheduling state, pure (no sockets, the caller passes the clock).
 
-A request's ids are either planned at submit (the stub's sources: at most max_batch generate at once, the rest wait
-in arrival order) or pushed as an engine generates them (`submit(pushed=True)` + `push`: it runs at once, as the
-engine that schedules it decides; a cap of ours would only hold requests that engine could run). Each step takes
-the new ids of the requests `_touched` since the last one (so a step costs what changed, not what runs):
-tokens_per_step of a planned one (when replaying a trace at recorded speed, every id whose time has come), every id
-pushed so far of a pushed one (with their logprobs when the request asked), and builds one TokenBatch per worker.
+A request's ids are pushed as its engine generates them (`submit` + `push`): it runs from its submit on, as the
+engine that schedules it decides (a cap of ours would only hold requests that engine could run). Each step takes
+the ids pushed since the last one of the requests `_touched` meanwhile (so a step costs what changed, not what
+runs), with their logprobs when the request asked, and builds one TokenBatch per worker.
 A step is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a
 worker could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow
 worker, that worker's requests just pause.
@@ -25,6 +23,7 @@ from collections.abc import Iterable
 
 from detok_worker.bus.messages import (
     FINISH_ABORT,
+    FINISH_LENGTH,
     REJECT_FAILED,
     REJECT_INVALID,
     REJECT_NO_WORKER,
@@ -35,7 +34,6 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
-from detok_worker.engine.admission import Admission
 from detok_worker.engine.delivery import Undelivered
 from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import (
@@ -45,9 +43,9 @@ from detok_worker.engine.plans import (
     StepPlan,
     WorkerGroup,
     WorkerPlan,
+    aligned_logprobs,
     new_request,
     prompt_tail,
-    step_tokens,
     worker_plans,
 )
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
@@ -55,6 +53,9 @@ from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, Stop
 
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
+
+# one request's news of an engine step: (rid, new ids, finish or None, their logprobs or None)
+Output = tuple[str, list[int], str | None, list[TokenLogprob] | None]
 
 BAD_DUPLICATE_RID = "duplicate_rid"
 BAD_STRAY_FINISH = "stray_finish"  # Finish for a rid the sender does not own (late, after a re-open)
@@ -64,8 +65,6 @@ class Scheduler:
     def __init__(
         self,
         *,
-        max_batch: int,
-        tokens_per_step: int,
         heartbeat_timeout_s: float,
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
@@ -75,7 +74,6 @@ class Scheduler:
         vocab_size: int = 0,
         max_live_stop_chars: int | None = None,
     ) -> None:
-        self.tokens_per_step = tokens_per_step
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.eos_ids = frozenset(eos_ids)
         self.special_ids = frozenset(special_ids)
@@ -85,9 +83,9 @@ class Scheduler:
         self.registry = WorkerRegistry(heartbeat_timeout_s, answer_timeout_s, max_live_stop_chars)
         self.running: dict[str, Request] = {}
         self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
-        self.waiting = Admission(max_batch)  # planned requests not running yet
-        self._to_assign: list[Request] = []  # admitted or orphaned requests without a worker
+        self._to_assign: list[Request] = []  # new or orphaned requests without a worker
         self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
+        self._uncommitted = 0  # batches of the last step not committed (their worker's queue was full)
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
         self._now = 0.0  # the caller's clock as of the last plan_step/expire_workers
         self.step_number = 0
@@ -104,30 +102,19 @@ class Scheduler:
 
     @property
     def live_rids(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running)
 
     def has_rid(self, rid: str, *, generating: bool = False) -> bool:  # generating: the engine still makes its ids
-        request = self._live(rid)
+        request = self.running.get(rid)
         return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
-        """The rids of the running and the waiting requests (`live_rids` counts them)."""
-        return [request.rid for request in (*self.running.values(), *self.waiting)]
+        """The rids of the running requests (`live_rids` counts them)."""
+        return list(self.running)
 
-    def submit(
-        self,
-        rid: str,
-        prompt_ids: list[int],
-        params: RequestParams,
-        planned: list[int],
-        release_ns: list[int] | None = None,
-        finish: str | None = None,
-        *,
-        pushed: bool = False,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> Reject | None:
-        """Queue a request whose output ids are `planned` (or, with pushed, come by `push`; `logprobs` likewise).
-        Returns a Reject when it cannot be taken; a duplicate live rid is ignored."""
+    def submit(self, rid: str, prompt_ids: list[int], params: RequestParams) -> Reject | None:
+        """Take a request whose output ids come by `push`. Returns a Reject when it cannot be taken; a duplicate live
+        rid is ignored."""
         if self.has_rid(rid):
             self.bad[BAD_DUPLICATE_RID] += 1
             return None
@@ -139,10 +126,7 @@ class Scheduler:
         except StopRuleError as exc:
             return self._reject(rid, str(exc), REJECT_INVALID)
         tail = prompt_tail(prompt_ids, self.special_ids)
-        request = new_request(rid, tail, params, rules, None if pushed else planned, release_ns, finish, logprobs)
-        if not pushed:
-            self.waiting.add(request)
-            return None
+        request = new_request(rid, tail, params, rules)
         # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
         self.running[rid] = request
         self._to_assign.append(request)
@@ -151,26 +135,52 @@ class Scheduler:
     def push(
         self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
     ) -> bool:
-        """New ids of a pushed request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
+        """New ids of a request; `finish` (stop, length, abort, error) ends it. Ids past max_tokens are
         dropped and end it with "length". False when the rid is not generating (ended, stopped by a worker,
         aborted, unknown): the engine should stop generating it. `logprobs`: one per id."""
-        self.generated += len(ids)
-        request = self._live(rid)
-        if request is None or not request.open_ended:
-            return False
-        request.push(ids, finish, logprobs)
-        self._touched[rid] = request
-        return True
+        return not self.push_all(((rid, ids, finish, logprobs),))
+
+    def push_all(self, outputs: Iterable[Output]) -> list[str]:
+        """`push` of one engine step's outputs, (rid, ids, finish, logprobs) each; returns the rids that are not
+        generating."""
+        running, touched = self.running, self._touched
+        gone: list[str] = []
+        generated = 0
+        for rid, ids, finish, logprobs in outputs:
+            count = len(ids)
+            generated += count
+            request = running.get(rid)
+            if request is None or not request.open_ended:
+                gone.append(rid)
+                continue
+            kept = request.ids
+            room = request.max_tokens - len(kept)
+            if count > room:  # ids past max_tokens are dropped, and end it
+                ids, count, finish = ids[:room], room, FINISH_LENGTH
+            kept += ids
+            if request.logprobs is not None:
+                request.logprobs += aligned_logprobs(logprobs, count)
+            if finish is not None:
+                request.finish = finish
+                request.open_ended = False
+            touched[rid] = request
+        self.generated += generated
+        return gone
 
     def detok_params(self, rid: str) -> DetokParams | None:
         """The DetokParams a live rid's worker gets (EOS ids added unless ignore_eos)."""
-        request = self._live(rid)
+        request = self.running.get(rid)
         return None if request is None else request.detok
 
     def backlog(self, rid: str) -> int:
         """Ids of a request not yet sent to its worker (they pile up while the worker's queue is full)."""
-        request = self._live(rid)
-        return 0 if request is None else len(request.planned) - request.cursor
+        request = self.running.get(rid)
+        return 0 if request is None else len(request.ids) - request.cursor
+
+    def all_sent(self) -> bool:
+        """Every id pushed before the last step went to its worker (`backlog` is 0 for every rid until the next
+        push): each batch of that step was committed, and no request waits for a worker."""
+        return not self._uncommitted and not self._to_assign
 
     def abort(self, rid: str) -> bool:
         """Stop generating `rid`; its worker gets Tokens(rid, [], finish="abort") to free its state."""
@@ -242,41 +252,56 @@ class Scheduler:
 
     # ---- steps ----------------------------------------------------------------------------------------
 
-    def plan_step(self, now: float, now_ns: int, sent_ns: int) -> StepPlan:
+    def plan_step(self, now: float, sent_ns: int) -> StepPlan:
         """Next ids of every generating request, grouped into one TokenBatch per worker (not yet committed).
-        now/now_ns: monotonic clock (liveness, replay pacing); sent_ns: wall clock stamped on the batches."""
+        now: monotonic clock (liveness); sent_ns: wall clock stamped on the batches."""
         self._now = now
-        self._admit()
         rejects = self._assign(now)
         groups: Groups = {}
-        tokens_per_step = self.tokens_per_step
         running, touched = self.running, self._touched
-        for rid, request in list(touched.items()):
+        untouched: list[str] = []
+        group_worker, opens, items, advances = None, [], [], []  # the group of the last request's worker
+        for rid, request in touched.items():
             worker = request.worker
             if running.get(rid) is not request or worker is None:
-                del touched[rid]  # ended, or waiting for a worker (placing it touches it again)
+                untouched.append(rid)  # ended, or waiting for a worker (placing it touches it again)
                 continue
-            cursor = request.cursor
-            end, ends = request.step_end(tokens_per_step, now_ns)
+            cursor, ids = request.cursor, request.ids
+            end, ends = len(ids), not request.open_ended
             if end == cursor and not ends and request.opened:
-                if request.pushed:
-                    del touched[rid]  # nothing new: its next push touches it again
+                untouched.append(rid)  # all sent: its next push touches it again
                 continue
-            group = groups.get(worker)
-            if group is None:
-                group = groups[worker] = WorkerGroup.empty()
+            if worker is not group_worker:
+                group = groups.get(worker)
+                if group is None:
+                    group = groups[worker] = WorkerGroup.empty()
+                group_worker, (opens, items, advances) = worker, group
             if not request.opened:
-                group.opens.append(Open(request.rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
+                opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
-            group.items.append(step_tokens(request, cursor, end, ends))
-            group.advances.append((request, end, ends))
+            logprobs = request.logprobs
+            items.append(
+                Tokens(
+                    rid,
+                    ids[cursor:end],
+                    request.finish if ends else None,
+                    None,
+                    None if logprobs is None else logprobs[cursor:end],
+                )
+            )
+            advances.append((request, end, ends))
+        for rid in untouched:
+            del touched[rid]
         self.step_number += 1
-        return StepPlan(worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry), rejects)
+        plans = worker_plans(self.step_number, sent_ns, groups, self._pending, self.registry)
+        self._uncommitted = len(plans)
+        return StepPlan(plans, rejects)
 
     def commit(self, plan: WorkerPlan, *, report: bool = False) -> list[Emitted]:
         """The worker's batch was sent: advance its requests, end the finished ones. With report, returns the
         newly emitted ids per rid (for recording)."""
         emitted: list[Emitted] = []
+        self._uncommitted -= 1
         self.registry.sent(plan.worker, plan.batch.step, self._now)
         pending = self._pending.get(plan.worker)
         if pending is not None:
@@ -284,13 +309,13 @@ class Scheduler:
             if not pending:
                 del self._pending[plan.worker]
                 self.registry.pending_sent(plan.worker)
-        running = self.running
+        running, worker = self.running, plan.worker
         for request, end, ends in plan.advances:
-            if running.get(request.rid) is not request or request.worker != plan.worker:
+            if running.get(request.rid) is not request or request.worker != worker:
                 continue  # ended or moved while the batch was in flight
             if report and not request.ended and (end > request.cursor or ends):
                 emitted.append(
-                    Emitted(request.rid, request.planned[request.cursor : end], request.finish if ends else None)
+                    Emitted(request.rid, request.ids[request.cursor : end], request.finish if ends else None)
                 )
             request.cursor = end
             request.opened = True
@@ -298,28 +323,12 @@ class Scheduler:
                 del running[request.rid]
                 self._unassign(request)
                 self._hold(request)
-            elif request.pushed and end == len(request.planned):
-                self._touched.pop(request.rid, None)  # all sent: its next push touches it again
         return emitted
 
-    def next_release_ns(self) -> int | None:
-        """Earliest time a paced (replayed) request has its next id; None if none is waiting on time."""
-        times = [r.release_ns[r.cursor] for r in self.running.values() if r.release_ns and r.cursor < len(r.release_ns)]
-        return min(times) if times else None
-
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._pending)
+        return bool(self.running or self._pending)
 
     # ---- internals ------------------------------------------------------------------------------------
-
-    def _live(self, rid: str) -> Request | None:
-        return self.running.get(rid) or self.waiting.get(rid)
-
-    def _admit(self) -> None:
-        """Planned requests, up to max_batch running (pushed ones run from their submit on)."""
-        for request in self.waiting.admit(len(self.running)):
-            self.running[request.rid] = request
-            self._to_assign.append(request)
 
     def _assign(self, now: float) -> list[Reject]:
         rejects: list[Reject] = []
@@ -387,7 +396,7 @@ class Scheduler:
     def _stop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
         request = self.running.pop(rid, None)
         if request is None:
-            return self.waiting.remove(rid)
+            return False
         aborted_on_worker = request.worker is not None and request.opened
         if aborted_on_worker:
             self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))

@@ -30,7 +30,7 @@ from helpers.serve_helpers import REPO, ServeProcess, wait_for
 from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 
-from detok_worker.engine.sources.planned import load_corpus
+from engine_stub.planned import load_corpus
 
 STEP_MS = "4"  # the engine server's pace: long prompts are still generating when a stop or a disconnect comes
 

@@ -20,8 +20,8 @@ from helpers.grpc_engine_server import EngineServer
 from helpers.llama_oracle import greedy_ids, llama_detokenize, smollm2
 from helpers.serve_helpers import ServeProcess, http_json, serving, sse_payloads, wait_for
 
-from detok_worker.engine.sources.llama import default_model_path
 from detok_worker.tokenizer import create_tokenizer
+from engine_stub.llama import default_model_path
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 PROMPTS = [

@@ -1,5 +1,5 @@
 """logprobs end to end: a real `detok serve` (the echo source, whose fake logprobs are a pure function of the
-output position and id: detok_worker/engine/sources/fake_logprobs.py) and the official `openai` client, chat and
+output position and id: engine_stub/fake_logprobs.py) and the official `openai` client, chat and
 completions, streamed and not. Token strings are the tokenizer's decode of each id, bytes the token's own bytes
 (pieces of a character for tokens that split one), top candidates most likely first, one entry per completion token."""
 
@@ -14,7 +14,7 @@ import pytest
 from helpers.grpc_engine_server import EngineServer
 from helpers.serve_helpers import ServeProcess, healthy_serve
 
-from detok_worker.engine.sources.fake_logprobs import fake_value
+from engine_stub.fake_logprobs import fake_value
 
 openai = pytest.importorskip("openai")
 

@@ -4,29 +4,18 @@ whose last ids had been sent hung at the front after a SIGKILL)."""
 
 from __future__ import annotations
 
+from helpers.scheduler_steps import EOS, StubScheduler, items, new_stub_scheduler, step
+
 from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import FINISH_ABORT, RequestParams, Tokens
-from detok_worker.engine.scheduler import DELIVERY_GRACE_S, Scheduler, StepPlan
-
-EOS = 99
+from detok_worker.engine.scheduler import DELIVERY_GRACE_S
 
 
-def scheduler_with(*workers: str) -> Scheduler:
-    scheduler = Scheduler(max_batch=8, tokens_per_step=2, heartbeat_timeout_s=1.0, eos_ids=[EOS])
+def scheduler_with(*workers: str) -> StubScheduler:
+    scheduler = new_stub_scheduler(tokens_per_step=2)
     for worker in workers:
         scheduler.hello(worker, 1, 0.0)
     return scheduler
-
-
-def step(scheduler: Scheduler, now: float = 0.0) -> StepPlan:
-    plan = scheduler.plan_step(now, int(now * 1e9), 0)
-    for worker_plan in plan.workers:
-        scheduler.commit(worker_plan)
-    return plan
-
-
-def items(plan: StepPlan) -> dict[str, list[Tokens]]:
-    return {p.worker: list(token_items(p.batch)) for p in plan.workers}
 
 
 def test_ended_rid_is_reopened_with_its_finish_when_its_worker_dies_before_delivery() -> None:

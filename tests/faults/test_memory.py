@@ -36,7 +36,7 @@ from helpers.fault_helpers import (
 )
 from helpers.serve_helpers import ServeProcess, wait_for
 
-from detok_worker.engine.sources.planned import load_corpus
+from engine_stub.planned import load_corpus
 
 MAX_PENDING_CHARS = 100_000
 LONG_TOKEN = 89180  # qwen3: "//" + 112 dashes, 114 characters

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from detok_worker.engine.sources.planned import primary_eos_id
+from engine_stub.planned import primary_eos_id
 
 
 def expected_echo(

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
+from engine_stub.planned import load_corpus, primary_eos_id
 from helpers.serve_helpers import ServeProcess, wait_for
 from helpers.serve_helpers import serving as serving  # re-exported: the fault tests import it from here
 

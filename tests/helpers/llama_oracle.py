@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from detok_worker.engine.sources.llama import LlamaGenerator, default_model_path
+from engine_stub.llama import LlamaGenerator, default_model_path
 
 SENTINEL = "A"  # cyllama's detokenize strips leading whitespace from its result: a sentinel goes first
 

@@ -14,8 +14,8 @@ from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import Heartbeat, Hello, RequestParams, Submit
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
-from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
+from engine_stub.planned import load_corpus
 
 BIG_FRAME_BYTES = 100 * 1024 * 1024
 

@@ -13,7 +13,7 @@ from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
-from detok_worker.engine.sources.planned import primary_eos_id
+from engine_stub.planned import primary_eos_id
 
 
 def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], timeout_s: float) -> None:

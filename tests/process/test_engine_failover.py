@@ -11,8 +11,8 @@ from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
-from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.worker.process import run_worker
+from engine_stub.planned import load_corpus
 
 
 def test_killed_worker_rids_are_reopened_exactly_once(qwen3):

@@ -13,9 +13,9 @@ from helpers.fixtures import REPO
 
 from detok_worker.bus.collector import FrontCollector
 from detok_worker.bus.messages import DetokParams, RequestParams
-from detok_worker.engine.generators import GeneratorEngine
-from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from detok_worker.worker.process import run_worker
+from engine_stub.generators import GeneratorEngine
+from engine_stub.planned import load_corpus, primary_eos_id
 
 LOOP_BLOCK = re.compile(r"<!-- engine-loop:start -->\n```python\n(.*?)```\n<!-- engine-loop:end -->", re.S)
 

@@ -28,9 +28,9 @@ from detok_worker.bus.messages import (
 from detok_worker.engine.plans import PROMPT_TAIL
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
-from detok_worker.engine.sources.planned import load_corpus, primary_eos_id
 from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, read_trace, write_trace
 from detok_worker.worker.process import run_worker
+from engine_stub.planned import load_corpus, primary_eos_id
 
 
 class TokenLog:

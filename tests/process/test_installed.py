@@ -61,7 +61,7 @@ def test_config_reads_the_shipped_default(installed: Path, tmp_path: Path) -> No
 
 
 def test_the_corpus_source_reads_the_shipped_corpus(installed: Path, tmp_path: Path) -> None:
-    code = "from detok_worker.engine.sources.planned import load_corpus; print(len(load_corpus()))"
+    code = "from engine_stub.planned import load_corpus; print(len(load_corpus()))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([installed / "python", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr

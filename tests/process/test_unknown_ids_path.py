@@ -24,12 +24,13 @@ MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,6
 
 
 def _engine(config: DetokConfig, outputs: dict[str, list[int]], running: threading.Event) -> None:
-    """Each request's output is planned at once: its entry in `outputs`, whatever its prompt."""
+    """Each request's output is pushed at once: its entry in `outputs`, whatever its prompt."""
     link = EngineLink(config, vocab_size=MODEL_VOCAB)
     try:
         while running.is_set():
             for submit in link.poll(0.005).submitted:
-                link.accept(submit, outputs[submit.rid])
+                if link.accept(submit) is not None:
+                    link.push(submit.rid, outputs[submit.rid], "stop")
             link.step()
     finally:
         link.close()

@@ -1,6 +1,7 @@
 """The package layout holds its rules: no import loops (function-local imports included), every module imports
 on its own in a fresh interpreter, no module over 800 lines (one concept a module, as vLLM's and SGLang's run),
-engine_stub never imports the CLI nor the relay sources, and no production path imports engine_stub."""
+engine_stub never imports the CLI nor the relay sources, and engine_stub is imported only where a command runs it
+(the local engine sources, `detok engine-server`, `detok trace synth`'s corpus), never by the relays."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from helpers.fixtures import REPO
 from helpers.vllm_cpu import require_venv
 
-from detok_worker.engine.sources.factory import LOCAL_SOURCES
+from detok_worker.engine.sources.factory import RELAY_SOURCES
 
 PACKAGES = ("detok_worker", "engine_stub")
 MAX_LINES = 800
@@ -142,15 +143,23 @@ def test_engine_stub_names_no_relay_source() -> None:
             assert not graph[name] & relays, name
 
 
-def test_only_the_engine_server_command_imports_engine_stub() -> None:
-    """Every source the product runs lives in detok_worker.engine.sources; `detok engine-server` (a test engine)
-    is the one path into engine_stub, imported inside its command."""
+ENGINE_STUB_IMPORTERS = {
+    "detok_worker.cli.main": "detok_worker/cli/main.py",  # `detok engine-server`
+    "detok_worker.cli.trace": "detok_worker/cli/trace.py",  # `detok trace synth`: the stub's corpus
+    "detok_worker.engine.sources.factory": "detok_worker/engine/sources/factory.py",  # the local engine sources
+}
+
+
+def test_engine_stub_is_imported_only_inside_the_commands_that_run_it() -> None:
+    """The relays to real engines and the engine library (detok_worker.engine) never load engine_stub: the factory
+    imports it when engine.source names a local source, and two commands when they run."""
     graph = import_graph(modules())
     importers = {n for n, targets in graph.items() if n.startswith("detok_worker") and "engine_stub" in str(targets)}
-    assert importers == {"detok_worker.cli.main"}
-    tree = ast.parse((REPO / "detok_worker" / "cli" / "main.py").read_text(encoding="utf-8"))
-    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert not any("engine_stub" in ast.dump(node) for node in top_level)
+    assert importers == set(ENGINE_STUB_IMPORTERS)
+    for path in ENGINE_STUB_IMPORTERS.values():
+        tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+        top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        assert not any("engine_stub" in ast.dump(node) for node in top_level), path
 
 
 _SOURCES_WITHOUT_ENGINE_STUB = """
@@ -163,10 +172,11 @@ print(sorted(m for m in sys.modules if m.startswith("engine_stub")))
 """
 
 
-def test_every_engine_source_runs_without_engine_stub() -> None:
-    """The modules of `detok serve` and of each engine source's loop load without engine_stub; vllm in vLLM's
-    virtualenv (tests/vllm_cpu)."""
-    groups = ((sys.executable, [*LOCAL_SOURCES, "grpc"]), (str(require_venv()), ["vllm"]))
+def test_the_relays_run_without_engine_stub() -> None:
+    """The modules of `detok serve` and of each relay's loop load without engine_stub; vllm in vLLM's virtualenv
+    (tests/vllm_cpu)."""
+    assert RELAY_SOURCES == ("grpc", "vllm")
+    groups = ((sys.executable, ["grpc"]), (str(require_venv()), ["vllm"]))
     for python, sources in groups:
         result = subprocess.run(
             [python, "-c", _SOURCES_WITHOUT_ENGINE_STUB, *sources], cwd=REPO, capture_output=True, text=True

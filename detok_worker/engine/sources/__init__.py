@@ -3,9 +3,7 @@ factory.py picks one by engine.source.
 
 - relays to a real engine, which schedules: `grpc` (grpc_gateway.py: the token-only gRPC API of vLLM `--grpc`,
   SGLang, TRT-LLM, MLX) and `vllm` (vllm_source.py: vLLM's engine core read directly);
-- local sources, run by one loop in this process (local.py): `corpus`, `echo`, `trace` plan each request's ids
-  at Submit (planned.py; the shipped corpus is corpus/, its ids cached on disk by corpus_ids.py), `llama-cpp`
-  generates them with a real model (llama.py); fake_logprobs.py gives the planned ids deterministic logprobs.
+- local sources (`corpus`, `echo`, `trace`, `llama-cpp`): engine_stub's loop in this process, imported by the
+  factory when one is chosen.
 
-The interface (base.py): a source's loop is an `EngineRun`; a local one is a `TokenSource` or a
-`GeneratingSource`."""
+The interface (base.py): a source's loop is an `EngineRun`."""

@@ -68,7 +68,7 @@ def test_rejects_go_to_the_rids_front_and_front_hello_aborts_its_rids() -> None:
             to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4), 0, front)))
         submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
         for submit in submitted:
-            assert link.accept(submit, [5, 6]) is not None
+            assert link.accept(submit) is not None and link.push(submit.rid, [5, 6])
         link.fail("a1", "engine failure")
         link.fail("a0", "engine failure")
         assert rejects_at(pulls[1]) == ["a1"]
@@ -137,7 +137,7 @@ def test_deferred_submits_come_back_first_and_an_abort_meanwhile_withdraws_one()
                 for rid in ("a", "b", "c"):
                     to_engine.send(encode(Submit(rid, [1, 2], RequestParams(max_tokens=4))))
                 submitted, _ = poll_until(link, lambda s, _: len(s) == 3)
-                assert link.accept(submitted[0], [5]) is not None
+                assert link.accept(submitted[0]) is not None
                 link.defer(submitted[1:])
                 to_engine.send(encode(Abort("b")))
                 to_engine.send(encode(Submit("d", [1, 2], RequestParams(max_tokens=4))))

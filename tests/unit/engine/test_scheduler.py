@@ -1,10 +1,12 @@
-"""The engine stub's pure scheduling state: batching, routing, endings, re-opens, pacing."""
+"""The engine's pure scheduling state fed by engine_stub's PlannedEngine (as the stub's loop feeds it): batching,
+routing, endings, re-opens, pacing."""
 
 from __future__ import annotations
 
-from helpers.scheduler_steps import EOS
+from helpers.scheduler_steps import EOS, new_scheduler
 from helpers.scheduler_steps import items as _items
-from helpers.scheduler_steps import new_scheduler as _scheduler
+from helpers.scheduler_steps import new_stub_scheduler as _scheduler
+from helpers.scheduler_steps import sent as _sent
 from helpers.scheduler_steps import step as _step
 
 from detok_worker.bus.columns import token_items
@@ -95,11 +97,11 @@ def test_continuous_batching_respects_max_batch():
     scheduler.hello("w1", 1, 0.0)
     for rid, length in (("a", 1), ("b", 3), ("c", 2)):
         scheduler.submit(rid, [1], RequestParams(max_tokens=50), list(range(length)))
-    first = _step(scheduler)
-    assert {item.rid for item in token_items(first.workers[0].batch)} == {"a", "b"}
-    second = _step(scheduler)  # "a" ended in the first step, so "c" starts now
-    assert {item.rid for item in token_items(second.workers[0].batch)} == {"b", "c"}
-    assert [o.rid for o in second.workers[0].batch.opens] == ["c"]
+    first = _step(scheduler)  # every request is open on its worker at once; "c" waits for a slot ...
+    assert [o.rid for o in first.workers[0].batch.opens] == ["a", "b", "c"]
+    assert _sent(first) == {"a": [0], "b": [0], "c": []}
+    assert _sent(_step(scheduler)) == {"b": [1], "c": [0]}  # ... "a" ended in the first step, so "c" starts now
+    assert _sent(_step(scheduler)) == {"b": [2], "c": [1]}
 
 
 def test_least_load_routing_and_one_batch_per_worker():
@@ -163,7 +165,9 @@ def test_abort_of_a_waiting_request():
     _step(scheduler)
     assert scheduler.abort("r2")
     assert scheduler.live_rids == 1
-    assert "r2" not in {i.rid for p in _step(scheduler).workers for i in token_items(p.batch)}
+    # r2 never generated (it waited for r1's slot): its worker, which had its Open, only frees it
+    assert _items(_step(scheduler)) == {"w1": [Tokens("r2", [], "abort"), Tokens("r1", [2], "stop")]}
+    assert not scheduler.engine.has_work()
 
 
 def test_uncommitted_plan_is_planned_again():
@@ -284,7 +288,8 @@ def test_commit_reports_new_ids_only():
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, EOS])
     emitted = []
     for _ in range(3):
-        plan = scheduler.plan_step(0.0, 0, 0)
+        scheduler.push_step(0)
+        plan = scheduler.plan_step(0.0, 0)
         for worker_plan in plan.workers:
             emitted.extend(scheduler.commit(worker_plan, report=True))
         if _ == 0:
@@ -362,10 +367,10 @@ def test_logprobs_go_with_their_ids_and_with_a_reopen():
 
 
 def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
-    scheduler = _scheduler()
+    scheduler = new_scheduler()
     scheduler.hello("w1", 1, 0.0)
-    scheduler.submit("asked", [1], RequestParams(max_tokens=3, sampling=SamplingParams(logprobs=0)), [], pushed=True)
-    scheduler.submit("plain", [1], RequestParams(max_tokens=3), [], pushed=True)
+    scheduler.submit("asked", [1], RequestParams(max_tokens=3, sampling=SamplingParams(logprobs=0)))
+    scheduler.submit("plain", [1], RequestParams(max_tokens=3))
     assert scheduler.push("asked", [5, 6], None, [_logprob(-1.0)])  # one entry short: padded
     assert scheduler.push("plain", [5], None, [_logprob(-1.0)])  # not asked: dropped
     items = {item.rid: item for item in _items(_step(scheduler))["w1"]}

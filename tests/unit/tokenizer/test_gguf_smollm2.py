@@ -14,11 +14,11 @@ from helpers.texts import load_texts
 from helpers.tokenizer_files import MULTILINGUAL_TEXTS
 
 from detok_worker.config import load_config
-from detok_worker.engine.sources.llama import default_model_path
 from detok_worker.front.prompts import chat_prompt_ids
 from detok_worker.front.validation import Limits, decode_chat
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.backends.gguf import read_metadata
+from engine_stub.llama import default_model_path
 
 EXTRA_TEXTS = [
     "12345 1,234.5 3.14159 ٣٤٥ ½ x² 10⁶",

@@ -8,8 +8,8 @@ from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import DetokParams, LogprobText, Open, TextDelta, TokenBatch, TokenLogprob, Tokens
-from detok_worker.engine.sources.fake_logprobs import fake_logprobs, fake_value
 from detok_worker.worker.state import WorkerState
+from engine_stub.fake_logprobs import fake_logprobs, fake_value
 
 TEXT = "Emoji 🪼👨‍👩‍👧 and CJK 今天的天气很好。東京の朝は早い。 done"
 TOP = 4

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from detok_worker.engine.generators import GeneratorEngine
+from engine_stub.generators import GeneratorEngine
 
 EOS = 99
 

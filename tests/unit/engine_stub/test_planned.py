@@ -1,4 +1,5 @@
-"""The planning sources (corpus, echo, trace), the shipped corpus, and the factory that picks a source."""
+"""The planning sources (corpus, echo, trace), the shipped corpus, the factory that picks a source, and the
+PlannedEngine that generates their plans (tests/unit/engine/test_scheduler.py runs it with the Scheduler)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ from detok_worker.bus.messages import RequestParams
 from detok_worker.config import load_config
 from detok_worker.config.schema import ENGINE_SOURCES
 from detok_worker.engine.sources.base import RunOptions, SourceError
-from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, create_local_source, run_source
-from detok_worker.engine.sources.planned import (
+from detok_worker.engine.sources.factory import LOCAL_SOURCES, RELAY_SOURCES, engine_run, run_source
+from detok_worker.errors import OperatorError
+from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
+from engine_stub.local import create_local_source
+from engine_stub.planned import (
     CorpusSource,
     EchoSource,
+    PlannedEngine,
     TraceSource,
     load_corpus,
     primary_eos_id,
     split_passages,
 )
-from detok_worker.errors import OperatorError
-from detok_worker.trace.format import TRACE_VERSION, RecordedRequest, Trace, TraceHeader, write_trace
 
 PARAMS = RequestParams(max_tokens=100)
 
@@ -124,11 +127,45 @@ def test_create_source_from_config(qwen3, tmp_path):
     assert isinstance(traced, TraceSource) and traced.speed == 1.0
 
 
-def test_the_factory_knows_every_configured_source() -> None:
-    assert sorted(LOCAL_SOURCES + RELAY_SOURCES) == sorted(ENGINE_SOURCES)
+def test_the_factory_knows_every_configured_source(qwen3, tmp_path) -> None:
+    assert sorted(LOCAL_SOURCES + RELAY_SOURCES) == sorted(ENGINE_SOURCES) and set(RELAY_SOURCES) < set(ENGINE_SOURCES)
+    path = tmp_path / "t.trace"
+    write_trace(path, _trace())
+    for source in LOCAL_SOURCES:  # each is a branch of create_local_source (a model may be missing here)
+        config = load_config(None, {"engine.source": source, "engine.trace": str(path)})
+        try:
+            create_local_source(config, qwen3)
+        except SourceError as exc:
+            assert "is not a local token source" not in str(exc), source
+        assert callable(engine_run(source))
 
 
 def test_replay_needs_a_local_source() -> None:
     config = load_config(None, {"engine.source": "grpc", "engine.engine_url": "grpc://127.0.0.1:1"})
     with pytest.raises(OperatorError, match="--replay"):
         run_source(config, RunOptions(replay="any.trace"))
+
+
+def test_the_planned_engine_runs_max_batch_in_arrival_order_and_waits_on_a_backlog():
+    engine = PlannedEngine(max_batch=2, tokens_per_step=2)
+    engine.add("a", [1, 2, 3], max_tokens=10)
+    engine.add("b", [4, 5, 6, 7, 8], max_tokens=4, finish="abort")  # cut: it ends "length", not "abort"
+    engine.add("c", [9], max_tokens=10, logprobs=["lp9"])  # type: ignore[list-item]
+    engine.add("a", [0], max_tokens=10)  # a rid it has already: ignored
+    assert engine.step(0, None) == [("a", [1, 2], None, None), ("b", [4, 5], None, None)]
+    held = {"b": 2}  # b's worker has not taken its last ids: b waits, a goes on
+    assert engine.step(0, lambda rid: held.get(rid, 0)) == [("a", [3], "stop", None)]
+    assert engine.step(0, None) == [("b", [6, 7], "length", None), ("c", [9], "stop", ["lp9"])]
+    assert not engine.has_work()
+    engine.add("d", [1, 2], max_tokens=10)
+    engine.cancel("d")
+    assert engine.step(0, None) == [] and not engine.has_work()
+
+
+def test_the_planned_engine_paces_a_replayed_request_by_its_release_times():
+    engine = PlannedEngine(max_batch=8, tokens_per_step=1)
+    engine.add("r", [5, 6, 7], max_tokens=10, release_ns=[100, 100, 300])
+    assert engine.step(50, None) == [] and engine.next_release_ns() == 100
+    assert engine.step(200, None) == [("r", [5, 6], None, None)]  # both due: pacing beats tokens_per_step
+    assert engine.next_release_ns() == 300
+    assert engine.step(300, None) == [("r", [7], "stop", None)] and engine.next_release_ns() is None

@@ -1,8 +1,9 @@
-"""The local sources' loop (corpus, echo, trace, llama-cpp): a token source running in this process on top of the
-engine side of the bus (detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a
-trace's own requests at their recorded times. A planning source gives every request's ids at Submit; a generating
-source (a real model) runs through a GeneratorEngine, each step making the next ids of every running request and
-pushing them to the link (the loop of docs/protocol.md, section 5).
+"""The local sources' loop (corpus, echo, trace, llama-cpp): an engine running in this process on top of the engine
+side of the bus (detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a trace's
+own requests at their recorded times. It is the loop of docs/protocol.md section 5, as a real engine's relay runs
+it: every request is accepted by the link at its Submit, and each step pushes the new ids of every running request.
+A planning source's plans run through a PlannedEngine (planned.py: max_batch at once, tokens_per_step per step or
+paced as recorded, fake logprobs when asked), a generating source (a real model) through a GeneratorEngine.
 """
 
 from __future__ import annotations
@@ -11,18 +12,23 @@ import logging
 import time
 from collections import deque
 
-from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit, TokenLogprob
+from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.generators import GeneratorEngine
-from detok_worker.engine.link import BAD_SOURCE, EngineLink, recorder_for
-from detok_worker.engine.sources.base import GeneratingSource, RunOptions, TokenSource
-from detok_worker.engine.sources.fake_logprobs import fake_logprobs
+from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.sources.base import RunOptions, SourceError
 from detok_worker.process.signals import stop_on_signals
+from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
+from engine_stub import planned
+from engine_stub.corpus_ids import passage_ids
+from engine_stub.fake_logprobs import fake_logprobs
+from engine_stub.generators import GeneratingSource, GeneratorEngine
+from engine_stub.planned import PlannedEngine, TokenSource
 
 log = logging.getLogger(__name__)
 
+BAD_SOURCE = "source_error"  # a request the source could not plan or generate (counted with the bad frames)
 MAX_POLL_MS = 100
 MIN_IDLE_WAIT_NS = 1_000_000
 BLOCKED_RETRY_NS = 5_000_000
@@ -86,6 +92,7 @@ class EngineProcess:
             self.generator = GeneratorEngine(source.generate, engine.tokens_per_step, running)
         else:
             self.planner = source
+        self.plans = PlannedEngine(engine.max_batch, engine.tokens_per_step)  # the planner's and the replay's
         self.link = EngineLink(
             config,
             eos_ids=eos_ids,
@@ -111,9 +118,8 @@ class EngineProcess:
                 news = self.link.poll(self._poll_timeout_ms() / 1000)
                 for submit in news.submitted:
                     self._submit(submit)
-                if self.generator is not None:
-                    for rid in news.stopped:
-                        self.generator.cancel(rid)
+                for rid in news.stopped:
+                    self._cancel(rid)
                 self._feed_replay()
                 now = time.monotonic()
                 if now >= self._next_step and self._has_work():
@@ -127,92 +133,80 @@ class EngineProcess:
 
     def _replay_finished(self) -> bool:
         replay = self.replay
-        return self.exit_after_replay and replay is not None and replay.done and not self.scheduler.has_work()
+        return self.exit_after_replay and replay is not None and replay.done and not self._has_work()
 
     def _has_work(self) -> bool:
-        return self.scheduler.has_work() or (self.generator is not None and self.generator.has_work())
+        generator = self.generator
+        return self.scheduler.has_work() or self.plans.has_work() or (generator is not None and generator.has_work())
+
+    def _cancel(self, rid: str) -> None:
+        self.plans.cancel(rid)
+        if self.generator is not None:
+            self.generator.cancel(rid)
 
     def _generate(self) -> bool:
-        """One decode step of a generating source, its ids pushed to the link; False when it had nothing to do."""
+        """One step of the engines, their ids pushed to the link; False when the generating source had nothing to
+        do (planned ids cost no work: a step that sends none of them is idle)."""
+        link = self.link
+        scheduler = self.scheduler
+        backlog = None if scheduler.all_sent() else scheduler.backlog
+        for rid in link.push_all(self.plans.step(time.monotonic_ns(), backlog)):
+            self.plans.cancel(rid)  # no longer generating: stopped or ended meanwhile
         generator = self.generator
         if generator is None or not generator.has_work():
             return False
         for rid, ids, finish in generator.step():
             if finish == FINISH_ERROR:
-                self.link.fail(rid, generator.errors.pop(rid, "generation failed"))
-            elif not self.link.push(rid, ids, finish):
-                generator.cancel(rid)  # no longer generating: stopped or ended meanwhile
+                link.fail(rid, generator.errors.pop(rid, "generation failed"))
+            elif not link.push(rid, ids, finish):
+                generator.cancel(rid)
         return True
 
     def _submit(self, message: Submit) -> None:
-        if self.planner is None:
-            assert self.generator is not None
-            self._submit_generated(message, self.generator)
+        detok = self.link.accept(message)
+        if detok is None:
             return
-        if self._refused(message):
-            return
+        rid, params = message.rid, message.params
         try:
-            plan = self.planner.plan(message.rid, message.prompt_ids, message.params)
-        except Exception as exc:  # noqa: BLE001 - a source failure rejects this request only
+            if self.generator is not None:
+                self.generator.add(rid, message.prompt_ids, params.max_tokens, detok.stop_token_ids, detok.min_tokens)
+                return
+            assert self.planner is not None
+            plan = self.planner.plan(rid, message.prompt_ids, params)
+        except Exception as exc:  # noqa: BLE001 - a source failure (a model that cannot take it) fails this request only
             self.link.decoder.count_bad(BAD_SOURCE, exc)
-            self.link.reject(message.rid, f"the engine's token source failed: {exc}", front=message.front)
+            self.link.fail(rid, f"the engine's token source failed: {exc}")
             return
         release = None
         if plan.offsets_ns is not None:
             now_ns = time.monotonic_ns()
             release = [now_ns + offset for offset in plan.offsets_ns]
-        self.link.accept(message, plan.ids, release_ns=release, logprobs=self._logprobs(message, plan.ids))
+        self._plan(message, plan.ids, release)
 
-    def _submit_generated(self, message: Submit, generator: GeneratorEngine) -> None:
-        detok = self.link.accept(message)
-        if detok is None:
-            return
-        try:
-            params = message.params
-            generator.add(message.rid, message.prompt_ids, params.max_tokens, detok.stop_token_ids, detok.min_tokens)
-        except ValueError as exc:  # the model cannot generate this request (too long, bad ids): refuse it only
-            self.link.decoder.count_bad(BAD_SOURCE, exc)
-            self.link.fail(message.rid, f"the engine's token source failed: {exc}")
+    def _plan(self, message: Submit, ids: list[int], release_ns: list[int] | None, finish: str | None = None) -> None:
+        """Generate `ids` for an accepted request (with fake logprobs, fake_logprobs.py, when it asked for them)."""
+        params = message.params
+        top = params.sampling.logprobs
+        logprobs = None if top is None else fake_logprobs(ids[: params.max_tokens], top, self.tokenizer)
+        self.plans.add(message.rid, ids, params.max_tokens, finish=finish, release_ns=release_ns, logprobs=logprobs)
 
     def _feed_replay(self) -> None:
         if self.replay is None or self.replay.done or not self.scheduler.live_workers():
             return
         for request in self.replay.due(time.monotonic_ns()):
             submit = Submit(request.rid, request.prompt_ids, request.params)
-            if self._refused(submit):
-                continue
-            release = self.replay.release_times(request)
-            self.link.accept(
-                submit,
-                request.output_ids,
-                release_ns=release,
-                finish=request.finish or FINISH_STOP,
-                logprobs=self._logprobs(submit, request.output_ids),
-            )
-
-    def _refused(self, message: Submit) -> bool:
-        """A request over the engine's limits is refused (by link.accept, with the reason) before the source plans its
-        output or fakes its logprobs, whose cost the limits bound."""
-        if self.scheduler.limits.check(message.prompt_ids, message.params) is None:
-            return False
-        self.link.accept(message, [])
-        return True
-
-    def _logprobs(self, message: Submit, ids: list[int]) -> list[TokenLogprob] | None:
-        """Fake logprobs (fake_logprobs.py) for a request that asked for them."""
-        top = message.params.sampling.logprobs
-        if top is None:
-            return None
-        return fake_logprobs(ids[: message.params.max_tokens], top, self.tokenizer)
+            if self.link.accept(submit) is not None:
+                release = self.replay.release_times(request)
+                self._plan(submit, request.output_ids, release, request.finish or FINISH_STOP)
 
     def _poll_timeout_ms(self) -> int:
         """Sleep until the next step, stats or replay arrival; after a step that could emit nothing (paced ids
         not due, worker queues full, no worker) wait for news or the next paced id instead of spinning."""
         now_ns = time.monotonic_ns()
         deadline_ns = int(self.link.next_stats * 1e9)
-        if self.scheduler.has_work():
+        if self._has_work():
             if self._idle_step:
-                release = self.scheduler.next_release_ns()
+                release = self.plans.next_release_ns()
                 wait_ns = MAX_POLL_MS * 1_000_000 if release is None else release - now_ns
                 if self.link.blocked:  # a worker's queue was full: ZeroMQ cannot tell when it drains, so retry soon
                     wait_ns = min(wait_ns, BLOCKED_RETRY_NS)
@@ -224,12 +218,31 @@ class EngineProcess:
         return max(0, min(MAX_POLL_MS, -(-(deadline_ns - now_ns) // 1_000_000)))
 
 
-def run_local(
-    config: DetokConfig, tokenizer: Tokenizer, source: TokenSource | GeneratingSource, options: RunOptions
-) -> int:
-    """Run `source` until SIGINT/SIGTERM. With options.replay (a trace file) the trace's own requests are generated
-    at their recorded times (engine.replay_speed) in addition to any Submits from a front; with exit_after_replay
-    the engine returns once they have all ended."""
+def create_local_source(config: DetokConfig, tokenizer: Tokenizer) -> TokenSource | GeneratingSource:
+    """The token source of a local engine.source (this loop's, and the gRPC engine server's)."""
+    engine = config.engine
+    eos_id = planned.primary_eos_id(tokenizer)
+    if engine.source == "echo":
+        return planned.EchoSource(eos_id)
+    if engine.source == "trace":
+        return planned.TraceSource(read_trace(engine.trace), engine.replay_speed)
+    if engine.source == "llama-cpp":
+        from engine_stub.llama import LlamaGenerator, LlamaSource, default_model_path
+
+        generator = LlamaGenerator(engine.model or default_model_path(), engine.model_threads)
+        return LlamaSource(generator, tokenizer)
+    if engine.source != "corpus":
+        raise SourceError(f"engine.source {engine.source!r} is not a local token source")
+    passages = planned.load_corpus(engine.corpus or None)
+    return planned.CorpusSource(tokenizer, passages, eos_id, engine.seed, passage_ids(tokenizer, passages))
+
+
+def run_local(config: DetokConfig, options: RunOptions) -> int:
+    """Run the configured local source until SIGINT/SIGTERM. With options.replay (a trace file) the trace's own
+    requests are generated at their recorded times (engine.replay_speed) in addition to any Submits from a front;
+    with exit_after_replay the engine returns once they have all ended."""
+    tokenizer = load_configured_tokenizer(config)
+    source = create_local_source(config, tokenizer)
     trace = read_trace(options.replay) if options.replay is not None else None
     process = EngineProcess(config, tokenizer, source, replay=trace, exit_after_replay=options.exit_after_replay)
     with stop_on_signals(process.request_stop):

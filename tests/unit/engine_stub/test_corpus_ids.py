@@ -1,4 +1,4 @@
-"""The corpus source's passage ids on disk (detok_worker/engine/sources/corpus_ids.py): a hit gives exactly the
+"""The corpus source's passage ids on disk (engine_stub/corpus_ids.py): a hit gives exactly the
 ids an encode gives, without building the library tokenizer; another tokenizer file or another corpus text misses."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from detok_worker.engine.sources import corpus_ids
-from detok_worker.engine.sources.planned import load_corpus
 from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, create_tokenizer
 from detok_worker.tokenizer.loading import load_cache
+from engine_stub import corpus_ids
+from engine_stub.planned import load_corpus
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""A step-wise engine made of per-request token generators, for the EngineLink loop (docs/protocol.md, section 5).
+"""A step-wise engine made of per-request token generators, for the EngineLink loop (docs/protocol.md, section 5):
+what the local loop (local.py) and the gRPC engine server run a generating source (llama-cpp) with.
 
 Any `generate(prompt_ids, max_tokens, stop_ids, min_tokens) -> Iterator[int | None]` plugs in: a model run greedily
 on CPU, a test's echo. Each step takes the next tokens_per_step ids of every running request; a request ends
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
@@ -22,6 +24,21 @@ log = logging.getLogger(__name__)
 
 Generate = Callable[[list[int], int, list[int], int], Iterator[int | None]]
 _END = object()
+
+
+@runtime_checkable
+class GeneratingSource(Protocol):
+    """A source that makes ids step by step (a real model): `generate` as GeneratorEngine takes it (a ValueError
+    from it refuses the request); eos_ids: its own end-of-generation ids (stops unless ignore_eos);
+    max_running: how many requests it generates at once."""
+
+    name: str
+    eos_ids: frozenset[int]
+    max_running: int
+
+    def generate(
+        self, prompt_ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int], min_tokens: int
+    ) -> Iterator[int | None]: ...
 
 
 @dataclass(slots=True)

@@ -14,11 +14,11 @@ from helpers.fixtures import load_fixture_tokenizer
 from helpers.llama_oracle import greedy_ids, smollm2
 
 from detok_worker.config import ConfigError, load_config
-from detok_worker.engine.generators import GeneratorEngine
-from detok_worker.engine.sources.base import GeneratingSource, SourceError
-from detok_worker.engine.sources.factory import create_local_source
-from detok_worker.engine.sources.llama import PREFILL_CHUNK, default_model_path
+from detok_worker.engine.sources.base import SourceError
 from detok_worker.tokenizer import create_tokenizer
+from engine_stub.generators import GeneratingSource, GeneratorEngine
+from engine_stub.llama import PREFILL_CHUNK, default_model_path
+from engine_stub.local import create_local_source
 
 
 @pytest.fixture(scope="module")
