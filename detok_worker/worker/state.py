@@ -124,7 +124,7 @@ class WorkerState(RidEndings):
         live_get = self.live.get
         deltas = out.items
         out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
-        chars_out = holds = consumed = 0
+        chars_out = holds = aside = off_text = 0  # aside: ids handed to _items; off_text: ids that gave no str
         for start in range(0, len(rids), TICK_EVERY_ITEMS):
             if tick is not None and start:
                 tick()
@@ -132,31 +132,32 @@ class WorkerState(RidEndings):
             for rid, token_id in zip(rids[start:end], ids[start:end], strict=True):
                 state = live_get(rid)
                 if state is None or not state.plain:
+                    aside += 1
                     self._items([Tokens(rid, [token_id])], deltas, finishes, None)
                     continue
                 decoder = state.decoder
                 try:
                     text = decoder.process_one(token_id)
                 except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    self.tokens_in += 1
+                    off_text += 1
                     self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
                     continue
                 if text.__class__ is not str:  # a stop, a bad id (the rid ends), an id the tokenizer lacks (no text)
-                    self.tokens_in += 1
+                    off_text += 1
                     self._item_output(rid, state, [token_id], text, deltas, finishes)
                     continue
-                consumed += 1
                 if not text:
                     holds += 1  # bytes of a character, or a possible stop string, held
                     continue
                 out_rids.append(rid)
-                out_offsets.append(state.offset)
+                offset = state.offset
+                out_offsets.append(offset)
                 out_texts.append(text)
                 out_n_tokens.append(decoder.num_generated)
-                state.offset += len(text)
+                state.offset = offset + len(text)
                 chars_out += len(text)
-        self.tokens_in += consumed
-        self.tokens_consumed += consumed
+        self.tokens_in += len(rids) - aside
+        self.tokens_consumed += len(rids) - aside - off_text
         self.chars_out += chars_out
         self.holds += holds
 
