@@ -89,6 +89,23 @@ def test_lookups_stand_for_the_stream_and_the_stop_strings_only_where_exact() ->
     assert decoder.stopped and not isinstance(result, str) and decoder._texts is decoder._table is None
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_stop_token_never_takes_the_lookups(skip: bool) -> None:
+    """A kept special stop token has text in the table, a skipped one none: either way it stops, min_tokens
+    apart."""
+    tokenizer = load_fixture_tokenizer("qwen3")
+    im_end, hello = tokenizer.token_to_id("<|im_end|>"), tokenizer.encode("Hello").ids[0]
+    decoder = StopSequenceDecoder(
+        tokenizer, StopSequenceConfig(stop_tokens=(im_end,)), skip_special_tokens=skip, min_tokens=1
+    )
+    assert decoder._texts is not None and (decoder._texts[im_end] is None) == skip
+    early = decoder.process_one(im_end)  # inside min_tokens: a plain token, its text kept or skipped
+    assert not isinstance(early, str) and not early.stopped and early.text == ("" if skip else "<|im_end|>")
+    assert decoder.process_one(hello) == "Hello"
+    result = decoder.process_one(im_end)
+    assert not isinstance(result, str) and result.stopped and result.text == "" and decoder._texts is None
+
+
 def test_memo_steps_leave_the_same_state_as_calls() -> None:
     """A second decoder steps the same ids by the memos the first one filled: same text, pending bytes, stop
     state and count as the first, whose steps were calls of the stream and the filter."""
