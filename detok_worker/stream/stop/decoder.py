@@ -248,9 +248,8 @@ class StopSequenceDecoder:
             self._texts = self._table
 
     def _step_one(self, token_id: int) -> str | StopBatchOutput:
-        """process_one for an id off its first branch: a stop token, a stopped request or an id the stream refuses
-        go through process_tokens unchanged; stop strings are scanned by the filter only when the text could start
-        or complete one."""
+        """process_one past its lookups: a stop token, a stopped request or an id the stream refuses go through
+        process_tokens unchanged; else the stream steps and the filter scans its text."""
         if self._stop_reason is not None or token_id in self._stop_tokens:
             return self.process_tokens((token_id,))
         try:
@@ -262,7 +261,7 @@ class StopSequenceDecoder:
             return self.process_tokens((token_id,))
         stop_filter = self._filter
         self.num_generated += 1
-        if stop_filter is None or stop_filter.passes(text):
+        if stop_filter is None:
             return text
         text, _, match = stop_filter.feed((text,), self._min_tokens - self.num_generated + 1)
         if match is None:

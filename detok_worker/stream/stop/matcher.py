@@ -215,24 +215,19 @@ class StopStringFilter:
     (StopSequenceDecoder.process_one) moves it to the scan's end state, exactly as feed() would.
     """
 
-    __slots__ = ("automaton", "state")
+    __slots__ = ("_automaton", "state")
 
     def __init__(self, automaton: StopStringAutomaton) -> None:
-        self.automaton = automaton
+        self._automaton = automaton
         self.state = ROOT
 
     @property
     def held(self) -> str:
         """The text held back because it may be the start of a stop string."""
-        return self.automaton.held_text(self.state)
+        return self._automaton.held_text(self.state)
 
     def reset(self) -> None:
         self.state = ROOT
-
-    def passes(self, text: str) -> bool:
-        """True when `text`, fed now, is released whole and leaves nothing held (no stop string can start or end
-        in it): feed((text,)) would return it unchanged. The worker's per-token check before a full feed."""
-        return self.state == ROOT and text in self.automaton.root_passthrough
 
     def feed_one(self, text: str, check: bool = True) -> tuple[str, StopStringMatch | None]:
         """Feed one token's text; `check` False means matches ending in it are ignored."""
@@ -242,7 +237,7 @@ class StopStringFilter:
     def feed(self, texts: Sequence[str], checked_from: int = 0) -> tuple[str, int, StopStringMatch | None]:
         """Feed the texts of consecutive tokens. Returns (released text, index of the text that completed the
         match or len(texts) if none, the match or None). The worker's hot path: keep it lean."""
-        automaton = self.automaton
+        automaton = self._automaton
         state = self.state
         if state == ROOT:  # the common case: texts that lead from the root straight back to it
             if len(texts) == 1:
@@ -277,7 +272,7 @@ class StopStringFilter:
 
     def _cut_at_match(self, state: int, text: str, match_end: int, pattern: int) -> str:
         """The text to release when `text`, fed in `state`, completes stop string `pattern`; the stream stops."""
-        automaton = self.automaton
+        automaton = self._automaton
         held = automaton.held_text(state)
         end = len(held) + match_end
         self.state = ROOT
