@@ -186,7 +186,8 @@ class StopSequenceDecoder:
     def process_one(self, token_id: int) -> str | StopBatchOutput:
         """process_tokens((token_id,)) without building a StopBatchOutput in the common case (the worker's one id
         per request per step): the text released (maybe ""), or a StopBatchOutput when the request stops, the id is
-        bad or the tokenizer lacks it (unknown_ids: the model can emit it).
+        bad or the tokenizer lacks it (unknown_ids: the model can emit it). `token_id` is an int (the bus's frame
+        decoder refuses anything else; the lookups take a bool as its int value, process_tokens refuses it).
 
         Lookups first, no call, exactly what _step_one would do when all are found: the first branch is the
         stream's table (no bytes pending) and the stop strings' root passthrough set; the second the table or
