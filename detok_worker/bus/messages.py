@@ -33,7 +33,7 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
         output into reasoning, content and tool calls ("" = none). With a parser, stop strings apply to the
         content only.
     return_token_ids: the worker puts the ids of the tokens each delta consumed on it (TextDelta.token_ids), for
-        the client's `return_token_ids`; such a rid leaves the worker's lane (a request without it costs nothing).
+        the client's `return_token_ids`; such a rid's deltas are items, not columns (a request without it pays nothing).
     spaces_between_special_tokens: False (with skip_special_tokens False): vLLM's rule, an added token right after
         an added token gives its content (stream/decode/added_tokens.py).
     tool_function: the function a chat tool_choice names (tool_call_parser "tool_choice_function"): the output is

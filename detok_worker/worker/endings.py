@@ -1,31 +1,55 @@
-"""How a worker's rid ends, and the decoder outputs that are not plain text: a stop (string, stop token), a bad
-id, the engine's finish, a parsed request's step. The base of WorkerState (state.py): the same per-rid table and
-counters, in their own module so the hot paths (state.py, lane.py) stay readable.
+"""A worker's per-rid record (RidState), how a rid ends, and the decoder outputs that are not plain text: a stop
+(string, stop token), a bad id, the engine's finish, a parsed request's step. The base of WorkerState (state.py):
+the same per-rid table and counters, in their own module so the hot path (state.py) stays readable.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 
 from detok_worker.bus.messages import (
     FINISH_ERROR,
     FINISH_REASONS,
     FINISH_STOP,
     Finish,
+    LogprobText,
     ParsedDelta,
     TextDelta,
     Tokens,
 )
+from detok_worker.stream.stop.decoder import StopSequenceDecoder
 from detok_worker.stream.stop.outputs import StopBatchOutput
 from detok_worker.worker.ended import RecentlyEnded
-from detok_worker.worker.lane import RidState
+from detok_worker.worker.parsing import RidParsing
 
 log = logging.getLogger(__name__)
 
 BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 ENGINE_ERROR = "the engine ended the request with an error"
+
+
+@dataclass(slots=True)
+class RidState:
+    """One live rid: its decoder (the text, the pending bytes and the stop state) and what the worker adds."""
+
+    decoder: StopSequenceDecoder
+    offset: int = 0  # characters already emitted for this rid
+    parsing: RidParsing | None = None  # the request's reasoning / tool-call parsers, if it names any
+    stop_chars: int = 0  # characters of its stop strings (counted against worker.max_live_stop_chars)
+    logprobs: list[LogprobText] | None = None  # entries of consumed tokens whose text is still held back
+    logprob_context: list[int] | None = None  # a rid with logprobs: its last sampled ids (logprobs.TokenTexts)
+    # a rid whose params ask for its token ids: the ids consumed whose delta has not gone yet; None for the others
+    held_ids: list[int] | None = None
+    # its deltas are text only (no parser, no token ids, no logprobs held): its column ids may go to the columns
+    plain: bool = True
+
+    @property
+    def n_tokens(self) -> int:
+        """Output tokens consumed (cumulative): the decoder's count."""
+        return self.decoder.num_generated
 
 
 class RidEndings:
@@ -70,7 +94,6 @@ class RidEndings:
     def _consumed(self, state: RidState, ids: list[int], out: StopBatchOutput) -> None:
         """What the decoder took of `ids` (up to a stop): the rid's and the worker's counts, and its parser's."""
         consumed = out.consumed
-        state.n_tokens += consumed
         self.tokens_consumed += consumed
         self.unknown_ids += out.unknown_ids
         if state.parsing is not None:

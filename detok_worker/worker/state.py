@@ -13,7 +13,7 @@ No sockets, no clocks except what the caller passes in, so every rule is unit-te
   slower path beside the hot loop: the item is handled as if it had neither, then the entries and ids of the tokens
   it consumed ride on the delta it produced, or wait for the rid's next delta while its text is held back (an
   unfinished character, a possible stop string). So each delta carries the entries (ids) of the tokens consumed
-  since the previous one, and their count is the rid's n_tokens. Such a rid never takes the lane.
+  since the previous one, and their count is the rid's n_tokens.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.ended import RecentlyEnded
-from detok_worker.worker.endings import RidEndings
-from detok_worker.worker.lane import TICK_EVERY_ITEMS, RidState, step_lanes
+from detok_worker.worker.endings import RidEndings, RidState
 from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops
 from detok_worker.worker.parsing import parsing_for
@@ -48,6 +47,7 @@ BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
 BAD_STOP_BUDGET = "stop_budget"  # Open refused: the live rids' stop strings would pass worker.max_live_stop_chars
 DEFAULT_MAX_LIVE_STOP_CHARS = 4_194_304
 RECENTLY_ENDED_CAPACITY = 16_384
+TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbeat timer) in a long batch
 
 
 @dataclass(slots=True)
@@ -97,10 +97,8 @@ class WorkerState(RidEndings):
         measure engine-to-front latency. `tick` (the worker's timers: heartbeats) is called after each Open and
         every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
 
-        The batch's columns (the usual item: one id) are the hot path, worker/lane.py: a rid on its lane
-        (StopSequenceDecoder.lane) is stepped by a lookup, no call; any other entry goes to its decoder in
-        its place (off_lane, _step_one); plain text goes to the TextBatch's columns. Then the items, through
-        _items, into the TextBatch's items (bus/columns.py: the order rule)."""
+        The batch's columns (the usual item: one id) are the hot path, _columns; then the items, through _items,
+        into the TextBatch's items (bus/columns.py: the order rule)."""
         deltas: list[TextDelta] = []
         finishes: list[Finish] = []
         for open_ in batch.opens:
@@ -111,69 +109,73 @@ class WorkerState(RidEndings):
         if not columns_ok(batch):  # the frame decoder drops such frames: this is a caller's bug
             raise ValueError(MISMATCHED_COLUMNS)
         if batch.rids:
-
-            def off_lane(rid: str, token_id: int, state: RidState | None) -> str | None:
-                """A column entry the lane could not take, through the rid's decoder: the plain text for the
-                columns, or None (a hold, or the outcome went to `deltas`). That happens only to a rid that ends
-                (a stop, an error, an unknown rid) or whose every entry goes there (a parser, held logprobs, token
-                ids): so no plain text of a rid follows its delta in `deltas` into the columns (the order rule)."""
-                if state is None or state.parsing is not None or state.logprobs or state.held_ids is not None:
-                    self._items([Tokens(rid, [token_id])], deltas, finishes, None)
-                    return None
-                return self._step_one(rid, state, token_id, deltas, finishes)
-
-            stepped, chars_out, holds = step_lanes(self.live, batch.rids, batch.ids, text_batch, tick, off_lane)
-            self.tokens_in += stepped
-            self.tokens_consumed += stepped
-            self.chars_out += chars_out
-            self.holds += holds
+            self._columns(batch.rids, batch.ids, text_batch, finishes, tick)
         self._items(batch.items, deltas, finishes, tick)
         return BatchResult(text_batch, finishes)
 
-    def _step_one(
-        self, rid: str, state: RidState, token_id: int, deltas: list[TextDelta], finishes: list[Finish]
-    ) -> str | None:
-        """One id of a live rid without a parser, through process_one, its counts kept: the text it releases (the
-        caller emits it), or None: a hold, or the rid's ending, which went to `deltas`. A rid still live after it
-        gets its lane back for the next batch's columns."""
-        self.tokens_in += 1
-        try:
-            result = state.decoder.process_one(token_id)
-        except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-            self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-            return None
-        if type(result) is not str:  # a stop or a bad id (the rid ends), or an id the tokenizer lacks (no text)
-            self._item_output(rid, state, [token_id], result, deltas, finishes)
-            if result.unknown_ids and rid in self.live:
-                state.lane = state.decoder.lane()
-            return None
-        self.tokens_consumed += 1
-        state.n_tokens += 1
-        state.lane = state.decoder.lane()  # with bytes pending too, on a byte-level stream
-        if not result:
-            self.holds += 1  # bytes of a character, or a possible stop string, held
-            return None
-        return result
+    def _columns(
+        self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish], tick: Callable[[], None] | None
+    ) -> None:
+        """The batch's columns in order, each id through its rid's decoder (StopSequenceDecoder.process_one: a
+        table lookup first), plain text into `out`'s columns. Anything else goes to `out`'s items: an unknown rid,
+        every id of a rid whose deltas carry more than text (a parser, held logprobs, token ids: _items), and a
+        stop or an error (the rid ends). So no plain text of a rid follows its delta in the items into the columns
+        (the order rule)."""
+        live_get = self.live.get
+        deltas = out.items
+        out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
+        chars_out = holds = aside = off_text = 0  # aside: ids handed to _items; off_text: ids that gave no str
+        for start in range(0, len(rids), TICK_EVERY_ITEMS):
+            if tick is not None and start:
+                tick()
+            end = start + TICK_EVERY_ITEMS
+            for rid, token_id in zip(rids[start:end], ids[start:end], strict=True):
+                state = live_get(rid)
+                if state is None or not state.plain:
+                    aside += 1
+                    self._items([Tokens(rid, [token_id])], deltas, finishes, None)
+                    continue
+                decoder = state.decoder
+                try:
+                    text = decoder.process_one(token_id)
+                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                    off_text += 1
+                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
+                    continue
+                if text.__class__ is not str:  # a stop, a bad id (the rid ends), an id the tokenizer lacks (no text)
+                    off_text += 1
+                    self._item_output(rid, state, [token_id], text, deltas, finishes)
+                    continue
+                if not text:
+                    holds += 1  # bytes of a character, or a possible stop string, held
+                    continue
+                out_rids.append(rid)
+                offset = state.offset
+                out_offsets.append(offset)
+                out_texts.append(text)
+                out_n_tokens.append(decoder.num_generated)
+                state.offset = offset + len(text)
+                chars_out += len(text)
+        self.tokens_in += len(rids) - aside
+        self.tokens_consumed += len(rids) - aside - off_text
+        self.chars_out += chars_out
+        self.holds += holds
 
     def _items(
         self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
     ) -> None:
-        """Items one by one through the rid's decoder, their deltas into `deltas` (the TextBatch's items). An item
-        of one id without a parser takes _step_one, its text straight into a TextDelta; endings and unknown rids
-        go through _end_item. After its item a rid gets its lane back for the next batch's columns."""
+        """Items one by one through the rid's decoder, their deltas into `deltas` (the TextBatch's items); endings
+        and unknown rids go through _end_item."""
         live_get = self.live.get
-        append = deltas.append
         for start in range(0, len(items), TICK_EVERY_ITEMS):
             if tick is not None and start:
                 tick()
             for item in items[start : start + TICK_EVERY_ITEMS]:
                 rid = item.rid
                 state = live_get(rid)
-                if state is not None:
-                    state.leave_lane()
-                    if item.logprobs is not None or state.held_ids is not None:
-                        self._entries_item(item, state, deltas, finishes)
-                        continue
+                if state is not None and (item.logprobs is not None or state.held_ids is not None):
+                    self._entries_item(item, state, deltas, finishes)
+                    continue
                 if state is None or item.finish is not None:
                     if state is not None and state.logprobs:  # held entries go with the rid's last delta
                         self._entries_item(item, state, deltas, finishes)
@@ -181,21 +183,12 @@ class WorkerState(RidEndings):
                         self._end_item(item, state, deltas, finishes)
                     continue
                 ids = item.ids
-                if len(ids) == 1 and state.parsing is None:
-                    text = self._step_one(rid, state, ids[0], deltas, finishes)
-                    if text:
-                        append(TextDelta(rid, state.offset, text, state.n_tokens))
-                        state.offset += len(text)
-                        self.chars_out += len(text)
-                    continue
                 self.tokens_in += len(ids)
                 try:
                     out = state.decoder.process_tokens(ids)
                 except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
                     self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
                     continue
-                if state.parsing is None:
-                    state.lane = state.decoder.lane()
                 self._item_output(rid, state, ids, out, deltas, finishes)
 
     def drop_all(self) -> list[str]:
@@ -229,7 +222,6 @@ class WorkerState(RidEndings):
         held += entries[:consumed]
         if held_ids is not None:
             held_ids += item.ids[:consumed]
-            state.lane = None  # the plain pass put the rid back on the lane: its ids must keep coming here
         produced = text_deltas(result.text_batch)
         if produced:
             last = produced[-1]
@@ -241,6 +233,7 @@ class WorkerState(RidEndings):
         else:
             state.logprobs = held if with_logprobs else None
         state.held_ids = held_ids
+        state.plain = state.parsing is None and held_ids is None and not state.logprobs
 
     # ---- per message ----------------------------------------------------------------------------------
 
@@ -286,6 +279,6 @@ class WorkerState(RidEndings):
             self._end_with_error(rid, None, "", message, deltas, finishes, BAD_PARAMS)
             return
         held_ids: list[int] | None = [] if params.return_token_ids else None
-        lane = decoder.lane() if parsing is None and held_ids is None else None
-        self.live[rid] = RidState(decoder, parsing=parsing, stop_chars=stop_chars, held_ids=held_ids, lane=lane)
+        plain = parsing is None and held_ids is None
+        self.live[rid] = RidState(decoder, parsing=parsing, stop_chars=stop_chars, held_ids=held_ids, plain=plain)
         self.live_stop_chars += stop_chars

@@ -29,7 +29,6 @@ from detok_worker.stream.decode.tables import FeedMemo
 from detok_worker.tokenizer.protocol import Tokenizer
 
 Factory = Callable[..., "DecodeStream"]
-LaneTables = tuple[Sequence[str | None], FeedMemo | None, bytes]  # DecodeStream.lane_tables()
 _factory: list[Factory] = []  # select.py registers create_decode_stream here when the package is imported
 
 
@@ -83,19 +82,13 @@ class DecodeStream(ABC):
         such table holds now (bytes of an unfinished character are pending, or the stream has no table)."""
         return None
 
-    def lane_tables(self) -> LaneTables | None:
-        """(whole_texts() or the table it gives when no bytes are pending, feed memo, pending bytes): what a caller's
-        lookup loop needs to stand for step() (StopSequenceDecoder.lane). A stream without a feed memo gives it
-        only while whole_texts() holds (memo None, no bytes pending). With a memo (the byte-level path): for bytes p
-        pending and an id i, memo[(p, i)] = (text, bytes pending after), where present, is what step(i) would do.
-        The caller gives the pending bytes back with resume_pending() before the stream's next call."""
-        texts = self.whole_texts()
-        return None if texts is None else (texts, None, b"")
-
-    def resume_pending(self, pending: bytes) -> None:
-        """After lookups through lane_tables(): the bytes now pending (b"" for a stream without a feed memo)."""
-        if pending:
-            raise ValueError(f"{type(self).__name__} keeps no pending bytes")
+    def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
+        """What a caller may step this stream by, instead of step() (StopSequenceDecoder.process_one's first branch):
+        (table, memo). With no memo, the table is whole_texts(). With a memo (the byte-level stream, whose
+        `pending` is the bytes of an unfinished character): for an id i, texts[i] while nothing is pending, else
+        memo[(pending, i)] = (text, pending after) where present, is what step(i) returns, and the caller sets
+        `pending` to the bytes after."""
+        return self.whole_texts(), None
 
     @property
     @abstractmethod

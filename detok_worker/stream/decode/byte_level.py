@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from detok_worker.stream.decode.base import LaneTables
 from detok_worker.stream.decode.table_stream import TableDecodeStream
-from detok_worker.stream.decode.tables import DecodeTables, check_ids
+from detok_worker.stream.decode.tables import DecodeTables, FeedMemo, check_ids
 from detok_worker.stream.decode.utf8 import decode_finished, unfinished_length
 
 # Enough trailing prompt bytes to find an unfinished character (at most 3 bytes long) at the end of the prompt.
@@ -33,14 +32,15 @@ _FEED_MEMO_MAX = 16384
 class ByteLevelDecodeStream(TableDecodeStream):
     """DecodeStream for byte-level tokenizers; see the module docstring."""
 
-    __slots__ = ("_pieces", "_memo", "_text_enders", "_pending", "_owed")
+    __slots__ = ("_pieces", "_memo", "_text_enders", "pending", "_owed")
     byte_fallback = False
 
     def _setup(self, tables: DecodeTables, prompt_ids: Sequence[int]) -> None:
         self._pieces = tables.pieces
         self._memo = tables.feed_memo
         self._text_enders = tables.text_enders
-        self._pending = b""  # bytes of an unfinished character
+        # bytes of an unfinished character; a caller stepping by the memo of lookup_tables() sets it
+        self.pending = b""
         self._owed = 0  # 1 if the character the pending bytes become belongs to the prompt (or was flushed)
         if prompt_ids:
             self._start_from_prompt(prompt_ids)
@@ -61,28 +61,25 @@ class ByteLevelDecodeStream(TableDecodeStream):
             if collected >= _PROMPT_TAIL_BYTES:
                 break
         data = b"".join(reversed(tail))
-        self._pending = data[len(data) - unfinished_length(data) :]
-        self._owed = 1 if self._pending else 0
+        self.pending = data[len(data) - unfinished_length(data) :]
+        self._owed = 1 if self.pending else 0
 
     @property
     def tokens(self) -> tuple[int, ...]:
         return ()  # this path keeps the bytes of an unfinished character, never ids
 
     def whole_texts(self) -> Sequence[str | None] | None:
-        return None if self._pending else self._texts
+        return None if self.pending else self._texts
 
-    def lane_tables(self) -> LaneTables | None:
+    def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
         if self._owed:  # the pending bytes' character is the prompt's: step() strips it, a memo lookup would not
-            return None if self._pending else (self._texts, None, b"")
-        return self._texts, self._memo, self._pending
-
-    def resume_pending(self, pending: bytes) -> None:
-        self._pending = pending
+            return (None if self.pending else self._texts), None
+        return self._texts, self._memo
 
     def step(self, token_id: int) -> str | None:
         if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id
             return self._feed_id(token_id) or None
-        pending = self._pending
+        pending = self.pending
         if not pending:
             try:
                 text = self._texts[token_id]  # None for anything but a whole-character token (see DecodeTables)
@@ -93,7 +90,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         known = self._memo.get((pending, token_id))  # _feed_id() inlined: a memo hit is the common off-lookup step
         if known is None:
             return self._feed_id(token_id) or None
-        text, self._pending = known
+        text, self.pending = known
         if self._owed and text:
             self._owed = 0
             return text[1:] or None
@@ -104,7 +101,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
             token_id = ids[0]
             if type(token_id) is not int or token_id < 0:
                 return [self._feed_id(token_id)]
-            pending = self._pending
+            pending = self.pending
             if not pending:
                 try:
                     text = self._texts[token_id]
@@ -115,7 +112,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
             known = self._memo.get((pending, token_id))
             if known is None:
                 return [self._feed_id(token_id)]
-            text, self._pending = known
+            text, self.pending = known
             if self._owed and text:
                 self._owed = 0
                 return [text[1:]]
@@ -125,7 +122,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
         out: list[str] = []
         append = out.append
         for token_id in ids:
-            if not self._pending:
+            if not self.pending:
                 text = texts[token_id]
                 if text is not None:
                     append(text)
@@ -135,10 +132,10 @@ class ByteLevelDecodeStream(TableDecodeStream):
 
     def pending_text(self) -> str:
         # pending bytes are an unfinished character: one U+FFFD, or nothing if it is the prompt's
-        return "" if self._owed or not self._pending else "\ufffd"
+        return "" if self._owed or not self.pending else "\ufffd"
 
     def flush(self) -> str | None:
-        if not self._pending:
+        if not self.pending:
             return None
         text = self.pending_text()
         # The pending bytes stay, as the prompt's: a later id may still complete their character, and that
@@ -149,22 +146,22 @@ class ByteLevelDecodeStream(TableDecodeStream):
     def _feed_id(self, token_id: int) -> str:
         """_feed(_piece(token_id)) through the tables' shared memo: the text and the pending bytes after are a pure
         function of (pending bytes, id), and off-lookup steps (characters split across tokens) repeat a lot."""
-        key = (self._pending, token_id)
+        key = (self.pending, token_id)
         known = self._memo.get(key) if type(token_id) is int else None  # True == 1: only ints are memo keys
         if known is None:
             check_ids(self._decoding, (token_id,))
-            known = _decode(self._pending + self._pieces[token_id], token_id in self._text_enders)  # type: ignore[operator]
+            known = _decode(self.pending + self._pieces[token_id], token_id in self._text_enders)  # type: ignore[operator]
             if len(self._memo) >= _FEED_MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = known
-        text, self._pending = known
+        text, self.pending = known
         if self._owed and text:
             self._owed = 0
             return text[1:]
         return text
 
     def _feed(self, piece: bytes, ends_text: bool = False) -> str:
-        text, self._pending = _decode(self._pending + piece, ends_text)
+        text, self.pending = _decode(self.pending + piece, ends_text)
         if self._owed and text:
             self._owed = 0
             return text[1:]

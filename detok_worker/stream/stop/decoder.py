@@ -20,13 +20,14 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from detok_worker.stream.decode.base import DecodeStream
+from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
 from detok_worker.stream.decode.select import create_decode_stream
 from detok_worker.stream.decode.tables import FeedMemo
-from detok_worker.stream.stop.matcher import ROOT, LaneScan, StopStringFilter, compile_stop_strings
+from detok_worker.stream.stop.matcher import ROOT, ScanResult, StopStringFilter, compile_stop_strings
 from detok_worker.stream.stop.outputs import (
     HELD,
     ONE_UNKNOWN_ID,
@@ -39,20 +40,6 @@ from detok_worker.stream.stop.outputs import (
 )
 from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig, check_min_tokens
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, is_int_id
-
-# StopSequenceDecoder.lane(): (texts, stop token ids, the texts that pass the stop strings unchanged now or None when
-# there are none, the stream's feed memo or None, the bytes pending, the stop-string filter's LaneScan or None).
-# A plain tuple, read by unpacking it into those names: the worker's hot loop builds a new one whenever the pending
-# bytes or the stop state change, and a NamedTuple's construction costs that loop measurably.
-Lane = tuple[Sequence[str | None], frozenset[int], AbstractSet[str] | None, FeedMemo | None, bytes, LaneScan | None]
-# the texts that pass a filter off its root unchanged: only "" (the root's are StopStringAutomaton.root_passthrough)
-ONLY_EMPTY: frozenset[str] = frozenset({""})
-
-
-def lane_passthrough(scan: LaneScan) -> AbstractSet[str]:
-    """The texts that pass the stop strings unchanged from the scan's state (a Lane's passthrough)."""
-    _, root_passthrough, state = scan
-    return root_passthrough if state == ROOT else ONLY_EMPTY
 
 
 class StopSequenceDecoder:
@@ -88,16 +75,26 @@ class StopSequenceDecoder:
         self._model_vocab_size = model_vocab_size
         self._visible_stop_tokens = stops.visible_stop_tokens
         self._stop_tokens = stops.stop_tokens
-        strings = config.stop_sequences or config.visible_stop_sequences
-        self._filter = (
-            StopStringFilter(compile_stop_strings(config.stop_sequences, config.visible_stop_sequences))
-            if strings
-            else None
-        )
+        self._filter: StopStringFilter | None = None
+        self._passes: AbstractSet[str] | None = None  # the automaton's root passthrough and memo of scans
+        self._scans: Mapping[int, Mapping[str, ScanResult]] = {}
+        if config.stop_sequences or config.visible_stop_sequences:
+            automaton = compile_stop_strings(config.stop_sequences, config.visible_stop_sequences)
+            self._filter = StopStringFilter(automaton)
+            self._passes, self._scans = automaton.root_passthrough, automaton.memo
         self._stream = self._new_stream()
-        self._num_generated = 0
+        self.num_generated = 0  # generated tokens processed so far (including a stop token); read-only outside
         self._stop_reason: StopReason | None = None
         self._last_error: InvalidTokenIdError | None = None
+        # What process_one steps the stream by instead of calling it (DecodeStream.lookup_tables), renewed after
+        # every other step (_renew_lookups); none once stopped. _table: its table; _memo and _memo_stream (the
+        # byte-level stream, whose `pending` bytes the memo steps): its memo, or None; _texts: _table while no
+        # bytes are pending and the stop strings are at their root (the first branch), else None.
+        self._table: Sequence[str | None] | None = None
+        self._memo: FeedMemo | None = None
+        self._memo_stream: ByteLevelDecodeStream | None = None
+        self._texts: Sequence[str | None] | None = None
+        self._renew_lookups()
 
     @property
     def config(self) -> StopSequenceConfig:
@@ -107,11 +104,6 @@ class StopSequenceDecoder:
     def model_vocab_size(self) -> int:
         """The engine's vocabulary size given at construction (0: not known)."""
         return self._model_vocab_size
-
-    @property
-    def num_generated(self) -> int:
-        """Generated tokens processed so far (including a stop token)."""
-        return self._num_generated
 
     @property
     def stopped(self) -> bool:
@@ -140,8 +132,9 @@ class StopSequenceDecoder:
         self._stream = self._new_stream()
         if self._filter is not None:
             self._filter.reset()
-        self._num_generated = 0
+        self.num_generated = 0
         self._stop_reason = None
+        self._renew_lookups()
 
     def process_token(self, token_id: int) -> StopOutput:
         """Process one generated id. Raises InvalidTokenIdError (state unchanged) for an id the tokenizer lacks, unless
@@ -159,6 +152,7 @@ class StopSequenceDecoder:
         """Process one engine step's new ids for this request (see StopBatchOutput). The worker's hot path: the
         common case (no stop token among the ids) is one stream call and one filter call. An id the tokenizer lacks
         but the model can emit takes the slow path: _process_past_unknown."""
+        self._texts = self._table = None  # process_one renews them on its next call
         result = self._process(ids)
         if result.error is None or not self._model_vocab_size:
             return result
@@ -179,79 +173,106 @@ class StopSequenceDecoder:
             return self._process_until_invalid(ids, error)
         stop_filter = self._filter
         if stop_filter is None:
-            self._num_generated += len(ids)
+            self.num_generated += len(ids)
             return StopBatchOutput(texts[0] if len(texts) == 1 else "".join(texts), False, None, len(ids))
-        text, index, match = stop_filter.feed(texts, self._min_tokens - self._num_generated)
+        text, index, match = stop_filter.feed(texts, self._min_tokens - self.num_generated)
         if match is None:
-            self._num_generated += len(ids)
+            self.num_generated += len(ids)
             return StopBatchOutput(text, False, None, len(ids))
-        self._num_generated += index + 1
+        self.num_generated += index + 1
         self._stop_reason = match.stop
         return StopBatchOutput(text, True, match.stop, index + 1)
 
     def process_one(self, token_id: int) -> str | StopBatchOutput:
         """process_tokens((token_id,)) without building a StopBatchOutput in the common case (the worker's one id
         per request per step): the text released (maybe ""), or a StopBatchOutput when the request stops, the id is
-        bad or the tokenizer lacks it (unknown_ids: the model can emit it). A stop token, a stopped request or an id
-        the stream refuses go through process_tokens unchanged; stop strings
-        are only scanned by the filter when the text could start or complete one (its root passthrough)."""
+        bad or the tokenizer lacks it (unknown_ids: the model can emit it). `token_id` is an int (the bus's frame
+        decoder refuses anything else; the lookups take a bool as its int value, process_tokens refuses it).
+
+        Lookups first, no call, exactly what _step_one would do when all are found: the first branch is the
+        stream's table (no bytes pending) and the stop strings' root passthrough set; the second the table or
+        (byte-level) the stream's memo of (pending bytes, id) steps, and the passthrough set or the automaton's
+        memo of scans that do not match. Anything else (a stop token, a stopped request, a miss) takes _step_one."""
+        texts = self._texts
+        if texts is not None and token_id not in self._stop_tokens:
+            try:
+                text = texts[token_id] if token_id >= 0 else None
+            except (IndexError, TypeError):  # past the table, or not an id: _step_one says why
+                text = None
+            if text is not None and ((passes := self._passes) is None or text in passes):
+                self.num_generated += 1
+                return text
+        if (table := self._table) is not None and token_id not in self._stop_tokens:
+            stream = self._memo_stream
+            pending = after = stream.pending if stream is not None else b""
+            text = None
+            if not pending:
+                try:
+                    text = table[token_id] if token_id >= 0 else None
+                except (IndexError, TypeError):
+                    text = None
+            if text is None and stream is not None and (known := self._memo.get((pending, token_id))) is not None:  # type: ignore[union-attr]
+                text, after = known
+            stop_filter = self._filter
+            if text is not None and stop_filter is not None:
+                state = stop_filter.state
+                if not (state == ROOT and text in self._passes):  # type: ignore[operator]
+                    scan = by_text.get(text) if (by_text := self._scans.get(state)) is not None else None
+                    if scan is None or scan[2] >= 0:  # not memoised, or a match
+                        text = None
+                    else:
+                        stop_filter.state, text = scan[0], scan[1]
+            if text is not None:
+                if after is not pending:
+                    stream.pending = after  # type: ignore[union-attr]
+                self.num_generated += 1
+                at_root = stop_filter is None or stop_filter.state == ROOT
+                self._texts = table if not after and at_root else None
+                return text
+        result = self._step_one(token_id)
+        self._renew_lookups()
+        return result
+
+    def _renew_lookups(self) -> None:
+        """process_one's lookups for the state now (none once stopped)."""
+        self._table = self._memo = self._memo_stream = self._texts = None
+        if self._stop_reason is not None:
+            return
+        stream = self._stream
+        self._table, self._memo = stream.lookup_tables()
+        if self._memo is not None:
+            assert isinstance(stream, ByteLevelDecodeStream)
+            self._memo_stream = stream
+            if stream.pending:
+                return
+        if self._filter is None or self._filter.state == ROOT:
+            self._texts = self._table
+
+    def _step_one(self, token_id: int) -> str | StopBatchOutput:
+        """process_one past its lookups: a stop token, a stopped request or an id the stream refuses go through
+        process_tokens unchanged; else the stream steps and the filter scans its text."""
         if self._stop_reason is not None or token_id in self._stop_tokens:
             return self.process_tokens((token_id,))
         try:
             text = self._stream.step(token_id) or ""
         except InvalidTokenIdError:  # the stream is unchanged: process_tokens reports it
             if self._model_can_emit(token_id):
-                self._num_generated += 1
+                self.num_generated += 1
                 return ONE_UNKNOWN_ID
             return self.process_tokens((token_id,))
         stop_filter = self._filter
-        self._num_generated += 1
-        if stop_filter is None or stop_filter.passes(text):
+        self.num_generated += 1
+        if stop_filter is None:
             return text
-        text, _, match = stop_filter.feed((text,), self._min_tokens - self._num_generated + 1)
+        text, _, match = stop_filter.feed((text,), self._min_tokens - self.num_generated + 1)
         if match is None:
             return text
         self._stop_reason = match.stop
         return StopBatchOutput(text, True, match.stop, 1)
 
-    def lane(self) -> Lane | None:
-        """A shortcut for a caller's hot loop, valid until its next call of any other method: (texts, stop_tokens,
-        passthrough, memo, pending, scan). For an id i >= 0 not in stop_tokens, process_one(i) changes nothing but
-        the count of generated tokens, the bytes pending and the stop-string state when it steps by lookups:
-        - the stream: no bytes pending and text = texts[i] is not None (an IndexError means no), or else memo is not
-          None and (text, pending after) = memo[(pending, i)] is there;
-        - the stop strings: scan is None or text is in passthrough (text is returned unchanged), or else, with
-          (scans, root passthrough, state) = scan, result = scans[state][text] is there and has no match
-          (result[2] < 0): it returns result[1] and the filter moves to result[0] (its passthrough: the root's
-          set at ROOT, else ONLY_EMPTY).
-        The caller counts the ids it steps this way and gives the lane as it left it (pending bytes and stop state
-        replaced) to sync_lane() before its next call. None when no such shortcut holds now (stopped, bytes pending
-        without a memo, a prompt's unfinished character, or a stream without a table)."""
-        if self._stop_reason is not None:
-            return None
-        tables = self._stream.lane_tables()
-        if tables is None:
-            return None
-        texts, memo, pending = tables
-        if self._filter is None:
-            return texts, self._stop_tokens, None, memo, pending, None
-        scan = self._filter.lane_scan()
-        return texts, self._stop_tokens, lane_passthrough(scan), memo, pending, scan
-
-    def sync_lane(self, count: int, lane: Lane) -> None:
-        """For the caller of lane(): `count` generated tokens are processed so far, those of its lane included, and
-        `lane` is the lane as its steps left it (the bytes pending and the stop-string state after them)."""
-        if count < self._num_generated:
-            raise ValueError(f"sync_lane({count}): {self._num_generated} tokens were already processed")
-        self._num_generated = count
-        *_, pending, scan = lane
-        self._stream.resume_pending(pending)
-        if self._filter is not None and scan is not None:
-            _, _, state = scan
-            self._filter.resume(state)
-
     def flush(self) -> Text | Stopped | StoppedWithText:
         """End of the request: release the held text and the stream's pending text (stop strings still apply)."""
+        self._texts = self._table = None  # process_one renews them on its next call
         if self._stop_reason is not None:
             return Stopped(self._stop_reason)
         text, reason = self._finish_stream()
@@ -263,7 +284,7 @@ class StopSequenceDecoder:
     def _first_stop_token(self, ids: Sequence[int]) -> int:
         """Index of the first stop token id that counts (past min_tokens), or -1."""
         stop_tokens = self._stop_tokens
-        first_checked = max(self._min_tokens - self._num_generated, 0)
+        first_checked = max(self._min_tokens - self.num_generated, 0)
         return next((k for k in range(first_checked, len(ids)) if ids[k] in stop_tokens), -1)
 
     def _process_with_stop_token(self, ids: Sequence[int], stop_index: int) -> StopBatchOutput:
@@ -279,7 +300,7 @@ class StopSequenceDecoder:
             reason = token_id
             if token_id in self._visible_stop_tokens:
                 text += self._stop_token_text(token_id)
-        self._num_generated += 1
+        self.num_generated += 1
         self._stop_reason = reason
         return StopBatchOutput(result.text + text, True, reason, result.consumed + 1, None, result.unknown_ids)
 
@@ -288,7 +309,7 @@ class StopSequenceDecoder:
         pending = self._stream.flush() or ""
         if self._filter is None:
             return pending, None
-        text, match = self._filter.feed_one(pending, self._num_generated > self._min_tokens)
+        text, match = self._filter.feed_one(pending, self.num_generated > self._min_tokens)
         if match is not None:
             return text, match.stop
         return text + self._filter.release(), None
@@ -318,7 +339,7 @@ class StopSequenceDecoder:
             if result.stopped:  # a stop string ended the request before that id
                 error = None
                 break
-            self._num_generated += 1  # ids[done] is that id: the stream never sees it
+            self.num_generated += 1  # ids[done] is that id: the stream never sees it
             unknown += 1
             done += 1
             if done == len(ids):

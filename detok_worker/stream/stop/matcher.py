@@ -34,8 +34,6 @@ _CACHED_AUTOMATA = 32
 # index in the text just past the earliest-ending stop string, -1 if none. pattern: the index of that stop string
 # (the longest one ending there, i.e. the one that starts earliest), -1 if none.
 ScanResult = tuple[int, str, int, int]
-# StopStringFilter.lane_scan(): (memo by state, then by text; the root passthrough set; the filter's state)
-LaneScan = tuple[dict[int, dict[str, ScanResult]], set[str], int]
 
 
 class StopStringMatch(NamedTuple):
@@ -213,39 +211,23 @@ class StopStringFilter:
     `feed(texts, checked_from)` takes the text pieces of consecutive tokens; matches that end in pieces before
     index `checked_from` are ignored (the min_tokens phase), but the text that could start a stop string is still
     held back. It returns the text released now and the match that stops the stream, if any.
+    `state` is the automaton's state: a caller that steps the filter by the automaton's memo of scans with no match
+    (StopSequenceDecoder.process_one) moves it to the scan's end state, exactly as feed() would.
     """
 
-    __slots__ = ("_automaton", "_state")
+    __slots__ = ("_automaton", "state")
 
     def __init__(self, automaton: StopStringAutomaton) -> None:
         self._automaton = automaton
-        self._state = ROOT
+        self.state = ROOT
 
     @property
     def held(self) -> str:
         """The text held back because it may be the start of a stop string."""
-        return self._automaton.held_text(self._state)
+        return self._automaton.held_text(self.state)
 
     def reset(self) -> None:
-        self._state = ROOT
-
-    def passes(self, text: str) -> bool:
-        """True when `text`, fed now, is released whole and leaves nothing held (no stop string can start or end
-        in it): feed((text,)) would return it unchanged. The worker's per-token check before a full feed."""
-        return self._state == ROOT and text in self._automaton.root_passthrough
-
-    def lane_scan(self) -> LaneScan:
-        """For a caller's lookup loop (StopSequenceDecoder.lane): (the automaton's memo, its root passthrough set,
-        the state now). A text whose memoised scan from the state has no match (match_end < 0) moves the filter to
-        its end state and releases its `released` text, exactly as feed() would; the caller keeps the state and
-        gives it back with resume() before the filter's next call. Both containers are the automaton's own, the
-        same objects for its lifetime (cleared in place, never replaced)."""
-        automaton = self._automaton
-        return automaton.memo, automaton.root_passthrough, self._state
-
-    def resume(self, state: int) -> None:
-        """After lookups through lane_scan(): the state they left the filter in."""
-        self._state = state
+        self.state = ROOT
 
     def feed_one(self, text: str, check: bool = True) -> tuple[str, StopStringMatch | None]:
         """Feed one token's text; `check` False means matches ending in it are ignored."""
@@ -256,7 +238,7 @@ class StopStringFilter:
         """Feed the texts of consecutive tokens. Returns (released text, index of the text that completed the
         match or len(texts) if none, the match or None). The worker's hot path: keep it lean."""
         automaton = self._automaton
-        state = self._state
+        state = self.state
         if state == ROOT:  # the common case: texts that lead from the root straight back to it
             if len(texts) == 1:
                 if texts[0] in automaton.root_passthrough:
@@ -279,13 +261,13 @@ class StopStringFilter:
                 )
             state = end_state
             released.append(out)
-        self._state = state
+        self.state = state
         return (released[0] if len(released) == 1 else "".join(released)), len(texts), None
 
     def release(self) -> str:
         """Release the held text (end of stream): it did not turn into a stop string."""
         held = self.held
-        self._state = ROOT
+        self.state = ROOT
         return held
 
     def _cut_at_match(self, state: int, text: str, match_end: int, pattern: int) -> str:
@@ -293,5 +275,5 @@ class StopStringFilter:
         automaton = self._automaton
         held = automaton.held_text(state)
         end = len(held) + match_end
-        self._state = ROOT
+        self.state = ROOT
         return (held + text)[: end if automaton.visible[pattern] else end - len(automaton.patterns[pattern])]

@@ -1,6 +1,6 @@
 """The columnar parts of TokenBatch and TextBatch (bus/columns.py): the order rule (columns before items, per rid
 order kept), the frame decoders refusing columns of different lengths, the per-front split, and a worker keeping a
-rid's deltas in order when one of its column ids leaves the lane."""
+rid's deltas in order when one of its column ids is held or goes to the items."""
 
 from __future__ import annotations
 
@@ -76,14 +76,14 @@ def test_text_deltas_and_the_per_front_split_keep_the_order() -> None:
     assert split_text_batch(TextBatch("w", 5, 7, []), fronts.__getitem__) == {0: TextBatch("w", 5, 7, [])}
 
 
-def test_column_ids_off_the_lane_keep_plain_text_in_columns_and_each_rids_order() -> None:
+def test_held_column_ids_keep_plain_text_in_columns_and_each_rids_order() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     emoji = tokenizer.encode("🪼").ids
     hello = tokenizer.encode(" hello").ids
     assert len(emoji) > 1 and len(hello) == 1
     state = WorkerState(tokenizer, "w")
     state.handle_batch(TokenBatch(0, 0, [Open("a", [], DetokParams()), Open("b", [], DetokParams())], []))
-    # a: pieces of a character (off the lane: held, then released by the decoder), then a whole word; b: a lane step
+    # a: pieces of a character (held, then released by the decoder), then a whole word; b: a table lookup
     rids = ["a", "b", *["a"] * (len(emoji) - 1), "a", "nobody"]
     ids = [emoji[0], hello[0], *emoji[1:], hello[0], hello[0]]
     batch = TokenBatch(1, 0, [], [Tokens("a", [], "length")], rids, ids)

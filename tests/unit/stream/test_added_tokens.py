@@ -98,16 +98,17 @@ def test_wordpiece_drops_the_space_between_added_tokens_only() -> None:
     assert "".join(spaced.step_batch(ids)) + (spaced.flush() or "") == "[CLS] hello world [SEP] [CLS] [UNK] hello"
 
 
-def test_only_requests_that_keep_special_tokens_and_ask_leave_the_lane() -> None:
-    """vLLM: the option acts only with skip_special_tokens false; a request without it keeps the worker's lane."""
+def test_only_requests_that_keep_special_tokens_and_ask_lose_the_lookups() -> None:
+    """vLLM: the option acts only with skip_special_tokens false; a request without it keeps the decoder's lookups
+    (StopSequenceDecoder.process_one's first branch)."""
     tokenizer = load_fixture_tokenizer("qwen3")
     state = WorkerState(tokenizer, "w")
     asks = DetokParams(skip_special_tokens=False, spaces_between_special_tokens=False)
     skipping = DetokParams(spaces_between_special_tokens=False)
     opens = [Open("asks", [], asks), Open("skipping", [], skipping), Open("plain", [], DetokParams())]
     state.handle_batch(TokenBatch(0, 0, opens, []))
-    assert state.live["asks"].lane is None
-    assert state.live["skipping"].lane is not None and state.live["plain"].lane is not None
+    assert state.live["asks"].decoder._table is None
+    assert state.live["skipping"].decoder._table is not None and state.live["plain"].decoder._table is not None
     im_start, im_end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
     items = [Tokens(rid, [im_start, im_end, *tokenizer.encode("Hi").ids]) for rid in ("asks", "skipping")]
     texts = {delta.rid: delta.text for delta in state.handle_batch(TokenBatch(1, 0, [], items)).text_batch.items}

@@ -46,7 +46,7 @@ def _interleaved(rid_ids: dict[str, list[int]], starts: dict[str, int], columns:
 
 @pytest.mark.parametrize("columns", [True, False], ids=["columns", "items"])
 @pytest.mark.parametrize("include_stop", [False, True], ids=["hidden", "visible"])
-@pytest.mark.parametrize("name", ["qwen3", "bert-wordpiece"])  # bert: no lane, every id through the decoder
+@pytest.mark.parametrize("name", ["qwen3", "bert-wordpiece"])  # bert: no table, every id through the stream
 def test_opens_with_the_same_params_keep_their_own_state(name, columns, include_stop):
     tokenizer = load_fixture_tokenizer(name)
     stop = tokenizer.decode(tokenizer.encode(STOP).ids, True)

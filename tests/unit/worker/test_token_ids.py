@@ -1,7 +1,7 @@
 """return_token_ids in the worker: a rid whose DetokParams ask for its token ids gets, on each delta, the ids of the
 tokens consumed since its previous delta (held ones ride on the next delta, as logprobs do), always as an item,
-never in the columns; its text is exactly what it would be without them. Rids that do not ask keep the lane and
-the columns, with the same deltas as when no rid asks."""
+never in the columns; its text is exactly what it would be without them. Rids that do not ask keep the columns,
+with the same deltas as when no rid asks."""
 
 from __future__ import annotations
 
@@ -63,23 +63,23 @@ def test_each_delta_carries_the_ids_it_consumed_and_the_text_is_unchanged(family
         assert ids_by_rid[rid] == request.ids[:consumed]  # every consumed id once, in order: a stop token counts
         ended_with_stop += deltas[rid][-1][3] == "stop"
     assert ended_with_stop >= 2
-    if columns:  # the other rids kept the lane: their plain deltas went in the columns
+    if columns:  # the other rids kept the columns: their plain deltas went there
         assert sum(len(text_batch.rids) for text_batch in sent) > 100
 
 
-def test_rids_that_do_not_ask_stay_on_the_lane() -> None:
+def test_rids_that_do_not_ask_stay_in_the_columns() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     ids = tokenizer.encode(" Hello there, how are you today?").ids
     state = WorkerState(tokenizer, "w")
     opens = [Open("plain", [], DetokParams()), Open("ids", [], DetokParams(return_token_ids=True))]
     state.handle_batch(TokenBatch(0, 0, opens, []))
-    assert state.live["plain"].lane is not None and state.live["ids"].lane is None
+    assert state.live["plain"].plain and not state.live["ids"].plain
     for step, token_id in enumerate(ids, 1):
         batch = TokenBatch(step, 0, [], [], ["plain", "ids"], [token_id, token_id])
         text_batch = state.handle_batch(batch).text_batch
-        assert text_batch.rids == ["plain"]  # the lane's column output
+        assert text_batch.rids == ["plain"]  # the column output
         assert [(d.rid, d.token_ids) for d in text_batch.items] == [("ids", [token_id])]
-        assert state.live["plain"].lane is not None and state.live["ids"].lane is None
+        assert state.live["plain"].plain and not state.live["ids"].plain
         assert state.live["ids"].held_ids == []
 
 
