@@ -148,7 +148,7 @@ class WorkerMetrics:
         live_rids: int,
         bad_frames: Mapping[str, int],
     ) -> None:
-        """counts: cumulative tokens_in, tokens_consumed, chars_out, holds, unknown_ids; stops: cumulative per kind."""
+        """counts: the worker's cumulative counts by metric name (WorkerState.counts); stops: cumulative per kind."""
         for histogram in (self._decode, self._batch_rids, self._batch_tokens, self._step):
             histogram.flush()
         for name, counter in self._counters.items():

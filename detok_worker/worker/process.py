@@ -225,14 +225,7 @@ class WorkerProcess:
         if bad is None:
             bad = Counter(self.decoder.bad_frames)
             bad.update(state.bad)
-        counts = {
-            "tokens_in": state.tokens_in,
-            "tokens_consumed": state.tokens_consumed,
-            "chars_out": state.chars_out,
-            "holds": state.holds,
-            "unknown_ids": state.unknown_ids,
-        }
-        self.metrics.sync(counts=counts, stops=state.stops, live_rids=state.live_rids, bad_frames=bad)
+        self.metrics.sync(counts=state.counts(), stops=state.stops, live_rids=state.live_rids, bad_frames=bad)
 
     def _poll_timeout_ms(self) -> int:
         until = min(self._next_heartbeat, self._next_stats) - time.monotonic()

@@ -47,6 +47,8 @@ BAD_PARAMS = "bad_params"  # Open whose DetokParams break the configured limits
 BAD_STOP_BUDGET = "stop_budget"  # Open refused: the live rids' stop strings would pass worker.max_live_stop_chars
 DEFAULT_MAX_LIVE_STOP_CHARS = 4_194_304
 RECENTLY_ENDED_CAPACITY = 16_384
+# the counts a worker keeps for its metrics: each an attribute of WorkerState, counted where it happens
+COUNTS = ("tokens_in", "tokens_consumed", "chars_out", "holds", "unknown_ids")
 TICK_EVERY_ITEMS = 256  # items between calls of the worker's tick (its heartbeat timer) in a long batch
 
 
@@ -80,9 +82,9 @@ class WorkerState(RidEndings):
         self.open_plans = OpenPlans()  # what an Open derives from its params alone, per distinct params
         self._ended = RecentlyEnded(RECENTLY_ENDED_CAPACITY)
         self.bad: Counter[str] = Counter()
+        # cumulative counts (COUNTS: the worker's metrics, read at the stats interval, never per token)
         self.tokens_in = 0
         self.chars_out = 0
-        # cumulative, for metrics (read at the stats interval, never per token)
         self.tokens_consumed = 0
         self.holds = 0  # rid steps that consumed ids but released no text yet (incomplete char / stop prefix)
         self.unknown_ids = 0  # ids the tokenizer lacks that the model can emit: consumed, no text
@@ -91,6 +93,10 @@ class WorkerState(RidEndings):
     @property
     def live_rids(self) -> int:
         return len(self.live)
+
+    def counts(self) -> dict[str, int]:
+        """The cumulative counts by name, each the worker metric of that name (metrics/recorders.WorkerMetrics)."""
+        return {name: getattr(self, name) for name in COUNTS}
 
     def handle_batch(self, batch: TokenBatch, tick: Callable[[], None] | None = None) -> BatchResult:
         """One TokenBatch in, one TextBatch out. sent_ns/step are copied from the TokenBatch so the front can

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from detok_worker import metrics as m
 from detok_worker.metrics.recorders import HeldHistogram
+from detok_worker.worker.state import COUNTS, WorkerState
 
 # A worker-like process: records one batch and syncs its counters, then exits.
 CHILD = """
@@ -156,3 +157,22 @@ def test_instrumented_tokenizer_gives_the_same_results_and_counts_calls() -> Non
     added = value("detok_tokenizer_tokens_per_encode_sum") - tokens_before
     assert added == 2 * len(ids) + len(tokenizer.encode("x").ids)  # encode + the batch of two
     assert value("detok_tokenizer_encode_duration_seconds_count", operation="encode_batch") == batches_before + 1
+
+
+def test_every_count_a_worker_keeps_reaches_its_metric() -> None:
+    # WorkerState.counts() names each count; the recorder writes each to its own counter (one left out of the
+    # recorder would be read and dropped)
+    state = WorkerState(load_fixture_tokenizer("qwen3"), "w-counts")
+    expected = {}
+    for offset, name in enumerate(COUNTS):
+        setattr(state, name, 1000 + offset)
+        expected[name] = 1000 + offset
+    assert state.counts() == expected
+    m.WorkerMetrics("w-counts", object()).sync(counts=state.counts(), stops={}, live_rids=0, bad_frames={})
+    written = {
+        sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("worker") == "w-counts"
+    }
+    assert set(expected.values()) <= written
