@@ -104,7 +104,7 @@ class FrontCollector:
         self.requests: dict[str, CollectedRequest] = {}
         self.worker_stats: dict[str, WorkerStats] = {}
         self.engine_stats: EngineStats | None = None
-        self.latencies_ns: list[int] = []  # per TextBatch with items: receive time - the engine's send time
+        self.latencies_ns: list[int] = []  # per TextBatch with rows: receive time - the engine's send time
         self.text_batches = 0
 
     # ---- to the engine ----------------------------------------------------------------------------------

@@ -31,17 +31,17 @@ def token_batch(step: int, sent_ns: int, opens: list[Open], items: Sequence[Toke
     return TokenBatch(step, sent_ns, opens, rids, ids, extras)
 
 
+def token_row(batch: TokenBatch, row: int) -> Tokens:
+    """Row `row` of the batch as a Tokens."""
+    extras = batch.extras.get(row)
+    if extras is None:
+        return Tokens(batch.rids[row], [batch.ids[row]])
+    return Tokens(batch.rids[row], extras.ids, extras.finish, extras.error, extras.logprobs)
+
+
 def token_items(batch: TokenBatch) -> list[Tokens]:
     """Every row of the batch as a Tokens, in order."""
-    extras = batch.extras
-    items = []
-    for row, (rid, token_id) in enumerate(zip(batch.rids, batch.ids, strict=True)):
-        extra = extras.get(row)
-        if extra is None:
-            items.append(Tokens(rid, [token_id]))
-        else:
-            items.append(Tokens(rid, extra.ids, extra.finish, extra.error, extra.logprobs))
-    return items
+    return [token_row(batch, row) for row in range(len(batch.rids))]
 
 
 def columns_ok(message: object) -> bool:
@@ -49,16 +49,16 @@ def columns_ok(message: object) -> bool:
     counts it as a bad frame)."""
     if isinstance(message, TokenBatch):
         count = len(message.rids)
-        return len(message.ids) == count and all(0 <= row < count for row in message.extras)
+        return len(message.ids) == count and _rows_exist(message.extras, count)
     if isinstance(message, TextBatch):
         count = len(message.rids)
-        return (
-            len(message.offsets) == count
-            and len(message.texts) == count
-            and len(message.n_tokens) == count
-            and all(0 <= row < count for row in message.extras)
-        )
+        columns = (message.offsets, message.texts, message.n_tokens)
+        return all(len(column) == count for column in columns) and _rows_exist(message.extras, count)
     return True
+
+
+def _rows_exist(extras: dict[int, object], count: int) -> bool:
+    return not extras or (min(extras) >= 0 and max(extras) < count)
 
 
 def row_runs(start: int, end: int, extras: dict[int, object]) -> Iterator[tuple[int, int]]:
@@ -90,7 +90,7 @@ def text_batch(worker: str, sent_ns: int, step: int, deltas: Sequence[TextDelta]
     return batch
 
 
-def row_delta(batch: TextBatch, row: int) -> TextDelta:
+def text_row(batch: TextBatch, row: int) -> TextDelta:
     """Row `row` of the batch as a TextDelta."""
     extras = batch.extras.get(row)
     fields = msgspec.structs.asdict(extras) if extras is not None else {}
@@ -99,7 +99,7 @@ def row_delta(batch: TextBatch, row: int) -> TextDelta:
 
 def text_deltas(batch: TextBatch) -> list[TextDelta]:
     """Every row of the batch as a TextDelta, in order."""
-    return [row_delta(batch, row) for row in range(len(batch.rids))]
+    return [text_row(batch, row) for row in range(len(batch.rids))]
 
 
 def split_text_batch(batch: TextBatch, destination: Callable[[str], int]) -> dict[int, TextBatch]:

@@ -31,7 +31,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.columns import row_delta, row_runs
+from detok_worker.bus.columns import row_runs, text_row
 from detok_worker.bus.messages import (
     Abort,
     AdapterAnswer,
@@ -368,15 +368,15 @@ class Dispatcher:
             if stream is None:
                 self.counters["late_deltas"] += 1
                 continue
-            delta = row_delta(batch, end)
+            delta = text_row(batch, end)
             before = stream.pending_chars
             tokens += self._settle(stream, delta.text, stream.accept(delta), before)
         self.metrics.front_chars.inc(chars)  # held: written by flush_counters
         self.metrics.front_tokens.inc(tokens)
 
     def _settle(self, stream: RequestStream, text: str, fresh: str | None, before: int) -> int:
-        """The bookkeeping after a delta other than the usual one (a gap, re-sent text, an item, its stream's end);
-        returns the tokens of a stream that ended (for the tokens metric)."""
+        """The bookkeeping after a delta other than the usual one (a gap, re-sent text, a row with extras, its
+        stream's end); returns the tokens of a stream that ended (for the tokens metric)."""
         if fresh is None:
             self.counters["offset_gaps"] += 1
             self._outbox.post(encode(Abort(stream.rid)))

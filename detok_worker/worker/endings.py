@@ -190,33 +190,21 @@ class RidEndings:
         parsed: ParsedDelta | None = None,
     ) -> None:
         """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live)."""
-        if state is None:
-            add_delta(
-                deltas, TextDelta(rid, 0, text, 0, finish=finish, stop_reason=stop_reason, error=error, parsed=parsed)
-            )
-            self._ended.add(rid)
-            return
-        if state.parsing is not None and parsed is None:
+        if state is not None and state.parsing is not None and parsed is None:
             parsed, match = state.parsing.take(text, final=True)
             if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
                 finish, stop_reason = FINISH_STOP, match.stop
-        add_delta(
-            deltas,
-            TextDelta(
-                rid,
-                state.offset,
-                text,
-                state.n_tokens,
-                finish=finish,
-                stop_reason=stop_reason,
-                error=error,
-                parsed=parsed,
-            ),
+        offset, n_tokens = (0, 0) if state is None else (state.offset, state.n_tokens)
+        delta = TextDelta(
+            rid, offset, text, n_tokens, finish=finish, stop_reason=stop_reason, error=error, parsed=parsed
         )
+        add_delta(deltas, delta)
+        self._ended.add(rid)
+        if state is None:
+            return
         self.chars_out += len(text)
         if self.live.pop(rid, None) is not None:
             self.live_stop_chars -= state.stop_chars
-        self._ended.add(rid)
 
     def _end_with_error(
         self,

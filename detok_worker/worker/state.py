@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from detok_worker.bus.columns import MISMATCHED_COLUMNS, add_delta, columns_ok, row_runs, text_deltas
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, add_delta, columns_ok, row_runs, text_deltas, token_row
 from detok_worker.bus.messages import (
     Finish,
     Open,
@@ -102,8 +102,8 @@ class WorkerState(RidEndings):
         measure engine-to-front latency. `tick` (the worker's timers: heartbeats) is called after each Open and
         every TICK_EVERY_ITEMS rows, so a long batch cannot starve the worker's heartbeats.
 
-        The rows in order: the plain ones (one id) are the hot path, _columns; a row with extras goes through
-        _items."""
+        The rows in order: the plain ones (one id) are the hot path, _plain_rows; a row with extras goes through
+        _item."""
         out = TextBatch(self.worker_id, batch.sent_ns, batch.step)
         finishes: list[Finish] = []
         for open_ in batch.opens:
@@ -120,26 +120,24 @@ class WorkerState(RidEndings):
             chunk_end = min(chunk + TICK_EVERY_ITEMS, count)
             for start, end in row_runs(chunk, chunk_end, extras):
                 if start < end:
-                    self._columns(rids[start:end], ids[start:end], out, finishes)
+                    self._plain_rows(rids[start:end], ids[start:end], out, finishes)
                 if end < chunk_end:
-                    extra = extras[end]
-                    item = Tokens(rids[end], extra.ids, extra.finish, extra.error, extra.logprobs)
-                    self._items([item], out, finishes)
+                    self._item(token_row(batch, end), out, finishes)
         return BatchResult(out, finishes)
 
-    def _columns(self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish]) -> None:
+    def _plain_rows(self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish]) -> None:
         """Plain rows in order, each id through its rid's decoder (StopSequenceDecoder.process_one: a table lookup
         first), plain text into `out`'s columns. Anything else goes through the slower paths, its delta into `out`
         as a row with extras: an unknown rid, every id of a rid whose deltas carry more than text (a parser, held
-        logprobs, token ids: _items), and a stop or an error (the rid ends)."""
+        logprobs, token ids: _item), and a stop or an error (the rid ends)."""
         live_get = self.live.get
         out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
-        chars_out = holds = aside = off_text = 0  # aside: ids handed to _items; off_text: ids that gave no str
+        chars_out = holds = aside = off_text = 0  # aside: ids handed to _item; off_text: ids that gave no str
         for rid, token_id in zip(rids, ids, strict=True):
             state = live_get(rid)
             if state is None or not state.plain:
                 aside += 1
-                self._items([Tokens(rid, [token_id])], out, finishes)
+                self._item(Tokens(rid, [token_id]), out, finishes)
                 continue
             decoder = state.decoder
             try:
@@ -167,30 +165,26 @@ class WorkerState(RidEndings):
         self.chars_out += chars_out
         self.holds += holds
 
-    def _items(self, items: list[Tokens], out: TextBatch, finishes: list[Finish]) -> None:
-        """Items one by one through the rid's decoder, their deltas into `out`; endings and unknown rids go through
-        _end_item."""
-        live_get = self.live.get
-        for item in items:
-            rid = item.rid
-            state = live_get(rid)
-            if state is not None and (item.logprobs is not None or state.held_ids is not None):
+    def _item(self, item: Tokens, out: TextBatch, finishes: list[Finish]) -> None:
+        """One item (a row with extras, or a plain row off the hot loop) through the rid's decoder, its delta into
+        `out`; endings and unknown rids go through _end_item."""
+        rid = item.rid
+        state = self.live.get(rid)
+        if state is not None and (item.logprobs is not None or state.held_ids is not None):
+            self._entries_item(item, state, out, finishes)
+        elif state is None or item.finish is not None:
+            if state is not None and state.logprobs:  # held entries go with the rid's last delta
                 self._entries_item(item, state, out, finishes)
-                continue
-            if state is None or item.finish is not None:
-                if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                    self._entries_item(item, state, out, finishes)
-                else:
-                    self._end_item(item, state, out, finishes)
-                continue
-            ids = item.ids
-            self.tokens_in += len(ids)
+            else:
+                self._end_item(item, state, out, finishes)
+        else:
+            self.tokens_in += len(item.ids)
             try:
-                decoded = state.decoder.process_tokens(ids)
+                decoded = state.decoder.process_tokens(item.ids)
             except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
                 self._end_with_error(rid, state, "", f"detokenization failed: {exc}", out, finishes)
-                continue
-            self._item_output(rid, state, ids, decoded, out, finishes)
+                return
+            self._item_output(rid, state, item.ids, decoded, out, finishes)
 
     def drop_all(self) -> list[str]:
         """Forget every live rid (worker shutting down); returns them."""
@@ -217,7 +211,7 @@ class WorkerState(RidEndings):
         held_ids, state.held_ids = state.held_ids, None  # so that the plain pass below does not come back here
         before = state.n_tokens
         plain = TextBatch(self.worker_id, 0, 0)
-        self._items([Tokens(item.rid, item.ids, item.finish, item.error)], plain, finishes)
+        self._item(Tokens(item.rid, item.ids, item.finish, item.error), plain, finishes)
         consumed = state.n_tokens - before
         held += entries[:consumed]
         if held_ids is not None:
