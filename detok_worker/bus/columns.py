@@ -99,7 +99,11 @@ def text_row(batch: TextBatch, row: int) -> TextDelta:
 
 def text_deltas(batch: TextBatch) -> list[TextDelta]:
     """Every row of the batch as a TextDelta, in order."""
-    return [text_row(batch, row) for row in range(len(batch.rids))]
+    columns = zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True)
+    deltas = [TextDelta(rid, offset, text, n_tokens) for rid, offset, text, n_tokens in columns]
+    for row in batch.extras:
+        deltas[row] = text_row(batch, row)
+    return deltas
 
 
 def split_text_batch(batch: TextBatch, destination: Callable[[str], int]) -> dict[int, TextBatch]:
