@@ -27,7 +27,7 @@ from detok_worker.bus.messages import (  # noqa: E402
     Hello,
     Shutdown,
     TextBatch,
-    TextDelta,
+    TextExtras,
     TokenBatch,
 )
 from detok_worker.bus.sockets import BusSockets, recv_single_frame  # noqa: E402
@@ -82,31 +82,24 @@ class NullWorker:
         live = self.live
         for open_ in batch.opens:
             live[open_.rid] = [0, 0]
-        deltas: list[TextDelta] = []
-        out = TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
-        for rid in batch.rids:  # one id each (bus/columns.py); plain text goes back in the columns
+        out = TextBatch(self.worker_id, batch.sent_ns, batch.step)
+        for row, rid in enumerate(batch.rids):  # plain text, one row per row in
             state = live.get(rid)
             if state is None:
                 continue
+            extras = batch.extras.get(row)
+            n = 1 if extras is None else len(extras.ids)
+            if extras is not None and extras.finish is not None:
+                out.extras[len(out.rids)] = TextExtras(finish=extras.finish)
+                del live[rid]
+            elif not n:
+                continue
             out.rids.append(rid)
             out.offsets.append(state[0])
-            out.texts.append(PLACEHOLDER)
-            state[0] += 1
-            state[1] += 1
-            out.n_tokens.append(state[1])
-        for item in batch.items:
-            state = live.get(item.rid)
-            if state is None:
-                continue
-            n = len(item.ids)
-            offset = state[0]
+            out.texts.append(PLACEHOLDER * n)
             state[0] += n
             state[1] += n
-            if item.finish is not None:
-                del live[item.rid]
-                deltas.append(TextDelta(item.rid, offset, PLACEHOLDER * n, state[1], item.finish))
-            elif n:
-                deltas.append(TextDelta(item.rid, offset, PLACEHOLDER * n, state[1]))
+            out.n_tokens.append(state[1])
         return out
 
 

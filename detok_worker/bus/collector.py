@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.columns import has_text, text_deltas
+from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import (
     FINISH_ERROR,
     Abort,
@@ -104,7 +104,7 @@ class FrontCollector:
         self.requests: dict[str, CollectedRequest] = {}
         self.worker_stats: dict[str, WorkerStats] = {}
         self.engine_stats: EngineStats | None = None
-        self.latencies_ns: list[int] = []  # per TextBatch with items: receive time - the engine's send time
+        self.latencies_ns: list[int] = []  # per TextBatch with rows: receive time - the engine's send time
         self.text_batches = 0
 
     # ---- to the engine ----------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class FrontCollector:
 
     def _text_batch(self, batch: TextBatch) -> None:
         self.text_batches += 1
-        if not has_text(batch):
+        if not batch.rids:
             return
         now_ns = time.time_ns()
         self.latencies_ns.append(now_ns - batch.sent_ns)

@@ -1,92 +1,127 @@
-"""The columnar parts of TokenBatch and TextBatch (bus/messages.py): the usual per-step item (one id in, plain text
-out) travels as flat lists, which msgpack encodes and decodes several times faster than a struct per item, and
-the worker's hot loop reads without touching a struct.
-
-Order rule (one place): a receiver takes a batch's columns before its `items`. So a rid's usual item goes to the
-columns only while none of its earlier items stayed in `items`; a worker never emits a rid's plain delta after one
-of its `items` deltas in the same batch.
+"""The rows of TokenBatch and TextBatch (bus/messages.py): one row per item, in order, as flat columns (msgpack
+encodes and decodes flat lists several times faster than a struct per item, and the hot loops read them without
+making a struct); the rare row with more than one id in or plain text out has its extras in a map by row index.
+A receiver walks the rows in order: row_runs gives the runs of plain rows between the rows with extras.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from detok_worker.bus.messages import Open, TextBatch, TextDelta, TokenBatch, Tokens
+import msgspec
 
-MISMATCHED_COLUMNS = "the batch's columns have different lengths"
+from detok_worker.bus.messages import Open, TextBatch, TextDelta, TextExtras, TokenBatch, TokenExtras, Tokens
+
+MISMATCHED_COLUMNS = "the batch's columns have different lengths, or an extra names no row"
+EXTRAS = TextExtras.__struct_fields__
 
 
-def token_batch(
-    step: int, sent_ns: int, opens: list[Open], items: Sequence[Tokens], columns: bool = True
-) -> TokenBatch:
-    """A TokenBatch of these items, in this order, with the usual ones (one id, nothing else) in the columns
-    (`columns` False: all as items, for a worker that does not read columns: one older than them ignores them)."""
-    if not columns:
-        return TokenBatch(step, sent_ns, opens, list(items))
+def token_batch(step: int, sent_ns: int, opens: list[Open], items: Sequence[Tokens]) -> TokenBatch:
+    """A TokenBatch of these items, one row each, in this order."""
     rids: list[str] = []
     ids: list[int] = []
-    rest: list[Tokens] = []
-    in_rest: set[str] = set()
+    extras: dict[int, TokenExtras] = {}
     for item in items:
-        if (
-            len(item.ids) == 1
-            and item.finish is None
-            and item.error is None
-            and item.logprobs is None
-            and item.rid not in in_rest
-        ):
-            rids.append(item.rid)
+        if len(item.ids) == 1 and item.finish is None and item.error is None and item.logprobs is None:
             ids.append(item.ids[0])
         else:
-            rest.append(item)
-            in_rest.add(item.rid)
-    return TokenBatch(step, sent_ns, opens, rest, rids, ids)
+            extras[len(rids)] = TokenExtras(item.ids, item.finish, item.error, item.logprobs)
+            ids.append(0)
+        rids.append(item.rid)
+    return TokenBatch(step, sent_ns, opens, rids, ids, extras)
+
+
+def token_row(batch: TokenBatch, row: int) -> Tokens:
+    """Row `row` of the batch as a Tokens."""
+    extras = batch.extras.get(row)
+    if extras is None:
+        return Tokens(batch.rids[row], [batch.ids[row]])
+    return Tokens(batch.rids[row], extras.ids, extras.finish, extras.error, extras.logprobs)
 
 
 def token_items(batch: TokenBatch) -> list[Tokens]:
-    """Every item of the batch as a Tokens, in the order a worker takes them (columns first)."""
-    return [Tokens(rid, [token_id]) for rid, token_id in zip(batch.rids, batch.ids, strict=True)] + batch.items
+    """Every row of the batch as a Tokens, in order."""
+    return [token_row(batch, row) for row in range(len(batch.rids))]
 
 
 def columns_ok(message: object) -> bool:
-    """False for a batch whose columns differ in length (the frame decoder counts it as a bad frame)."""
+    """False for a batch whose columns differ in length or whose extras name a row it lacks (the frame decoder
+    counts it as a bad frame)."""
     if isinstance(message, TokenBatch):
-        return len(message.rids) == len(message.ids)
+        count = len(message.rids)
+        return len(message.ids) == count and _rows_exist(message.extras, count)
     if isinstance(message, TextBatch):
         count = len(message.rids)
-        return len(message.offsets) == count and len(message.texts) == count and len(message.n_tokens) == count
+        columns = (message.offsets, message.texts, message.n_tokens)
+        return all(len(column) == count for column in columns) and _rows_exist(message.extras, count)
     return True
 
 
+def _rows_exist(extras: dict[int, object], count: int) -> bool:
+    return not extras or (min(extras) >= 0 and max(extras) < count)
+
+
+def row_runs(start: int, end: int, extras: dict[int, object]) -> Iterator[tuple[int, int]]:
+    """Rows start..end-1 as runs [first, last) of plain rows; each run is followed by row `last`, which has extras,
+    unless last == end."""
+    if extras:
+        for row in sorted(row for row in extras if start <= row < end):
+            yield start, row
+            start = row + 1
+    yield start, end
+
+
+def add_delta(batch: TextBatch, delta: TextDelta) -> None:
+    """The delta as the batch's next row (its extras, if any, under that row)."""
+    extras = {name: getattr(delta, name) for name in EXTRAS}
+    if any(value is not None for value in extras.values()):
+        batch.extras[len(batch.rids)] = TextExtras(**extras)
+    batch.rids.append(delta.rid)
+    batch.offsets.append(delta.offset)
+    batch.texts.append(delta.text)
+    batch.n_tokens.append(delta.n_tokens)
+
+
+def text_batch(worker: str, sent_ns: int, step: int, deltas: Sequence[TextDelta]) -> TextBatch:
+    """A TextBatch of these deltas, one row each, in this order."""
+    batch = TextBatch(worker, sent_ns, step)
+    for delta in deltas:
+        add_delta(batch, delta)
+    return batch
+
+
+def text_row(batch: TextBatch, row: int) -> TextDelta:
+    """Row `row` of the batch as a TextDelta."""
+    extras = batch.extras.get(row)
+    fields = msgspec.structs.asdict(extras) if extras is not None else {}
+    return TextDelta(batch.rids[row], batch.offsets[row], batch.texts[row], batch.n_tokens[row], **fields)
+
+
 def text_deltas(batch: TextBatch) -> list[TextDelta]:
-    """Every delta of the batch as a TextDelta, in the order a receiver takes them (columns first)."""
+    """Every row of the batch as a TextDelta, in order."""
     columns = zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True)
-    return [TextDelta(rid, offset, text, n_tokens) for rid, offset, text, n_tokens in columns] + batch.items
-
-
-def has_text(batch: TextBatch) -> bool:
-    return bool(batch.rids or batch.items)
+    deltas = [TextDelta(rid, offset, text, n_tokens) for rid, offset, text, n_tokens in columns]
+    for row in batch.extras:
+        deltas[row] = text_row(batch, row)
+    return deltas
 
 
 def split_text_batch(batch: TextBatch, destination: Callable[[str], int]) -> dict[int, TextBatch]:
     """The batch cut into one TextBatch per destination(rid), each keeping the batch's order; destination 0 always
     gets one (an empty batch still reports the step)."""
-    parts: dict[int, TextBatch] = {0: TextBatch(batch.worker, batch.sent_ns, batch.step, [])}
-
-    def part_for(rid: str) -> TextBatch:
+    parts: dict[int, TextBatch] = {0: TextBatch(batch.worker, batch.sent_ns, batch.step)}
+    extras = batch.extras
+    columns = zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True)
+    for row, (rid, offset, text, n_tokens) in enumerate(columns):
         key = destination(rid)
         part = parts.get(key)
         if part is None:
-            part = parts[key] = TextBatch(batch.worker, batch.sent_ns, batch.step, [])
-        return part
-
-    columns = zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True)
-    for rid, offset, text, n_tokens in columns:
-        part = part_for(rid)
+            part = parts[key] = TextBatch(batch.worker, batch.sent_ns, batch.step)
+        extra = extras.get(row)
+        if extra is not None:
+            part.extras[len(part.rids)] = extra
         part.rids.append(rid)
         part.offsets.append(offset)
         part.texts.append(text)
         part.n_tokens.append(n_tokens)
-    for delta in batch.items:
-        part_for(delta.rid).items.append(delta)
     return parts

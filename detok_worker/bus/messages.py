@@ -1,10 +1,10 @@
 """Every message that crosses the bus. msgspec Structs, msgpack-encoded, tagged so one decoder per socket
-can tell them apart. Per-step messages (TokenBatch, TextBatch and their items) are array_like with gc=False:
+can tell them apart. Per-step messages (TokenBatch, TextBatch and their row structs) are array_like with gc=False:
 they are created by the thousand per second and hold no reference cycles.
 
 Directions (see docs/protocol.md):
   front  -> engine : FrontHello, Submit, Abort, Delivered, AdapterCall
-  engine -> worker : TokenBatch (opens + items), Shutdown
+  engine -> worker : TokenBatch (opens + rows), Shutdown
   worker -> engine : Hello, Heartbeat, Finish, Goodbye
   worker -> front  : TextBatch, WorkerStats
   engine -> front  : Reject, PromptLogprobs, PromptCached, EngineStats, AdapterAnswer
@@ -33,7 +33,7 @@ class DetokParams(msgspec.Struct, array_like=True, gc=False, frozen=True):
         output into reasoning, content and tool calls ("" = none). With a parser, stop strings apply to the
         content only.
     return_token_ids: the worker puts the ids of the tokens each delta consumed on it (TextDelta.token_ids), for
-        the client's `return_token_ids`; such a rid's deltas are items, not columns (a request without it pays nothing).
+        the client's `return_token_ids`; such a rid's deltas carry extras (a request without it pays nothing).
     spaces_between_special_tokens: False (with skip_special_tokens False): vLLM's rule, an added token right after
         an added token gives its content (stream/decode/added_tokens.py).
     tool_function: the function a chat tool_choice names (tool_call_parser "tool_choice_function"): the output is
@@ -201,8 +201,8 @@ class AdapterCall(msgspec.Struct, tag="adapter_call", array_like=True, gc=False)
 
 
 class Open(msgspec.Struct, tag="open", array_like=True, gc=False):
-    """Starts (or, after a worker died, re-starts) a rid on a worker. Always precedes the rid's first Tokens
-    item in the same TokenBatch. On a re-open the following Tokens item carries the full token history; the
+    """Starts (or, after a worker died, re-starts) a rid on a worker. Always precedes the rid's first row in
+    the same TokenBatch. On a re-open the following row carries the full token history; the
     worker decodes it from the start and the front drops what it already sent (by TextDelta.offset)."""
 
     rid: str
@@ -224,12 +224,12 @@ class TokenLogprob(msgspec.Struct, array_like=True, gc=False, frozen=True):
     top_logprobs: list[float] = []
 
 
-class Tokens(msgspec.Struct, tag="tokens", array_like=True, gc=False):
-    """New output ids of one rid for this step. finish is set on the rid's last item (EOS, max_tokens, abort,
-    engine error); the worker then flushes and frees the rid. `error`: with finish "error", the engine's message
-    for the client (the worker's final delta carries it, so the client reads the cause whichever of that delta
-    and the engine's Reject reaches the front first). `logprobs`: only for a request that asked for them (None
-    otherwise), one entry per id."""
+class Tokens(msgspec.Struct, array_like=True, gc=False):
+    """New output ids of one rid for this step, as the engine plans them (a TokenBatch row; bus/columns.py
+    token_batch). finish is set on the rid's last item (EOS, max_tokens, abort, engine error); the worker then
+    flushes and frees the rid. `error`: with finish "error", the engine's message for the client (the worker's
+    final delta carries it, so the client reads the cause whichever of that delta and the engine's Reject reaches
+    the front first). `logprobs`: only for a request that asked for them (None otherwise), one entry per id."""
 
     rid: str
     ids: list[int]
@@ -238,18 +238,27 @@ class Tokens(msgspec.Struct, tag="tokens", array_like=True, gc=False):
     logprobs: list[TokenLogprob] | None = None
 
 
+class TokenExtras(msgspec.Struct, array_like=True, gc=False):
+    """What a TokenBatch row carries beyond one new id: its ids (none, one or more), and Tokens' finish, error and
+    logprobs."""
+
+    ids: list[int]
+    finish: str | None = None
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
 class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):
-    """One engine step for one worker: its Opens, then the usual items in columns (`ids[i]` is the one new id of
-    `rids[i]`: no finish, error or logprobs), then every other item. A worker takes them in that order, so an
-    engine keeps a rid's items in order by putting a usual one in the columns only if no earlier item of that
-    rid is in `items` (bus/columns.py builds batches that way)."""
+    """One engine step for one worker: its Opens, then one row per Tokens item, in order, as columns. Row i is rid
+    `rids[i]` with the one new id `ids[i]`, unless `extras` has row i: then its ids and the rest are there (and
+    `ids[i]` is 0, unread). A worker takes the rows in order."""
 
     step: int
     sent_ns: int
     opens: list[Open]
-    items: list[Tokens]
     rids: list[str] = []
     ids: list[int] = []
+    extras: dict[int, TokenExtras] = {}
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True, gc=False):
@@ -339,19 +348,14 @@ class LogprobText(msgspec.Struct, array_like=True, gc=False, frozen=True):
     token_id: int = -1
 
 
-class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
-    """New text of one rid. offset: character offset in the rid's output text at which `text` starts.
-    n_tokens: output tokens consumed so far for this rid (cumulative, so re-sent deltas do not double count).
-    finish / stop_reason / error are set on the rid's last delta. parsed: the split of the text into channels
-    when the request names a parser (None otherwise). logprobs: for a request that asked for them, the entries
-    of the tokens consumed since the rid's previous delta, i.e. of tokens n_tokens - len(logprobs) .. n_tokens - 1
-    (the receiver drops re-sent ones by that index). token_ids: for a request whose DetokParams ask for them, the
-    ids of those same tokens (the same index rule)."""
+class TextExtras(msgspec.Struct, kw_only=True, array_like=True, gc=False):
+    """What a delta carries beyond its text (a TextBatch row's extras). finish / stop_reason / error are set on the
+    rid's last delta. parsed: the split of the text into channels when the request names a parser (None
+    otherwise). logprobs: for a request that asked for them, the entries of the tokens consumed since the rid's
+    previous delta, i.e. of tokens n_tokens - len(logprobs) .. n_tokens - 1 (the receiver drops re-sent ones by
+    that index). token_ids: for a request whose DetokParams ask for them, the ids of those same tokens (the same
+    index rule)."""
 
-    rid: str
-    offset: int
-    text: str
-    n_tokens: int
     finish: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
@@ -360,19 +364,30 @@ class TextDelta(msgspec.Struct, tag="delta", array_like=True, gc=False):
     token_ids: list[int] | None = None
 
 
+class TextDelta(TextExtras, array_like=True, gc=False):
+    """New text of one rid (a TextBatch row, with its extras as keywords). offset: character offset in the rid's
+    output text at which `text` starts. n_tokens: output tokens consumed so far for this rid (cumulative, so
+    re-sent deltas do not double count)."""
+
+    rid: str
+    offset: int
+    text: str
+    n_tokens: int
+
+
 class TextBatch(msgspec.Struct, tag="text_batch", array_like=True, gc=False):
-    """A worker's answer to one TokenBatch. The plain deltas (text only: no finish, parsed, logprobs or token ids)
-    are in columns, TextDelta(rids[i], offsets[i], texts[i], n_tokens[i]), and come before those in `items`: a
-    worker never puts a rid's plain delta after one of its `items` (bus/columns.py reads both in that order)."""
+    """A worker's answer to one TokenBatch: one row per delta, in order, as columns. Row i is
+    TextDelta(rids[i], offsets[i], texts[i], n_tokens[i]) plus `extras[i]` where a row has more than text (a
+    finish, parsed channels, logprobs, token ids). A receiver takes the rows in order (bus/columns.py)."""
 
     worker: str
     sent_ns: int
     step: int
-    items: list[TextDelta]
     rids: list[str] = []
     offsets: list[int] = []
     texts: list[str] = []
     n_tokens: list[int] = []
+    extras: dict[int, TextExtras] = {}
 
 
 class WorkerStats(msgspec.Struct, tag="worker_stats", array_like=True, gc=False):

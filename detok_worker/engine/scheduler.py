@@ -11,7 +11,7 @@ worker, that worker's requests just pause.
 Ownership: a request goes to the live worker with the fewest requests among those with room for its stop strings
 (workers.py) when it starts and stays there (a new request none has room for is refused then, before any output);
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
-Open again, and a Tokens item with the full history. A worker that reads columns (Hello/Heartbeat) gets them.
+Open again, and a Tokens item with the full history.
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
 meanwhile, it is re-opened like a live one, its Tokens item carrying the finish too (why: engine/delivery.py).
 """

@@ -31,7 +31,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.columns import has_text
+from detok_worker.bus.columns import row_runs, text_row
 from detok_worker.bus.messages import (
     Abort,
     AdapterAnswer,
@@ -296,7 +296,7 @@ class Dispatcher:
     def _handle(self, frame: memoryview) -> None:
         message = self._decoder.decode(frame)
         if isinstance(message, TextBatch):
-            if has_text(message):
+            if message.rids:
                 self.metrics.bus_latency((time.time_ns() - message.sent_ns) / 1e9)
             self._on_text(message)
         elif isinstance(message, WorkerStats):
@@ -338,39 +338,45 @@ class Dispatcher:
                 stream.fail(error, drop_text=False)
 
     def _on_text(self, batch: TextBatch) -> None:
-        """Every delta of a TextBatch to its stream: the columns (plain text, most of them) read in place, then the
-        items (bus/columns.py's order rule). A stream with a sink writes its client's chunk from here (sse_direct)."""
-        streams, budget = self._streams, self.budget
+        """Every row of a TextBatch to its stream, in order: the plain ones (text only, most of them) read in place,
+        a row with extras as a TextDelta. A stream with a sink writes its client's chunk from here (sse_direct)."""
+        streams, budget, extras = self._streams, self.budget, batch.extras
+        rids, offsets, texts, n_tokens = batch.rids, batch.offsets, batch.texts, batch.n_tokens
         chars = tokens = 0
-        for rid, offset, text, n_tokens in zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True):
-            stream = streams.get(rid)
-            if stream is None:  # ended here already (aborted, failed) or not ours
-                self.counters["late_deltas"] += 1
-                continue
-            before = stream.pending_chars
-            fresh = stream.accept_text(offset, text, n_tokens)
-            if fresh is None or stream.done or len(fresh) != len(text):  # a gap, a failure, re-sent text
-                tokens += self._settle(stream, text, fresh, before)
-                continue
-            chars += len(fresh)
-            pending = stream.pending_chars
-            if pending != before:  # buffered for its handler
-                budget.total += pending - before
-                if pending > budget.limit or budget.total > budget.budget:
-                    self._check_slow(stream)
-        for delta in batch.items:
-            stream = streams.get(delta.rid)
+        count = len(rids)
+        for start, end in row_runs(0, count, extras):
+            run = zip(rids[start:end], offsets[start:end], texts[start:end], n_tokens[start:end], strict=True)
+            for rid, offset, text, n in run:
+                stream = streams.get(rid)
+                if stream is None:  # ended here already (aborted, failed) or not ours
+                    self.counters["late_deltas"] += 1
+                    continue
+                before = stream.pending_chars
+                fresh = stream.accept_text(offset, text, n)
+                if fresh is None or stream.done or len(fresh) != len(text):  # a gap, a failure, re-sent text
+                    tokens += self._settle(stream, text, fresh, before)
+                    continue
+                chars += len(fresh)
+                pending = stream.pending_chars
+                if pending != before:  # buffered for its handler
+                    budget.total += pending - before
+                    if pending > budget.limit or budget.total > budget.budget:
+                        self._check_slow(stream)
+            if end == count:
+                break
+            stream = streams.get(rids[end])
             if stream is None:
                 self.counters["late_deltas"] += 1
                 continue
+            delta = text_row(batch, end)
             before = stream.pending_chars
             tokens += self._settle(stream, delta.text, stream.accept(delta), before)
         self.metrics.front_chars.inc(chars)  # held: written by flush_counters
         self.metrics.front_tokens.inc(tokens)
 
     def _settle(self, stream: RequestStream, text: str, fresh: str | None, before: int) -> int:
-        """The bookkeeping after a delta other than the usual one (a gap, re-sent text, an item, its stream's end);
-        returns the tokens of a stream that ended (for the tokens metric)."""
+        """The bookkeeping after a delta other than the usual one (a gap, re-sent text, a row with extras, its
+        stream's end); returns the tokens of a stream that ended (for the tokens metric)."""
         if fresh is None:
             self.counters["offset_gaps"] += 1
             self._outbox.post(encode(Abort(stream.rid)))

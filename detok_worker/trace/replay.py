@@ -22,7 +22,7 @@ import zmq
 
 from detok_worker.bus.codec import front_decoder
 from detok_worker.bus.collector import CollectedRequest
-from detok_worker.bus.columns import has_text, text_deltas
+from detok_worker.bus.columns import text_deltas
 from detok_worker.bus.messages import FINISH_ERROR, Reject, TextBatch
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
@@ -106,7 +106,7 @@ class ReplayCollector:
         """Take one decoded front message; returns how many requests it finished."""
         if isinstance(message, Reject):
             return self._reject(message.rid, message.error, received_ns)
-        if not isinstance(message, TextBatch) or not has_text(message):
+        if not isinstance(message, TextBatch) or not message.rids:
             return 0
         if self.first_ns is None or message.sent_ns < self.first_ns:
             self.first_ns = message.sent_ns  # the engine's send time of the earliest batch

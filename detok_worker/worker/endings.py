@@ -9,6 +9,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+from detok_worker.bus.columns import add_delta
 from detok_worker.bus.messages import (
     FINISH_ERROR,
     FINISH_REASONS,
@@ -16,6 +17,7 @@ from detok_worker.bus.messages import (
     Finish,
     LogprobText,
     ParsedDelta,
+    TextBatch,
     TextDelta,
     Tokens,
 )
@@ -43,7 +45,7 @@ class RidState:
     logprob_context: list[int] | None = None  # a rid with logprobs: its last sampled ids (logprobs.TokenTexts)
     # a rid whose params ask for its token ids: the ids consumed whose delta has not gone yet; None for the others
     held_ids: list[int] | None = None
-    # its deltas are text only (no parser, no token ids, no logprobs held): its column ids may go to the columns
+    # its deltas are text only (no parser, no token ids, no logprobs held): its ids take the worker's hot loop
     plain: bool = True
 
     @property
@@ -73,7 +75,7 @@ class RidEndings:
         state: RidState,
         ids: list[int],
         out: StopBatchOutput,
-        deltas: list[TextDelta],
+        deltas: TextBatch,
         finishes: list[Finish],
     ) -> None:
         """The output of an item the fused branch did not take (several ids, a parser, a stop, an error, an id the
@@ -85,7 +87,7 @@ class RidEndings:
         elif out.stopped or out.error is not None:
             self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
         elif text:
-            deltas.append(TextDelta(rid, state.offset, text, state.n_tokens))
+            add_delta(deltas, TextDelta(rid, state.offset, text, state.n_tokens))
             state.offset += len(text)
             self.chars_out += len(text)
         elif ids:
@@ -100,7 +102,7 @@ class RidEndings:
             state.parsing.count(ids[:consumed])
 
     def _parsed_step(
-        self, rid: str, state: RidState, out: StopBatchOutput, deltas: list[TextDelta], finishes: list[Finish]
+        self, rid: str, state: RidState, out: StopBatchOutput, deltas: TextBatch, finishes: list[Finish]
     ) -> int:
         """The item step of a request with parsers: the text's split goes with it; a stop string in the content
         ends the request. Returns the characters emitted."""
@@ -117,11 +119,11 @@ class RidEndings:
             self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
             finishes.append(Finish(rid, FINISH_STOP, match.stop, state.n_tokens))
             return 0
-        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
+        add_delta(deltas, TextDelta(rid, state.offset, text, state.n_tokens, parsed=parsed))
         state.offset += len(text)
         return len(text)
 
-    def _end_item(self, item: Tokens, state: RidState | None, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+    def _end_item(self, item: Tokens, state: RidState | None, deltas: TextBatch, finishes: list[Finish]) -> None:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
         rid = item.rid
         if state is None:
@@ -154,7 +156,7 @@ class RidEndings:
         stop_reason: str | int | None,
         error: str | None,
         engine_finish: str | None,
-        deltas: list[TextDelta],
+        deltas: TextBatch,
         finishes: list[Finish],
         engine_error: str | None = None,
     ) -> None:
@@ -183,24 +185,26 @@ class RidEndings:
         text: str,
         finish: str,
         stop_reason: str | int | None,
-        deltas: list[TextDelta],
+        deltas: TextBatch,
         error: str | None = None,
         parsed: ParsedDelta | None = None,
     ) -> None:
         """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live)."""
-        if state is None:
-            deltas.append(TextDelta(rid, 0, text, 0, finish, stop_reason, error, parsed))
-            self._ended.add(rid)
-            return
-        if state.parsing is not None and parsed is None:
+        if state is not None and state.parsing is not None and parsed is None:
             parsed, match = state.parsing.take(text, final=True)
             if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
                 finish, stop_reason = FINISH_STOP, match.stop
-        deltas.append(TextDelta(rid, state.offset, text, state.n_tokens, finish, stop_reason, error, parsed))
+        offset, n_tokens = (0, 0) if state is None else (state.offset, state.n_tokens)
+        delta = TextDelta(
+            rid, offset, text, n_tokens, finish=finish, stop_reason=stop_reason, error=error, parsed=parsed
+        )
+        add_delta(deltas, delta)
+        self._ended.add(rid)
+        if state is None:
+            return
         self.chars_out += len(text)
         if self.live.pop(rid, None) is not None:
             self.live_stop_chars -= state.stop_chars
-        self._ended.add(rid)
 
     def _end_with_error(
         self,
@@ -208,7 +212,7 @@ class RidEndings:
         state: RidState | None,
         text: str,
         message: str,
-        deltas: list[TextDelta],
+        deltas: TextBatch,
         finishes: list[Finish],
         kind: str = BAD_RID_ERROR,
     ) -> None:

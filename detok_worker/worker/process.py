@@ -152,7 +152,7 @@ class WorkerProcess:
         for finish in result.finishes:
             self._send_engine(finish)
         self.metrics.batch(
-            rids=len(batch.rids) + len(batch.items),
+            rids=len(batch.rids),
             tokens=self.state.tokens_in - tokens_before,
             decode_s=decoded - start,
             step_s=time.perf_counter() - received,
@@ -164,9 +164,9 @@ class WorkerProcess:
         """One TextBatch per front with deltas (front 0 always gets one: an empty batch still reports the step)."""
         rid_fronts = self.rid_fronts
         parts = split_text_batch(batch, lambda rid: rid_fronts.get(rid, 0))
-        for delta in batch.items:
-            if delta.finish is not None:
-                rid_fronts.pop(delta.rid, None)
+        for row, extras in batch.extras.items():
+            if extras.finish is not None:
+                rid_fronts.pop(batch.rids[row], None)
         for front, part in parts.items():
             self._send_front(encode(part), front)
 

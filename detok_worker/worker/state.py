@@ -23,12 +23,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from detok_worker.bus.columns import MISMATCHED_COLUMNS, columns_ok, text_deltas
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, add_delta, columns_ok, row_runs, text_deltas, token_row
 from detok_worker.bus.messages import (
     Finish,
     Open,
     TextBatch,
-    TextDelta,
     TokenBatch,
     Tokens,
 )
@@ -101,101 +100,91 @@ class WorkerState(RidEndings):
     def handle_batch(self, batch: TokenBatch, tick: Callable[[], None] | None = None) -> BatchResult:
         """One TokenBatch in, one TextBatch out. sent_ns/step are copied from the TokenBatch so the front can
         measure engine-to-front latency. `tick` (the worker's timers: heartbeats) is called after each Open and
-        every TICK_EVERY_ITEMS items, so a long batch cannot starve the worker's heartbeats.
+        every TICK_EVERY_ITEMS rows, so a long batch cannot starve the worker's heartbeats.
 
-        The batch's columns (the usual item: one id) are the hot path, _columns; then the items, through _items,
-        into the TextBatch's items (bus/columns.py: the order rule)."""
-        deltas: list[TextDelta] = []
+        The rows in order: the plain ones (one id) are the hot path, _plain_rows; a row with extras goes through
+        _item."""
+        out = TextBatch(self.worker_id, batch.sent_ns, batch.step)
         finishes: list[Finish] = []
         for open_ in batch.opens:
-            self._open(open_, deltas, finishes)
+            self._open(open_, out, finishes)
             if tick is not None:
                 tick()
-        text_batch = TextBatch(self.worker_id, batch.sent_ns, batch.step, deltas)
         if not columns_ok(batch):  # the frame decoder drops such frames: this is a caller's bug
             raise ValueError(MISMATCHED_COLUMNS)
-        if batch.rids:
-            self._columns(batch.rids, batch.ids, text_batch, finishes, tick)
-        self._items(batch.items, deltas, finishes, tick)
-        return BatchResult(text_batch, finishes)
-
-    def _columns(
-        self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish], tick: Callable[[], None] | None
-    ) -> None:
-        """The batch's columns in order, each id through its rid's decoder (StopSequenceDecoder.process_one: a
-        table lookup first), plain text into `out`'s columns. Anything else goes to `out`'s items: an unknown rid,
-        every id of a rid whose deltas carry more than text (a parser, held logprobs, token ids: _items), and a
-        stop or an error (the rid ends). So no plain text of a rid follows its delta in the items into the columns
-        (the order rule)."""
-        live_get = self.live.get
-        deltas = out.items
-        out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
-        chars_out = holds = aside = off_text = 0  # aside: ids handed to _items; off_text: ids that gave no str
-        for start in range(0, len(rids), TICK_EVERY_ITEMS):
-            if tick is not None and start:
+        rids, ids, extras = batch.rids, batch.ids, batch.extras
+        count = len(rids)
+        for chunk in range(0, count, TICK_EVERY_ITEMS):
+            if tick is not None and chunk:
                 tick()
-            end = start + TICK_EVERY_ITEMS
-            for rid, token_id in zip(rids[start:end], ids[start:end], strict=True):
-                state = live_get(rid)
-                if state is None or not state.plain:
-                    aside += 1
-                    self._items([Tokens(rid, [token_id])], deltas, finishes, None)
-                    continue
-                decoder = state.decoder
-                try:
-                    text = decoder.process_one(token_id)
-                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    off_text += 1
-                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                    continue
-                if text.__class__ is not str:  # a stop, a bad id (the rid ends), an id the tokenizer lacks (no text)
-                    off_text += 1
-                    self._item_output(rid, state, [token_id], text, deltas, finishes)
-                    continue
-                if not text:
-                    holds += 1  # bytes of a character, or a possible stop string, held
-                    continue
-                out_rids.append(rid)
-                offset = state.offset
-                out_offsets.append(offset)
-                out_texts.append(text)
-                out_n_tokens.append(decoder.num_generated)
-                state.offset = offset + len(text)
-                chars_out += len(text)
+            chunk_end = min(chunk + TICK_EVERY_ITEMS, count)
+            for start, end in row_runs(chunk, chunk_end, extras):
+                if start < end:
+                    self._plain_rows(rids[start:end], ids[start:end], out, finishes)
+                if end < chunk_end:
+                    self._item(token_row(batch, end), out, finishes)
+        return BatchResult(out, finishes)
+
+    def _plain_rows(self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish]) -> None:
+        """Plain rows in order, each id through its rid's decoder (StopSequenceDecoder.process_one: a table lookup
+        first), plain text into `out`'s columns. Anything else goes through the slower paths, its delta into `out`
+        as a row with extras: an unknown rid, every id of a rid whose deltas carry more than text (a parser, held
+        logprobs, token ids: _item), and a stop or an error (the rid ends)."""
+        live_get = self.live.get
+        out_rids, out_offsets, out_texts, out_n_tokens = out.rids, out.offsets, out.texts, out.n_tokens
+        chars_out = holds = aside = off_text = 0  # aside: ids handed to _item; off_text: ids that gave no str
+        for rid, token_id in zip(rids, ids, strict=True):
+            state = live_get(rid)
+            if state is None or not state.plain:
+                aside += 1
+                self._item(Tokens(rid, [token_id]), out, finishes)
+                continue
+            decoder = state.decoder
+            try:
+                text = decoder.process_one(token_id)
+            except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                off_text += 1
+                self._end_with_error(rid, state, "", f"detokenization failed: {exc}", out, finishes)
+                continue
+            if text.__class__ is not str:  # a stop, a bad id (the rid ends), an id the tokenizer lacks (no text)
+                off_text += 1
+                self._item_output(rid, state, [token_id], text, out, finishes)
+                continue
+            if not text:
+                holds += 1  # bytes of a character, or a possible stop string, held
+                continue
+            out_rids.append(rid)
+            offset = state.offset
+            out_offsets.append(offset)
+            out_texts.append(text)
+            out_n_tokens.append(decoder.num_generated)
+            state.offset = offset + len(text)
+            chars_out += len(text)
         self.tokens_in += len(rids) - aside
         self.tokens_consumed += len(rids) - aside - off_text
         self.chars_out += chars_out
         self.holds += holds
 
-    def _items(
-        self, items: list[Tokens], deltas: list[TextDelta], finishes: list[Finish], tick: Callable[[], None] | None
-    ) -> None:
-        """Items one by one through the rid's decoder, their deltas into `deltas` (the TextBatch's items); endings
-        and unknown rids go through _end_item."""
-        live_get = self.live.get
-        for start in range(0, len(items), TICK_EVERY_ITEMS):
-            if tick is not None and start:
-                tick()
-            for item in items[start : start + TICK_EVERY_ITEMS]:
-                rid = item.rid
-                state = live_get(rid)
-                if state is not None and (item.logprobs is not None or state.held_ids is not None):
-                    self._entries_item(item, state, deltas, finishes)
-                    continue
-                if state is None or item.finish is not None:
-                    if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                        self._entries_item(item, state, deltas, finishes)
-                    else:
-                        self._end_item(item, state, deltas, finishes)
-                    continue
-                ids = item.ids
-                self.tokens_in += len(ids)
-                try:
-                    out = state.decoder.process_tokens(ids)
-                except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
-                    self._end_with_error(rid, state, "", f"detokenization failed: {exc}", deltas, finishes)
-                    continue
-                self._item_output(rid, state, ids, out, deltas, finishes)
+    def _item(self, item: Tokens, out: TextBatch, finishes: list[Finish]) -> None:
+        """One item (a row with extras, or a plain row off the hot loop) through the rid's decoder, its delta into
+        `out`; endings and unknown rids go through _end_item."""
+        rid = item.rid
+        state = self.live.get(rid)
+        if state is not None and (item.logprobs is not None or state.held_ids is not None):
+            self._entries_item(item, state, out, finishes)
+        elif state is None or item.finish is not None:
+            if state is not None and state.logprobs:  # held entries go with the rid's last delta
+                self._entries_item(item, state, out, finishes)
+            else:
+                self._end_item(item, state, out, finishes)
+        else:
+            self.tokens_in += len(item.ids)
+            try:
+                decoded = state.decoder.process_tokens(item.ids)
+            except Exception as exc:  # noqa: BLE001 - a decoder failure ends only this rid
+                self._end_with_error(rid, state, "", f"detokenization failed: {exc}", out, finishes)
+                return
+            self._item_output(rid, state, item.ids, decoded, out, finishes)
 
     def drop_all(self) -> list[str]:
         """Forget every live rid (worker shutting down); returns them."""
@@ -204,7 +193,7 @@ class WorkerState(RidEndings):
         self.live_stop_chars = 0
         return rids
 
-    def _entries_item(self, item: Tokens, state: RidState, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+    def _entries_item(self, item: Tokens, state: RidState, out: TextBatch, finishes: list[Finish]) -> None:
         """An item of a rid with logprobs or token ids: handled as one without them, then its consumed ids' entries
         and ids (and any held ones) go on the delta it produced, or are held for the next."""
         try:
@@ -215,27 +204,27 @@ class WorkerState(RidEndings):
                     state.logprob_context = []
                 entries = self.token_texts.texts(item.ids, logprobs, vocab_size, state.logprob_context)
         except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
-            self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", deltas, finishes)
+            self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", out, finishes)
             return
         with_logprobs = logprobs is not None or bool(state.logprobs)
         held, state.logprobs = state.logprobs or [], None
         held_ids, state.held_ids = state.held_ids, None  # so that the plain pass below does not come back here
         before = state.n_tokens
-        plain = TokenBatch(0, 0, [], [Tokens(item.rid, item.ids, item.finish, item.error)])
-        result = self.handle_batch(plain)
-        finishes.extend(result.finishes)
+        plain = TextBatch(self.worker_id, 0, 0)
+        self._item(Tokens(item.rid, item.ids, item.finish, item.error), plain, finishes)
         consumed = state.n_tokens - before
         held += entries[:consumed]
         if held_ids is not None:
             held_ids += item.ids[:consumed]
-        produced = text_deltas(result.text_batch)
+        produced = text_deltas(plain)
         if produced:
             last = produced[-1]
             if with_logprobs:
                 last.logprobs = held
             if held_ids is not None:
                 last.token_ids, held_ids = held_ids, []
-            deltas.extend(produced)
+            for delta in produced:
+                add_delta(out, delta)
         else:
             state.logprobs = held if with_logprobs else None
         state.held_ids = held_ids
@@ -243,7 +232,7 @@ class WorkerState(RidEndings):
 
     # ---- per message ----------------------------------------------------------------------------------
 
-    def _open(self, open_: Open, deltas: list[TextDelta], finishes: list[Finish]) -> None:
+    def _open(self, open_: Open, out: TextBatch, finishes: list[Finish]) -> None:
         rid = open_.rid
         previous = self.live.pop(rid, None)  # a duplicate Open is a re-open: start over
         if previous is not None:
@@ -255,7 +244,7 @@ class WorkerState(RidEndings):
         try:
             rules = plan.rules if plan is not None else StopRules.from_params(params, self.stop_limits)
         except StopRuleError as exc:
-            self._end_with_error(rid, None, "", str(exc), deltas, finishes, BAD_PARAMS)
+            self._end_with_error(rid, None, "", str(exc), out, finishes, BAD_PARAMS)
             return
         stop_chars = plan.stop_chars if plan is not None else rules.stop_chars
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
@@ -264,7 +253,7 @@ class WorkerState(RidEndings):
                 f"{stop_chars} more would pass its limit (worker.max_live_stop_chars = {self.max_live_stop_chars}): "
                 "retry later, or use fewer or shorter stop strings"
             )
-            self._end_with_error(rid, None, "", message, deltas, finishes, BAD_STOP_BUDGET)
+            self._end_with_error(rid, None, "", message, out, finishes, BAD_STOP_BUDGET)
             return
         try:
             parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
@@ -282,7 +271,7 @@ class WorkerState(RidEndings):
             )
         except Exception as exc:  # noqa: BLE001 - bad input (e.g. a bad prompt id) must end only this rid
             message = f"cannot open request: {exc}"
-            self._end_with_error(rid, None, "", message, deltas, finishes, BAD_PARAMS)
+            self._end_with_error(rid, None, "", message, out, finishes, BAD_PARAMS)
             return
         held_ids: list[int] | None = [] if params.return_token_ids else None
         plain = parsing is None and held_ids is None

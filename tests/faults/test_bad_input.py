@@ -14,8 +14,8 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import BAD_SCHEMA, BAD_UNDECODABLE, engine_decoder, front_decoder, worker_decoder
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import Abort, DetokParams, Finish, Open, Reject, Shutdown, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import Abort, DetokParams, Finish, Open, Reject, Shutdown, TextDelta, Tokens
 from detok_worker.worker.endings import BAD_RID_ERROR
 from detok_worker.worker.state import WorkerState
 
@@ -42,10 +42,10 @@ def test_unknown_finish_reason_ends_only_that_rid_with_an_error() -> None:
     state = WorkerState(tokenizer, "w")
     ids = tokenizer.encode("Hello world").ids
     opens = [Open("a", [], DetokParams()), Open("b", [], DetokParams())]
-    state.handle_batch(TokenBatch(1, 0, opens, [Tokens("a", ids), Tokens("b", ids)]))
-    result = state.handle_batch(TokenBatch(2, 0, [], [Tokens("a", [], "bogus"), Tokens("b", [], "length")]))
+    state.handle_batch(token_batch(1, 0, opens, [Tokens("a", ids), Tokens("b", ids)]))
+    result = state.handle_batch(token_batch(2, 0, [], [Tokens("a", [], "bogus"), Tokens("b", [], "length")]))
     by_rid = {delta.rid: delta for delta in text_deltas(result.text_batch)}
     assert by_rid["a"].finish == "error" and "bogus" in (by_rid["a"].error or "")
-    assert by_rid["b"] == TextDelta("b", len("Hello world"), "", len(ids), "length")
+    assert by_rid["b"] == TextDelta("b", len("Hello world"), "", len(ids), finish="length")
     assert result.finishes == [Finish("a", "error", None, len(ids))]
     assert state.live_rids == 0 and state.bad[BAD_RID_ERROR] == 1

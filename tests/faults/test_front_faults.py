@@ -318,7 +318,15 @@ def test_detokenizer_error_mid_stream(front: FrontUnderTest, tokenizer: Any) -> 
         offset = sum(len(delta.text) for delta in good)
         return [
             *good,
-            TextDelta(submit.rid, offset, "", len(good) + 1, "error", None, "token id 999999 is out of range"),
+            TextDelta(
+                submit.rid,
+                offset,
+                "",
+                len(good) + 1,
+                finish="error",
+                stop_reason=None,
+                error="token id 999999 is out of range",
+            ),
         ]
 
     front.set_plan(failing)

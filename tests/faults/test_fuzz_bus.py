@@ -38,6 +38,7 @@ from helpers.serve_helpers import ServeProcess, wait_for
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     DetokParams,
     Hello,
@@ -209,7 +210,7 @@ def fuzz_worker_socket(tokenizer: Any, count: int, seed: int) -> None:
                 assert process.is_alive()
                 ids = tokenizer.encode("Normal service: ünïcode 😀 and 中文.").ids
                 opens = [Open("after-fuzz", [], DetokParams())]
-                engine.send(identity, TokenBatch(10**6, time.time_ns(), opens, [Tokens("after-fuzz", ids, "length")]))
+                engine.send(identity, token_batch(10**6, time.time_ns(), opens, [Tokens("after-fuzz", ids, "length")]))
                 assert front.wait_done(["after-fuzz"], 20)
                 assert front.requests["after-fuzz"].text == tokenizer.decode(ids)
                 assert process.is_alive()

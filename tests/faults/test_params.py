@@ -28,7 +28,8 @@ from helpers.role_process import RoleProcess, stopping
 from helpers.serve_helpers import wait_for
 
 from detok_worker.bus.codec import encode, engine_decoder
-from detok_worker.bus.messages import DetokParams, EngineStats, Heartbeat, Open, Submit, TokenBatch, Tokens
+from detok_worker.bus.columns import token_batch
+from detok_worker.bus.messages import DetokParams, EngineStats, Heartbeat, Open, Submit, Tokens
 from detok_worker.bus.sockets import BusSockets
 
 WORKER = "small-limits"
@@ -67,8 +68,8 @@ class PlayedEngine(threading.Thread):
                     if isinstance(submit, Submit):
                         step += 1
                         opens = [Open(submit.rid, [], DetokParams())]
-                        first = TokenBatch(step, time.time_ns(), opens, [Tokens(submit.rid, submit.prompt_ids[:3])])
-                        last = TokenBatch(step + 1, time.time_ns(), [], [Tokens(submit.rid, [], "error")])
+                        first = token_batch(step, time.time_ns(), opens, [Tokens(submit.rid, submit.prompt_ids[:3])])
+                        last = token_batch(step + 1, time.time_ns(), [], [Tokens(submit.rid, [], "error")])
                         router.send_multipart([self.worker, encode(first)])
                         router.send_multipart([self.worker, encode(last)])
                 workers = {self.worker.decode(): 0} if self.worker is not None else {}

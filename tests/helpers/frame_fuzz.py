@@ -3,8 +3,9 @@
 Mutations: truncation, bit flips, a wrong or unknown tag, a field replaced by a value of another type, huge and
 negative ints, NaN/inf, nested garbage, random bytes, invalid UTF-8 inside a string, empty frames; plus
 semantically bad but well-formed messages (unknown rids, duplicate opens, out-of-range and negative token ids,
-too many / too long stop strings) and multi-part messages. Every frame is recorded with whether it is
-structurally invalid on its own (not msgpack at all, or multi-part): a receiver must count at least those."""
+too many / too long stop strings, batch columns of different lengths, extras naming no row) and multi-part
+messages. Every frame is recorded with whether it is structurally invalid on its own (not msgpack at all, or
+multi-part): a receiver must count at least those."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from detok_worker.bus.columns import text_batch, token_batch
 from detok_worker.bus.messages import (
     Abort,
     Delivered,
@@ -32,7 +34,9 @@ from detok_worker.bus.messages import (
     Submit,
     TextBatch,
     TextDelta,
+    TextExtras,
     TokenBatch,
+    TokenExtras,
     Tokens,
     WorkerStats,
 )
@@ -194,7 +198,10 @@ def to_worker_messages(rng: random.Random) -> list[object]:
         Tokens(rng.choice([*rids, random_rid(rng)]), token_ids(rng, rng.randint(0, 6)), rng.choice(finishes))
         for _ in range(rng.randint(0, 5))
     ]
-    return [TokenBatch(rng.randrange(1000), 0, opens, items), TokenBatch(1, 0, [], items), Heartbeat("x", 1)]
+    batch = token_batch(1, 0, [], items)
+    disagreeing = TokenBatch(2, 0, [], [*batch.rids, random_rid(rng)], batch.ids, batch.extras)  # a rid with no id
+    beyond = TokenBatch(3, 0, [], batch.rids, batch.ids, {len(batch.rids) + rng.choice([0, 7]): TokenExtras([1])})
+    return [token_batch(rng.randrange(1000), 0, opens, items), batch, disagreeing, beyond, Heartbeat("x", 1)]
 
 
 def to_front_messages(rng: random.Random) -> list[object]:
@@ -205,10 +212,14 @@ def to_front_messages(rng: random.Random) -> list[object]:
         rng.choice([0, -5, 2**63 - 1]),
         "tëxt😀",
         rng.choice([0, -1, 5]),
-        rng.choice([None, "stop", "error", "bogus"]),
+        finish=rng.choice([None, "stop", "error", "bogus"]),
     )
+    batch = text_batch("w", 0, rng.choice([0, -1]), [delta, delta])
+    columns = (batch.rids, batch.offsets, batch.texts, batch.n_tokens)
     return [
-        TextBatch("w", 0, rng.choice([0, -1]), [delta, delta]),
+        batch,
+        TextBatch("w", 0, 1, batch.rids, batch.offsets[:1], batch.texts, batch.n_tokens, batch.extras),
+        TextBatch("w", 0, 1, *columns, {rng.choice([-1, 2]): TextExtras()}),
         WorkerStats(f"fuzz-{rng.randrange(10**6)}", -1, rng.choice([0, -3, 2**63 - 1]), {"x": -1}, -1, 2**63 - 1),
         Reject(rid, "fuzzed"),
         PromptLogprobs(rid, [[1, 2], [-3], []], [[-0.5, float("nan")], [], [float("-inf")]], [1, -1]),

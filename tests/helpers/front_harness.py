@@ -18,6 +18,7 @@ import uvicorn
 import zmq
 
 from detok_worker.bus.codec import encode, engine_decoder
+from detok_worker.bus.columns import text_batch
 from detok_worker.bus.messages import (
     Abort,
     AdapterAnswer,
@@ -27,7 +28,6 @@ from detok_worker.bus.messages import (
     PromptLogprobs,
     Reject,
     Submit,
-    TextBatch,
     TextDelta,
     WorkerStats,
 )
@@ -124,7 +124,9 @@ def decode_plan(
             deltas.append(TextDelta(rid, len(emitted), "", k))
             continue
         new = text[len(emitted) :]
-        delta = TextDelta(rid, len(emitted), new, k, finish if last else None, stop_reason if last else None)
+        delta = TextDelta(
+            rid, len(emitted), new, k, finish=finish if last else None, stop_reason=stop_reason if last else None
+        )
         if with_ids:
             delta.token_ids, shown = list(ids[shown:k]), k
         deltas.append(delta)
@@ -261,7 +263,7 @@ class PlayedEngine:
             if not job:
                 del self._jobs[rid]
         if items:
-            push.send(encode(TextBatch(PLAYED_WORKER, time.time_ns(), 0, items)))
+            push.send(encode(text_batch(PLAYED_WORKER, time.time_ns(), 0, items)))
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import DetokParams, Open, RequestParams, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Open, RequestParams, TextDelta, Tokens
 from detok_worker.bus.reassembly import DeltaReassembly, ParsedReassembly
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.parse.registry import SCHEMA_TOOL_CALL_PARSERS, create_parser
@@ -366,7 +366,7 @@ def stream_case(
             chunk, first = ids[: start + size], True
         finish = "stop" if start + size >= len(ids) else None
         opens = [Open(rid, tail, params)] if first else []
-        result = worker.handle_batch(TokenBatch(step, 0, opens, [Tokens(rid, chunk, finish)]))
+        result = worker.handle_batch(token_batch(step, 0, opens, [Tokens(rid, chunk, finish)]))
         received.take(text_deltas(result.text_batch))
         start += size
         if received.last is not None:

@@ -1,13 +1,14 @@
 """An engine's batches for a WorkerState, and what a front sees of them: requests fed mostly one id per step (some
-steps several), each request's last item with finish "length", as items or in the batches' columns."""
+steps several), each request's last item with finish "length", the usual ones as plain rows (the worker's hot loop)
+or every one as a row with extras (its item path)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from detok_worker.bus.columns import text_deltas, token_batch
-from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch, token_items
+from detok_worker.bus.messages import DetokParams, Open, TokenBatch, TokenExtras, Tokens
 from detok_worker.worker.state import WorkerState
 from helpers.texts import load_texts
 
@@ -62,7 +63,7 @@ def engine_batches(requests: list[Request], seed: int) -> list[TokenBatch]:
     opens = [
         Open(f"r{index}", [], request.params, vocab_size=request.vocab_size) for index, request in enumerate(requests)
     ]
-    batches = [TokenBatch(0, 0, opens, [])]
+    batches = [token_batch(0, 0, opens, [])]
     positions = [0] * len(requests)
     step = 0
     while any(position < len(request.ids) for position, request in zip(positions, requests, strict=True)):
@@ -75,17 +76,22 @@ def engine_batches(requests: list[Request], seed: int) -> list[TokenBatch]:
             end = min(len(ids), start + (1 if rng.random() < 0.85 else rng.randint(2, 4)))
             positions[index] = end
             items.append(Tokens(f"r{index}", ids[start:end], "length" if end == len(ids) else None))
-        batches.append(TokenBatch(step, 0, [], items))
+        batches.append(token_batch(step, 0, [], items))
     return batches
 
 
-def columnar(batches: list[TokenBatch]) -> list[TokenBatch]:
-    """The same batches with every usual item (one id, nothing else) in the columns."""
-    return [token_batch(batch.step, batch.sent_ns, batch.opens, batch.items) for batch in batches]
+def with_extras(batches: list[TokenBatch]) -> list[TokenBatch]:
+    """The same batches with every row, a usual one (one id, nothing else) too, as a row with extras."""
+    out = []
+    for batch in batches:
+        rows = token_items(batch)
+        extras = {row: TokenExtras(t.ids, t.finish, t.error, t.logprobs) for row, t in enumerate(rows)}
+        out.append(TokenBatch(batch.step, batch.sent_ns, batch.opens, batch.rids, [0] * len(rows), extras))
+    return out
 
 
 def run_batches(state: WorkerState, batches: list[TokenBatch]) -> tuple[dict[str, list[Delta]], list[tuple]]:
-    """Per rid its deltas in order (a batch's columns and items interleave rids differently), the Finishes sorted."""
+    """Per rid its deltas in order, the Finishes sorted."""
     deltas: dict[str, list[Delta]] = {}
     finishes = []
     for batch in batches:

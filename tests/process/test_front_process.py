@@ -52,7 +52,7 @@ def test_front_process_serves_and_stops_cleanly() -> None:
                 url = f"http://127.0.0.1:{port}"
                 wait_healthy(url, process)
                 with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30) as client:
-                    engine.plan = lambda submit: [TextDelta(submit.rid, 0, "pong", 1, "stop")]
+                    engine.plan = lambda submit: [TextDelta(submit.rid, 0, "pong", 1, finish="stop")]
                     model = client.models.list().data[0].id
                     assert client.completions.create(model=model, prompt="ping").choices[0].text == "pong"
 

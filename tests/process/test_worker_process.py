@@ -11,6 +11,7 @@ from helpers.bus_peers import PlayedEngine, bus_config, short_runtime_dir, start
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     DetokParams,
     Finish,
@@ -19,7 +20,6 @@ from detok_worker.bus.messages import (
     Hello,
     Open,
     Shutdown,
-    TokenBatch,
     Tokens,
 )
 from detok_worker.worker.process import run_worker
@@ -69,7 +69,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                         if chunk or 2 * step == len(seq):
                             last = 2 * step + 2 >= len(seq)
                             items.append(Tokens(rid, chunk, "length" if last else None))
-                    engine.send(identity, TokenBatch(step, time.time_ns(), opens if step == 0 else [], items))
+                    engine.send(identity, token_batch(step, time.time_ns(), opens if step == 0 else [], items))
                 assert front.wait_done(TEXTS, 20)
                 assert front.wait_for(lambda: front.text_batches == steps, 10)  # one TextBatch per TokenBatch
                 for rid, (_, stops) in TEXTS.items():
@@ -94,7 +94,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                     msgspec.msgpack.encode(["tokens", "r", [1]]),  # an item, not a batch
                     msgspec.msgpack.encode({"step": 1}),
                     encode(Hello("x", 1)),  # a valid message of the wrong direction
-                    encode(TokenBatch(1, 0, [], [Tokens("r", ["x"])])),  # type: ignore[list-item]
+                    encode(token_batch(1, 0, [], [Tokens("r", ["x"])])),  # type: ignore[list-item]
                 ]
                 for frame in garbage:
                     engine.router.send_multipart([identity, frame])
@@ -111,8 +111,8 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
 
                 # still working after the garbage
                 after = qwen3.encode("Still here ✅").ids
-                engine.send(identity, TokenBatch(99, time.time_ns(), [Open("after", [], DetokParams())], []))
-                engine.send(identity, TokenBatch(100, time.time_ns(), [], [Tokens("after", after, "length")]))
+                engine.send(identity, token_batch(99, time.time_ns(), [Open("after", [], DetokParams())], []))
+                engine.send(identity, token_batch(100, time.time_ns(), [], [Tokens("after", after, "length")]))
                 assert front.wait_done(["after"], 10)
                 assert front.requests["after"].text == "Still here ✅"
                 assert front.wait_for(lambda: front.worker_stats[WORKER].live_rids == 0, 5)
@@ -136,8 +136,10 @@ def test_worker_started_before_the_engine_and_shut_down_by_it(qwen3):
             with PlayedEngine(config) as engine, FrontCollector(config) as front:
                 identity, _ = engine.expect(Hello, 60)
                 ids = qwen3.encode("late binding works").ids
-                engine.send(identity, TokenBatch(1, time.time_ns(), [Open("r", [], DetokParams())], [Tokens("r", ids)]))
-                engine.send(identity, TokenBatch(2, time.time_ns(), [], [Tokens("r", [], "abort")]))
+                engine.send(
+                    identity, token_batch(1, time.time_ns(), [Open("r", [], DetokParams())], [Tokens("r", ids)])
+                )
+                engine.send(identity, token_batch(2, time.time_ns(), [], [Tokens("r", [], "abort")]))
                 assert front.wait_done(["r"], 10)
                 assert front.requests["r"].text == "late binding works"
                 assert front.requests["r"].finish == "abort"
@@ -164,7 +166,9 @@ def test_stalled_front_blocks_the_worker_but_not_its_heartbeats(qwen3):
                 # fills, the worker stops taking TokenBatches, and the engine's sends fail
                 sent = 0
                 while True:
-                    batch = TokenBatch(sent, time.time_ns(), opens if sent == 0 else [], [Tokens(r, ids) for r in rids])
+                    batch = token_batch(
+                        sent, time.time_ns(), opens if sent == 0 else [], [Tokens(r, ids) for r in rids]
+                    )
                     try:
                         engine.router.send_multipart([identity, encode(batch)], zmq.NOBLOCK)
                     except zmq.Again:
@@ -177,7 +181,7 @@ def test_stalled_front_blocks_the_worker_but_not_its_heartbeats(qwen3):
                     got = engine.recv(0.2)
                     beats += got is not None and isinstance(got[1], Heartbeat)
                 assert beats >= 4
-                final = encode(TokenBatch(sent, time.time_ns(), [], [Tokens(rid, [], "length") for rid in rids]))
+                final = encode(token_batch(sent, time.time_ns(), [], [Tokens(rid, [], "length") for rid in rids]))
                 while True:  # the front reads again: everything flows
                     front.poll(20)
                     try:

@@ -8,7 +8,8 @@ from helpers.bus_peers import bus_config, raw_push, short_runtime_dir
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import CollectedRequest, FrontCollector
-from detok_worker.bus.messages import EngineStats, Reject, TextBatch, TextDelta, WorkerStats
+from detok_worker.bus.columns import text_batch
+from detok_worker.bus.messages import EngineStats, Reject, TextDelta, WorkerStats
 from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
 
 
@@ -18,7 +19,7 @@ def test_deltas_assemble_in_order_and_reopened_text_is_trimmed():
     assert request.apply(TextDelta("r", 5, ", wor", 3), 20) == ", wor"
     # a re-open replays from offset 0 on another worker: only the new tail is delivered
     assert request.apply(TextDelta("r", 0, "Hello, world", 4), 30) == "ld"
-    assert request.apply(TextDelta("r", 12, "!", 5, "stop", "###"), 40) == "!"
+    assert request.apply(TextDelta("r", 12, "!", 5, finish="stop", stop_reason="###"), 40) == "!"
     assert request.text == "Hello, world!"
     assert (request.chars, request.n_tokens, request.duplicate_chars, request.gaps) == (13, 5, 10, 0)
     assert (request.finish, request.stop_reason, request.done) == ("stop", "###", True)
@@ -53,7 +54,7 @@ def test_reject_ends_with_an_error_once():
     request.reject("no detok worker is alive")
     assert (request.finish, request.error, request.rejected) == ("error", "no detok worker is alive", True)
     finished = CollectedRequest("s")
-    finished.apply(TextDelta("s", 0, "x", 1, "length"))
+    finished.apply(TextDelta("s", 0, "x", 1, finish="length"))
     finished.reject("late")
     assert (finished.finish, finished.rejected) == ("length", False)
 
@@ -64,7 +65,7 @@ def test_collector_over_sockets_counts_bad_frames():
         with FrontCollector(config) as front:
             sockets, push = raw_push(config, "front")
             try:
-                push.send(encode(TextBatch("w", time.time_ns(), 1, [TextDelta("a", 0, "héllo", 2, "length")])))
+                push.send(encode(text_batch("w", time.time_ns(), 1, [TextDelta("a", 0, "héllo", 2, finish="length")])))
                 push.send(encode(Reject("b", "nope")))
                 push.send(encode(WorkerStats("w", 1, 0, {}, 2, 5)))
                 push.send(encode(EngineStats(0, {"w": 0}, {}, 0, 0)))

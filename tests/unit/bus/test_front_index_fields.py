@@ -8,6 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from detok_worker.bus.codec import encode, engine_decoder, worker_decoder
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import DetokParams, FrontHello, Open, RequestParams, Submit, TokenBatch
 
 
@@ -31,7 +32,7 @@ def test_an_open_without_the_vocab_size_field_decodes_as_size_0():
     old_frame = msgspec.msgpack.encode(["token_batch", 1, 0, [["open", "r1", [7], detok, 2]], []])
     batch = worker_decoder().decode(old_frame)
     assert isinstance(batch, TokenBatch) and batch.opens == [Open("r1", [7], DetokParams(), 2, 0)]
-    new_frame = encode(TokenBatch(2, 0, [Open("r2", [], DetokParams(), vocab_size=151_936)], []))
+    new_frame = encode(token_batch(2, 0, [Open("r2", [], DetokParams(), vocab_size=151_936)], []))
     assert msgspec.msgpack.decode(new_frame)[3][0][-1] == 151_936  # the last element of the Open
     assert worker_decoder().decode(new_frame).opens[0].vocab_size == 151_936
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from detok_worker.bus.codec import encode, engine_decoder, front_decoder, worker_decoder
+from detok_worker.bus.columns import text_batch, text_deltas, token_batch
 from detok_worker.bus.messages import (
     DetokParams,
     Open,
@@ -75,20 +76,20 @@ def test_new_fields_travel_last() -> None:
 
 
 def test_an_open_asking_for_token_ids_reaches_the_worker() -> None:
-    batch = TokenBatch(1, 0, [Open("r1", [7], DetokParams(return_token_ids=True))], [])
+    batch = token_batch(1, 0, [Open("r1", [7], DetokParams(return_token_ids=True))], [])
     decoded = worker_decoder().decode(encode(batch))
     assert isinstance(decoded, TokenBatch) and decoded.opens[0].params.return_token_ids is True
 
 
 def test_a_delta_from_before_token_ids_decodes_without_them() -> None:
-    old_delta = ["delta", "r1", 0, "Hi", 1, "stop", None, None, None, None]  # up to logprobs
-    old_frame = msgspec.msgpack.encode(["text_batch", "w", 0, 1, [old_delta]])
+    old_extras = ["stop", None, None, None, None]  # up to logprobs
+    old_frame = msgspec.msgpack.encode(["text_batch", "w", 0, 1, ["r1"], [0], ["Hi"], [1], {0: old_extras}])
     batch = front_decoder().decode(old_frame)
-    assert isinstance(batch, TextBatch) and batch.items == [TextDelta("r1", 0, "Hi", 1, "stop")]
-    assert batch.items[0].token_ids is None
-    new = TextBatch("w", 0, 1, [TextDelta("r1", 0, "Hi", 2, token_ids=[9707, 13])])
+    assert isinstance(batch, TextBatch) and text_deltas(batch) == [TextDelta("r1", 0, "Hi", 1, finish="stop")]
+    assert batch.extras[0].token_ids is None
+    new = text_batch("w", 0, 1, [TextDelta("r1", 0, "Hi", 2, token_ids=[9707, 13])])
     raw = msgspec.msgpack.decode(encode(new))
-    assert raw[4][0][-1] == [9707, 13]  # the last element of the delta
+    assert raw[8][0][-1] == [9707, 13]  # the last element of the row's extras
     assert front_decoder().decode(encode(new)) == new
 
 

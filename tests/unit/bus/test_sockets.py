@@ -6,8 +6,9 @@ import pytest
 import zmq
 
 from detok_worker.bus.codec import encode, front_decoder
+from detok_worker.bus.columns import text_batch
 from detok_worker.bus.errors import BindError, CurveKeyError, InsecureEndpointError
-from detok_worker.bus.messages import TextBatch, TextDelta
+from detok_worker.bus.messages import TextDelta
 from detok_worker.bus.sockets import BusSockets, last_endpoint
 from detok_worker.config import load_config
 
@@ -32,7 +33,7 @@ def test_ipc_round_trip_with_hwm_and_linger(tmp_path):
         assert pull.getsockopt(zmq.RCVHWM) == 77
         assert push.getsockopt(zmq.SNDHWM) == 77
         assert 0 <= push.getsockopt(zmq.LINGER) <= 1000
-        batch = TextBatch("w1", 5, 3, [TextDelta("cmpl-1", 0, "héllo 👋", 2)])
+        batch = text_batch("w1", 5, 3, [TextDelta("cmpl-1", 0, "héllo 👋", 2)])
         push.send(encode(batch))
         frame = _recv(pull)
         assert frame is not None

@@ -141,7 +141,8 @@ def test_abort_sends_abort_item_to_the_owner_and_frees():
     assert scheduler.abort("r1")
     plan = _step(scheduler)
     batch = plan.workers[0].batch
-    assert (batch.rids, batch.ids, batch.items) == (["r2"], [1], [Tokens("r1", [], "abort")])  # r2's id: a column
+    assert token_items(batch) == [Tokens("r1", [], "abort"), Tokens("r2", [1])]  # the abort first
+    assert (batch.ids, list(batch.extras)) == ([0, 1], [0])  # r2's id: a plain row
     assert _items(_step(scheduler)) == {"w1": [Tokens("r2", [2])]}  # delivered once
     assert scheduler.aborted == 1 and scheduler.live_rids == 1
     assert not scheduler.abort("unknown")
@@ -392,7 +393,7 @@ def test_every_worker_gets_its_usual_ids_in_the_columns():
     batches = {plan.worker: plan.batch for plan in _step(scheduler).workers}
     assert sorted(batches) == ["hello", "joined"]
     for batch in batches.values():
-        assert len(batch.rids) == 2 and len(batch.ids) == 2 and batch.items == []
+        assert len(batch.rids) == 2 and len(batch.ids) == 2 and batch.extras == {}
 
 
 def test_the_next_liveness_deadline_is_the_first_moment_a_worker_could_be_declared_lost():

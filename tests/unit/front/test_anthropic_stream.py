@@ -31,7 +31,7 @@ def test_a_failure_mid_stream_is_an_error_event_after_the_text(front: FrontUnder
         last = played[-1]
         return [
             *played[:-1],
-            TextDelta(submit.rid, last.offset, "", last.n_tokens, "error", error="bad token id 9999999"),
+            TextDelta(submit.rid, last.offset, "", last.n_tokens, finish="error", error="bad token id 9999999"),
         ]
 
     front.set_plan(failing)

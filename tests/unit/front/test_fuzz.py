@@ -67,7 +67,7 @@ chat_bodies = st.fixed_dictionaries({"messages": messages | json_values}, option
 
 
 def short_reply(submit: Submit) -> list[TextDelta]:
-    return [TextDelta(submit.rid, 0, "ok", 1, "length")]
+    return [TextDelta(submit.rid, 0, "ok", 1, finish="length")]
 
 
 @pytest.fixture(scope="module")

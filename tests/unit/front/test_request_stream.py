@@ -17,7 +17,7 @@ def test_resent_text_is_delivered_once_and_eos_is_a_null_stop_reason() -> None:
     stream = make_stream()
     assert stream.accept(TextDelta("r", 0, "Hello", 1)) == "Hello"
     assert stream.accept(TextDelta("r", 0, "Hello, wo", 3)) == ", wo"  # a re-open replays from 0
-    assert stream.accept(TextDelta("r", 9, "rld", 4, "stop", 2)) == "rld"
+    assert stream.accept(TextDelta("r", 9, "rld", 4, finish="stop", stop_reason=2)) == "rld"
     assert (stream.done, stream.finish, stream.stop_reason, stream.failure) == (True, "stop", None, None)
     assert stream.reassembly.duplicate_chars == 5
 
@@ -41,7 +41,7 @@ def test_resent_logprobs_are_delivered_once_by_token_index() -> None:
     assert [entry.token for entry in stream.take_logprobs()] == ["He", "l"]
     # a re-open replays from token 0; held entries arrive with the later text
     stream.accept(TextDelta("r", 0, "Hello", 3, logprobs=[_entry("He"), _entry("l"), _entry("lo")]))
-    stream.accept(TextDelta("r", 5, "!", 5, "length", logprobs=[_entry("\ufffd"), _entry("!")]))
+    stream.accept(TextDelta("r", 5, "!", 5, finish="length", logprobs=[_entry("\ufffd"), _entry("!")]))
     assert [entry.token for entry in stream.take_logprobs()] == ["lo", "\ufffd", "!"]
     assert stream.logprob_entries.delivered == 5 == stream.n_tokens and stream.failure is None
 
@@ -60,7 +60,7 @@ def test_resent_token_ids_are_delivered_once_by_token_index() -> None:
     assert stream.take_token_ids() == [10, 11]
     stream.accept(TextDelta("r", 0, "Hello", 3, token_ids=[10, 11, 12]))  # a re-open replays from token 0
     stream.accept(TextDelta("r", 5, "", 4, token_ids=[13]))  # a token whose text is held
-    stream.accept(TextDelta("r", 5, "!", 5, "length", token_ids=[14]))
+    stream.accept(TextDelta("r", 5, "!", 5, finish="length", token_ids=[14]))
     assert stream.take_token_ids() == [12, 13, 14]
     assert stream.token_id_entries.delivered == 5 == stream.n_tokens and stream.failure is None
     gapped = make_stream()

@@ -44,28 +44,28 @@ def test_ttft_is_the_first_delta_with_tokens_and_itl_the_mean_after_it(clock: Cl
     stream.accept(TextDelta("r", 2, "llo", 5))
     assert stream.mean_itl_s() is None  # not finished yet
     clock.now = 102.0
-    stream.accept(TextDelta("r", 5, "!", 12, "length"))
+    stream.accept(TextDelta("r", 5, "!", 12, finish="length"))
     assert stream.ttft_s(started=100.0) == pytest.approx(1.0)
     assert stream.mean_itl_s() == pytest.approx(1.0 / 10)  # 10 tokens after the first delta's 2, in 1 s
 
 
 def test_no_timing_without_output_or_after_a_failure(clock: Clock) -> None:
     silent = make_stream()
-    silent.accept(TextDelta("r", 0, "", 0, "stop"))
+    silent.accept(TextDelta("r", 0, "", 0, finish="stop"))
     assert (silent.ttft_s(started=100.0), silent.mean_itl_s()) == (None, None)
     failed = make_stream()
     failed.accept(TextDelta("r", 0, "a", 1))
-    failed.accept(TextDelta("r", 1, "", 4, "error", error="bad id"))
+    failed.accept(TextDelta("r", 1, "", 4, finish="error", error="bad id"))
     assert failed.ttft_s(started=99.0) == pytest.approx(1.0)
     assert failed.mean_itl_s() is None
     one_delta = make_stream()
-    one_delta.accept(TextDelta("r", 0, "all at once", 3, "stop"))
+    one_delta.accept(TextDelta("r", 0, "all at once", 3, finish="stop"))
     assert one_delta.mean_itl_s() is None  # no token after the first delta
 
 
 def test_a_finished_stream_keeps_its_end_unless_its_unread_text_is_dropped() -> None:
     stream = make_stream()
-    stream.accept(TextDelta("r", 0, "unread text", 3, "stop"))
+    stream.accept(TextDelta("r", 0, "unread text", 3, finish="stop"))
     stream.fail(APIError(502, "late"), drop_text=False)
     assert (stream.finish, stream.failure, stream.pending_chars) == ("stop", None, 11)
     cut = APIError(503, "too slow", code="client_too_slow")

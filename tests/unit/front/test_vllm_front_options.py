@@ -16,7 +16,8 @@ import pytest
 from helpers.front_harness import PLAYED_WORKER, decode_plan, running_front
 
 from detok_worker.bus.codec import encode
-from detok_worker.bus.messages import Submit, TextBatch
+from detok_worker.bus.columns import text_batch
+from detok_worker.bus.messages import Submit
 from detok_worker.config import ConfigError, load_config
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
@@ -431,7 +432,7 @@ def test_sse_keep_alive_comments_while_a_stream_waits_for_its_engine(qwen3: Any)
             submit = next_submit(front)
             ids = qwen3.encode(" and more").ids
             front.engine.send_raw(
-                encode(TextBatch(PLAYED_WORKER, time.time_ns(), 0, decode_plan(qwen3, submit.rid, ids)))
+                encode(text_batch(PLAYED_WORKER, time.time_ns(), 0, decode_plan(qwen3, submit.rid, ids)))
             )
             rest = list(lines)
     payloads = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]

@@ -18,7 +18,8 @@ from helpers.texts import load_texts
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers.decoders import DecodeStream as RustDecodeStream
 
-from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Open, Tokens
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
 from detok_worker.stream.decode import create_decode_stream
 from detok_worker.worker.state import WorkerState
@@ -106,10 +107,12 @@ def test_only_requests_that_keep_special_tokens_and_ask_lose_the_lookups() -> No
     asks = DetokParams(skip_special_tokens=False, spaces_between_special_tokens=False)
     skipping = DetokParams(spaces_between_special_tokens=False)
     opens = [Open("asks", [], asks), Open("skipping", [], skipping), Open("plain", [], DetokParams())]
-    state.handle_batch(TokenBatch(0, 0, opens, []))
+    state.handle_batch(token_batch(0, 0, opens, []))
     assert state.live["asks"].decoder._table is None
     assert state.live["skipping"].decoder._table is not None and state.live["plain"].decoder._table is not None
     im_start, im_end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
     items = [Tokens(rid, [im_start, im_end, *tokenizer.encode("Hi").ids]) for rid in ("asks", "skipping")]
-    texts = {delta.rid: delta.text for delta in state.handle_batch(TokenBatch(1, 0, [], items)).text_batch.items}
+    texts = {
+        delta.rid: delta.text for delta in text_deltas(state.handle_batch(token_batch(1, 0, [], items)).text_batch)
+    }
     assert texts == {"asks": "<|im_start|><|im_end|>Hi", "skipping": "Hi"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.worker_batches import Delta, columnar, engine_batches, run_batches, varied_requests
+from helpers.worker_batches import Delta, engine_batches, run_batches, varied_requests, with_extras
 
 from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
@@ -28,18 +28,17 @@ def _run(tokenizer, batches: list[TokenBatch]) -> tuple[dict[str, list[Delta]], 
 def test_the_first_branch_changes_nothing_a_front_sees(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = load_fixture_tokenizer(family)
     batches = engine_batches(varied_requests(tokenizer, seed=16), seed=61)
-    columns = columnar(batches)
-    assert sum(len(batch.rids) for batch in columns) > 5 * sum(len(batch.items) for batch in columns)
-    with_lookups = _run(tokenizer, columns)
-    items_only = _run(tokenizer, batches)
+    assert sum(len(batch.rids) for batch in batches) > 6 * sum(len(batch.extras) for batch in batches)
+    with_lookups = _run(tokenizer, batches)
+    items_only = _run(tokenizer, with_extras(batches))
 
     def no_lookups(self: Decoder) -> None:
         self._texts = self._memo = self._memo_stream = None
 
     monkeypatch.setattr(Decoder, "_renew_lookups", no_lookups)
-    without_lookups = _run(tokenizer, columns)
+    without_lookups = _run(tokenizer, batches)
     monkeypatch.undo()
-    warm = _run(tokenizer, columns)  # the shared memos now hold every byte step and scan, matches included
+    warm = _run(tokenizer, batches)  # the shared memos now hold every byte step and scan, matches included
     assert with_lookups == items_only == without_lookups == warm
     deltas, finishes, _, unknown_ids = with_lookups
     ends = [rid_deltas[-1] for rid_deltas in deltas.values()]
@@ -56,7 +55,7 @@ def test_a_memoised_stop_string_match_stops_a_rid() -> None:
     state = WorkerState(tokenizer, "w")
     texts: dict[str, str] = {}
     for rid in ("a", "b"):
-        batches = [TokenBatch(0, 0, [Open(rid, [], params)], [])]
+        batches = [token_batch(0, 0, [Open(rid, [], params)], [])]
         batches += [token_batch(step, 0, [], [Tokens(rid, [token_id])]) for step, token_id in enumerate(ids, 1)]
         for batch in batches:
             for delta in text_deltas(state.handle_batch(batch).text_batch):

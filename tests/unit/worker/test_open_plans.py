@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Open, TokenBatch, TokenExtras, Tokens
 from detok_worker.worker.open_plans import OPEN_PLANS_CAPACITY
 from detok_worker.worker.state import BAD_PARAMS, BAD_STOP_BUDGET, WorkerState
 
@@ -29,25 +29,26 @@ def _texts(state: WorkerState, batches: list[TokenBatch]) -> tuple[dict[str, str
     return texts, finishes
 
 
-def _interleaved(rid_ids: dict[str, list[int]], starts: dict[str, int], columns: bool) -> list[TokenBatch]:
-    """One id per rid per step from the rid's start step on, in the batch's columns or as items; then an item with
-    finish "length" for each rid."""
+def _interleaved(rid_ids: dict[str, list[int]], starts: dict[str, int], plain: bool) -> list[TokenBatch]:
+    """One id per rid per step from the rid's start step on, as plain rows (the worker's hot loop) or as rows with
+    extras (its item path); then a row with finish "length" for each rid."""
     steps = max(starts[rid] + len(ids) for rid, ids in rid_ids.items())
     batches = []
     for step in range(steps):
         pairs = [(rid, ids[step - starts[rid]]) for rid, ids in rid_ids.items() if 0 <= step - starts[rid] < len(ids)]
-        if columns:
-            batches.append(TokenBatch(step, 0, [], [], [rid for rid, _ in pairs], [i for _, i in pairs]))
+        if plain:
+            batches.append(token_batch(step, 0, [], [Tokens(rid, [i]) for rid, i in pairs]))
         else:
-            batches.append(TokenBatch(step, 0, [], [Tokens(rid, [i]) for rid, i in pairs]))
-    batches.append(TokenBatch(steps, 0, [], [Tokens(rid, [], "length") for rid in rid_ids]))
+            extras = {row: TokenExtras([i]) for row, (_, i) in enumerate(pairs)}
+            batches.append(TokenBatch(step, 0, [], [rid for rid, _ in pairs], [0] * len(pairs), extras))
+    batches.append(token_batch(steps, 0, [], [Tokens(rid, [], "length") for rid in rid_ids]))
     return batches
 
 
-@pytest.mark.parametrize("columns", [True, False], ids=["columns", "items"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "extras"])
 @pytest.mark.parametrize("include_stop", [False, True], ids=["hidden", "visible"])
 @pytest.mark.parametrize("name", ["qwen3", "bert-wordpiece"])  # bert: no table, every id through the stream
-def test_opens_with_the_same_params_keep_their_own_state(name, columns, include_stop):
+def test_opens_with_the_same_params_keep_their_own_state(name, plain, include_stop):
     tokenizer = load_fixture_tokenizer(name)
     stop = tokenizer.decode(tokenizer.encode(STOP).ids, True)
     params = DetokParams(
@@ -56,9 +57,9 @@ def test_opens_with_the_same_params_keep_their_own_state(name, columns, include_
     state = WorkerState(tokenizer, "w")
     rid_ids = {"hits": tokenizer.encode(HITS).ids, "misses": tokenizer.encode(MISSES).ids}
     rid_ids["late"] = rid_ids["hits"]
-    opens = TokenBatch(0, 0, [Open(rid, [], params) for rid in rid_ids], [])
+    opens = token_batch(0, 0, [Open(rid, [], params) for rid in rid_ids], [])
     # "late" decodes HITS two steps after "hits": the two are in different stop-string states at every step
-    texts, finishes = _texts(state, [opens, *_interleaved(rid_ids, {"hits": 0, "misses": 0, "late": 2}, columns)])
+    texts, finishes = _texts(state, [opens, *_interleaved(rid_ids, {"hits": 0, "misses": 0, "late": 2}, plain)])
     assert len(state.open_plans) == 1  # the three Opens shared one plan
     hits, misses = (tokenizer.decode(rid_ids[rid], True) for rid in ("hits", "misses"))
     assert stop in hits and stop not in misses and stop[:3] in misses
@@ -73,7 +74,7 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
     out_of_vocab = DetokParams(stop_token_ids=[qwen3.vocab_size + 5])
     errors = []
     for round_ in range(2):  # a refused Open is never kept as good: the second one is refused the same way
-        result = state.handle_batch(TokenBatch(round_, 0, [Open(f"bad{round_}", [], out_of_vocab)], []))
+        result = state.handle_batch(token_batch(round_, 0, [Open(f"bad{round_}", [], out_of_vocab)], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error"
         errors.append(delta.error)
@@ -84,14 +85,14 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
 
     good = DetokParams(stop=["x" * 15], stop_token_ids=[1])
     for lookalike in ([True], [1.0]):  # equal to [1] in Python, refused by the stop rules: never a cached plan's
-        state.handle_batch(TokenBatch(0, 0, [Open("first", [], good)], [Tokens("first", ids, "length")]))
+        state.handle_batch(token_batch(0, 0, [Open("first", [], good)], [Tokens("first", ids, "length")]))
         alike = DetokParams(stop=good.stop, stop_token_ids=lookalike)
-        result = state.handle_batch(TokenBatch(0, 0, [Open("alike", [], alike)], []))
+        result = state.handle_batch(token_batch(0, 0, [Open("alike", [], alike)], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error"
         assert delta.error == f"stop token id {lookalike[0]!r} is not a token id (an int >= 0)"
     # the live stop-chars budget is checked on every Open, plan or not: a second live rid would pass 20 characters
-    opened = state.handle_batch(TokenBatch(1, 0, [Open("a", [], good), Open("b", [], good)], [Tokens("a", ids)]))
+    opened = state.handle_batch(token_batch(1, 0, [Open("a", [], good), Open("b", [], good)], [Tokens("a", ids)]))
     deltas = {delta.rid: delta for delta in text_deltas(opened.text_batch)}
     assert deltas["a"].text == "hello"
     assert deltas["b"].finish == "error"
@@ -99,10 +100,12 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
     assert state.bad[BAD_STOP_BUDGET] == 1
     # a bad prompt id ends the rid every time, while the params' plan stays good for the next Open
     for rid in ("p1", "p2"):
-        result = state.handle_batch(TokenBatch(2, 0, [Open(rid, [qwen3.vocab_size + 9], DetokParams())], []))
+        result = state.handle_batch(token_batch(2, 0, [Open(rid, [qwen3.vocab_size + 9], DetokParams())], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error" and "cannot open request" in delta.error
-    assert _texts(state, [TokenBatch(3, 0, [Open("ok", [], DetokParams())], [Tokens("ok", ids)])])[0] == {"ok": "hello"}
+    assert _texts(state, [token_batch(3, 0, [Open("ok", [], DetokParams())], [Tokens("ok", ids)])])[0] == {
+        "ok": "hello"
+    }
 
 
 def test_the_plans_stay_bounded_and_exact(qwen3):
@@ -114,10 +117,10 @@ def test_the_plans_stay_bounded_and_exact(qwen3):
     for index in range(count):  # distinct params each time: stop strings of the index, one of them in the text
         stop = [f"<{index}>", words[index % len(words)]]
         rid = f"r{index}"
-        texts, _ = _texts(state, [TokenBatch(index, 0, [Open(rid, [], DetokParams(stop=stop))], [Tokens(rid, ids)])])
+        texts, _ = _texts(state, [token_batch(index, 0, [Open(rid, [], DetokParams(stop=stop))], [Tokens(rid, ids)])])
         assert texts[rid] == text[: text.index(stop[1])]
         assert len(state.open_plans) == min(index + 1, OPEN_PLANS_CAPACITY)
     again = DetokParams(stop=["<0>", words[0]])  # dropped long ago: planned again, the same result
-    texts, _ = _texts(state, [TokenBatch(count, 0, [Open("again", [], again)], [Tokens("again", ids)])])
+    texts, _ = _texts(state, [token_batch(count, 0, [Open("again", [], again)], [Tokens("again", ids)])])
     assert texts == {"again": ""}
     assert len(state.open_plans) == OPEN_PLANS_CAPACITY

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, TokenBatch, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Finish, Open, TextDelta, Tokens
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.worker.endings import BAD_UNKNOWN_RID
 from detok_worker.worker.state import BAD_PARAMS, BAD_STOP_BUDGET, RECENTLY_ENDED_CAPACITY, WorkerState
@@ -33,7 +33,7 @@ class Harness:
 
     def feed(self, opens: list[Open], items: list[Tokens]) -> list[TextDelta]:
         self.step += 1
-        result = self.state.handle_batch(TokenBatch(self.step, 1000 + self.step, opens, items))
+        result = self.state.handle_batch(token_batch(self.step, 1000 + self.step, opens, items))
         assert result.text_batch.step == self.step
         assert result.text_batch.sent_ns == 1000 + self.step
         assert result.text_batch.worker == "w-test"
@@ -293,7 +293,9 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
     for batch in range(3):
         rids = [f"r{batch}-{i}" for i in range(RECENTLY_ENDED_CAPACITY // 2)]
         harness.state.handle_batch(
-            TokenBatch(batch, 0, [Open(rid, [], DetokParams()) for rid in rids], [Tokens(r, ids, "stop") for r in rids])
+            token_batch(
+                batch, 0, [Open(rid, [], DetokParams()) for rid in rids], [Tokens(r, ids, "stop") for r in rids]
+            )
         )
     assert harness.state.live_rids == 0
     # recently ended rids: late tokens are dropped quietly
@@ -326,7 +328,7 @@ def test_a_long_batch_ticks_between_opens(qwen3):
     state = WorkerState(qwen3, "w-test")
     opens = [Open(f"r{i}", [], DetokParams(stop=["zz"])) for i in range(5)]
     items = [Tokens(f"r{i}", [1]) for i in range(5)]
-    state.handle_batch(TokenBatch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
+    state.handle_batch(token_batch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
     assert ticks == [1, 2, 3, 4, 5]  # after each open, before any item is decoded
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.worker_batches import Delta, columnar, engine_batches, varied_requests
+from helpers.worker_batches import Delta, engine_batches, varied_requests, with_extras
 
-from detok_worker.bus.columns import text_deltas
+from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import DetokParams, Open, TextBatch, TokenBatch, Tokens
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.stream.stop.rules import StopLimits, StopRules
@@ -38,16 +38,17 @@ def test_each_delta_carries_the_ids_it_consumed_and_the_text_is_unchanged(family
     tokenizer = load_fixture_tokenizer(family)
     requests = varied_requests(tokenizer, seed=7, ask_ids=True)
     batches = engine_batches(requests, seed=70)
-    batches = columnar(batches) if columns else batches
+    batches = batches if columns else with_extras(batches)
     deltas, finishes, sent = _run(tokenizer, batches)
     plain = engine_batches(varied_requests(tokenizer, seed=7), seed=70)
-    plain_deltas, plain_finishes, _ = _run(tokenizer, columnar(plain) if columns else plain)
+    plain_deltas, plain_finishes, _ = _run(tokenizer, plain if columns else with_extras(plain))
     assert (deltas, finishes) == (plain_deltas, plain_finishes)  # the same text, offsets, counts and endings
 
     asked = {f"r{index}" for index, request in enumerate(requests) if request.params.return_token_ids}
     ids_by_rid: dict[str, list[int]] = {}
     for text_batch in sent:
-        assert not asked & set(text_batch.rids)  # never in the columns: an item carries the ids
+        assert all(text_batch.rids[row] in asked for row in text_batch.extras if text_batch.extras[row].token_ids)
+        assert all(row in text_batch.extras for row, rid in enumerate(text_batch.rids) if rid in asked)  # ids ride
         for delta in text_deltas(text_batch):
             if delta.rid not in asked:
                 assert delta.token_ids is None
@@ -63,8 +64,8 @@ def test_each_delta_carries_the_ids_it_consumed_and_the_text_is_unchanged(family
         assert ids_by_rid[rid] == request.ids[:consumed]  # every consumed id once, in order: a stop token counts
         ended_with_stop += deltas[rid][-1][3] == "stop"
     assert ended_with_stop >= 2
-    if columns:  # the other rids kept the columns: their plain deltas went there
-        assert sum(len(text_batch.rids) for text_batch in sent) > 100
+    if columns:  # the other rids' deltas are mostly plain rows
+        assert sum(len(text_batch.rids) - len(text_batch.extras) for text_batch in sent) > 100
 
 
 def test_rids_that_do_not_ask_stay_in_the_columns() -> None:
@@ -72,13 +73,15 @@ def test_rids_that_do_not_ask_stay_in_the_columns() -> None:
     ids = tokenizer.encode(" Hello there, how are you today?").ids
     state = WorkerState(tokenizer, "w")
     opens = [Open("plain", [], DetokParams()), Open("ids", [], DetokParams(return_token_ids=True))]
-    state.handle_batch(TokenBatch(0, 0, opens, []))
+    state.handle_batch(token_batch(0, 0, opens, []))
     assert state.live["plain"].plain and not state.live["ids"].plain
     for step, token_id in enumerate(ids, 1):
-        batch = TokenBatch(step, 0, [], [], ["plain", "ids"], [token_id, token_id])
+        batch = token_batch(step, 0, [], [Tokens("plain", [token_id]), Tokens("ids", [token_id])])
+        assert not batch.extras
         text_batch = state.handle_batch(batch).text_batch
-        assert text_batch.rids == ["plain"]  # the column output
-        assert [(d.rid, d.token_ids) for d in text_batch.items] == [("ids", [token_id])]
+        assert text_batch.rids == ["plain", "ids"]
+        assert list(text_batch.extras) == [1]  # the plain rid's row has no extras
+        assert [(d.rid, d.token_ids) for d in text_deltas(text_batch)] == [("plain", None), ("ids", [token_id])]
         assert state.live["plain"].plain and not state.live["ids"].plain
         assert state.live["ids"].held_ids == []
 
@@ -93,10 +96,10 @@ def test_held_ids_ride_on_the_next_delta() -> None:
     assert len(jellyfish) > 1
     params = DetokParams(stop_token_ids=[eos], return_token_ids=True)
     state = WorkerState(tokenizer, "w")
-    state.handle_batch(TokenBatch(0, 0, [Open("r", [], params)], []))
+    state.handle_batch(token_batch(0, 0, [Open("r", [], params)], []))
     got: list[tuple[str, list[int] | None]] = []
     for step, token_id in enumerate([*a, *jellyfish, *b, eos, *a], 1):
-        text_batch = state.handle_batch(TokenBatch(step, 0, [], [], ["r"], [token_id])).text_batch
+        text_batch = state.handle_batch(token_batch(step, 0, [], [Tokens("r", [token_id])])).text_batch
         got += [(d.text, d.token_ids) for d in text_deltas(text_batch)]
     assert got == [("a", a), ("🪼", jellyfish), ("b", b), ("", [eos])]  # the id after EOS is not consumed
     assert "r" not in state.live
@@ -111,14 +114,14 @@ def test_a_reopen_replays_the_ids_and_the_front_keeps_each_once() -> None:
     rules = StopRules.from_params(params, StopLimits())
     stream = RequestStream("r", prompt_tokens=0, deadline=1e18, stop_rules=rules)
     first = WorkerState(tokenizer, "a")
-    first.handle_batch(TokenBatch(0, 0, [Open("r", [], params)], []))
+    first.handle_batch(token_batch(0, 0, [Open("r", [], params)], []))
     for step, token_id in enumerate(ids[:6], 1):
-        for delta in text_deltas(first.handle_batch(TokenBatch(step, 0, [], [Tokens("r", [token_id])])).text_batch):
+        for delta in text_deltas(first.handle_batch(token_batch(step, 0, [], [Tokens("r", [token_id])])).text_batch):
             assert stream.accept(msgspec.msgpack.decode(msgspec.msgpack.encode(delta), type=type(delta))) is not None
     taken = stream.take_token_ids()
     assert taken == ids[:6]
     second = WorkerState(tokenizer, "b")  # the first died; its rid moves here with the history
-    batch = TokenBatch(7, 0, [Open("r", [], params)], [Tokens("r", ids, "length")])
+    batch = token_batch(7, 0, [Open("r", [], params)], [Tokens("r", ids, "length")])
     for delta in text_deltas(second.handle_batch(batch).text_batch):
         assert delta.token_ids is not None and delta.token_ids[:6] == taken  # re-sent from token 0
         assert stream.accept(delta) is not None

@@ -18,10 +18,10 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.texts import load_texts
 from helpers.tokenizer_files import o200k_rank_file_bytes, reference_hf_tokenizer
-from helpers.worker_batches import Request, columnar, engine_batches, run_batches
+from helpers.worker_batches import Request, engine_batches, run_batches, with_extras
 
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import DetokParams, Finish, Open, TokenBatch, TokenLogprob, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Finish, Open, TokenLogprob, Tokens
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.backends.tiktoken import load_named_encoding, tiktoken_cache_file
 from detok_worker.worker.state import WorkerState
@@ -107,7 +107,7 @@ def test_ids_the_model_can_emit_decode_as_the_full_decode_drops_them(case: str) 
     unknown_count = sum(1 for request in requests for token_id in request.ids if token_id in lacking)
     assert any(token_id < tokenizer.vocab_size for token_id in lacking) == (case in ("gpt4o", "tiktoken-o200k"))
     batches = engine_batches(requests, seed=3)
-    for fed in (batches, columnar(batches)):
+    for fed in (batches, with_extras(batches)):
         state = WorkerState(tokenizer, "w")
         deltas, finishes = run_batches(state, fed)
         assert finishes == []
@@ -122,7 +122,7 @@ def test_ids_the_model_can_emit_decode_as_the_full_decode_drops_them(case: str) 
 def test_without_a_vocabulary_size_an_id_the_tokenizer_lacks_is_an_error(case: str) -> None:
     tokenizer, reference, _, unknown = loaded(case)
     requests = _requests(case, seed=11, model_vocab=0)
-    deltas, finishes = run_batches(WorkerState(tokenizer, "w"), columnar(engine_batches(requests, seed=5)))
+    deltas, finishes = run_batches(WorkerState(tokenizer, "w"), engine_batches(requests, seed=5))
     assert finishes == [(f"r{index}", "error", None) for index in range(len(requests))]
     for index, request in enumerate(requests):
         end = deltas[f"r{index}"][-1]
@@ -136,13 +136,13 @@ def test_an_id_past_the_models_vocabulary_ends_only_its_request() -> None:
     lacking = [tokenizer.vocab_size, vocab - 1]
     state = WorkerState(tokenizer, "w")
     opens = [Open(rid, [], DetokParams(), vocab_size=vocab) for rid in ("bad", "ok")]
-    batch = TokenBatch(1, 0, opens, [Tokens("bad", [*ids[:2], lacking[0], vocab, *ids[2:]]), Tokens("ok", ids[:2])])
+    batch = token_batch(1, 0, opens, [Tokens("bad", [*ids[:2], lacking[0], vocab, *ids[2:]]), Tokens("ok", ids[:2])])
     result = state.handle_batch(batch)
     assert result.finishes == [Finish("bad", "error", None, 3)]
     (bad,) = [delta for delta in text_deltas(result.text_batch) if delta.rid == "bad"]
     assert (bad.text, bad.n_tokens, bad.finish) == (reference.decode(ids[:2]), 3, "error")
     assert bad.error == f"token id {vocab} is out of range for the model (valid ids: ints 0..{vocab - 1})"
-    result = state.handle_batch(TokenBatch(2, 0, [], [Tokens("ok", [lacking[1], *ids[2:], lacking[0]], "length")]))
+    result = state.handle_batch(token_batch(2, 0, [], [Tokens("ok", [lacking[1], *ids[2:], lacking[0]], "length")]))
     (ok,) = text_deltas(result.text_batch)
     assert (ok.text, ok.n_tokens, ok.finish) == (reference.decode(ids[2:]), len(ids) + 2, "length")
     assert state.unknown_ids == 3 and state.live_rids == 0
@@ -163,7 +163,7 @@ def test_stop_rules_count_and_see_through_ids_without_text() -> None:
         Tokens("string", [*words[: the + 1], lacking, *words[the + 1 :]]),  # the stop string runs across it
         Tokens("token", [lacking, eos, lacking, eos, *words]),  # the second EOS is the fourth token: past min_tokens
     ]
-    result = state.handle_batch(TokenBatch(1, 0, opens, items))
+    result = state.handle_batch(token_batch(1, 0, opens, items))
     ends = {delta.rid: delta for delta in text_deltas(result.text_batch)}
     string, token = ends["string"], ends["token"]
     assert (string.text, string.stop_reason, string.n_tokens) == ("so we went to ", "the end", the + 3)
@@ -180,7 +180,7 @@ def test_logprobs_of_an_id_without_text_are_empty() -> None:
     logprobs = [TokenLogprob(-0.25 * (k + 1), [lacking, ids[k]], [-3.0, -0.1]) for k in range(len(ids))]
     state = WorkerState(tokenizer, "w")
     opens = [Open("r", [], DetokParams(), vocab_size=vocab)]
-    result = state.handle_batch(TokenBatch(1, 0, opens, [Tokens("r", ids, "length", None, logprobs)]))
+    result = state.handle_batch(token_batch(1, 0, opens, [Tokens("r", ids, "length", None, logprobs)]))
     (delta,) = text_deltas(result.text_batch)
     assert delta.text == "🪼!" and delta.n_tokens == len(ids)
     entries = delta.logprobs or []
@@ -188,6 +188,6 @@ def test_logprobs_of_an_id_without_text_are_empty() -> None:
     assert b"".join(entry.token_bytes for entry in entries) == "🪼!".encode()
     assert all(entry.top[1].token == "" and entry.top[1].token_bytes == b"" for entry in entries)
     without = WorkerState(tokenizer, "w").handle_batch(
-        TokenBatch(1, 0, [Open("r", [], DetokParams())], [Tokens("r", ids, "length", None, logprobs)])
+        token_batch(1, 0, [Open("r", [], DetokParams())], [Tokens("r", ids, "length", None, logprobs)])
     )
     assert text_deltas(without.text_batch)[-1].finish == "error"  # no vocabulary size: the id is bad, as before
