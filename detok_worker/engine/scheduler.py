@@ -49,7 +49,8 @@ from detok_worker.engine.plans import (
     worker_plans,
 )
 from detok_worker.engine.workers import WorkerInfo, WorkerRegistry
-from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.errors import ParameterError
+from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
 
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
@@ -123,7 +124,7 @@ class Scheduler:
             return self._reject(rid, problem, REJECT_INVALID)
         try:
             rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
-        except StopRuleError as exc:
+        except ParameterError as exc:
             return self._reject(rid, str(exc), REJECT_INVALID)
         tail = prompt_tail(prompt_ids, self.special_ids)
         request = new_request(rid, tail, params, rules)

@@ -27,10 +27,11 @@ from detok_worker.bus.request_fields import (
 )
 from detok_worker.config import DetokConfig
 from detok_worker.config.schema import PROMPT_TOKENS_CAP
+from detok_worker.errors import ParameterError
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from detok_worker.front.sampling import checked_values, sampling_params
-from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import StopLimits, StopRules
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, added_token_contents, id_check
 
 PRIORITY_HEADER = "x-vllm-priority"
@@ -369,7 +370,7 @@ def check_generation(
     ignore_eos = bool(request.ignore_eos)
     try:
         stop_rules = StopRules.from_params(detok, limits.stop, limits.eos_ids, ignore_eos=ignore_eos)
-    except StopRuleError as exc:
+    except ParameterError as exc:
         raise bad_request(str(exc), exc.param) from exc
     if min_tokens > max_tokens:  # min_tokens >= 0 is the stop rules' check
         raise bad_request(f"min_tokens must be between 0 and max_tokens ({max_tokens})", "min_tokens")

@@ -41,7 +41,7 @@ class OpenPlan:
 
 def prepare_stops(tokenizer: Tokenizer, rules: StopRules, parsed: bool) -> PreparedStops:
     """The decoder's stop settings for a request with these rules; with a parser (`parsed`) stop strings apply to
-    the parsed content instead (worker/parsing.py), so the decoder gets none. Raises StopConfigError."""
+    the parsed content instead (worker/parsing.py), so the decoder gets none. Raises ParameterError."""
     config = rules.decoder_config()
     if parsed:
         config = dataclasses.replace(config, stop_sequences=(), visible_stop_sequences=())

@@ -31,8 +31,9 @@ from detok_worker.bus.messages import (
     TokenBatch,
     Tokens,
 )
+from detok_worker.errors import ParameterError
 from detok_worker.stream import StopSequenceDecoder
-from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
+from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.endings import RidEndings, RidState
@@ -243,7 +244,7 @@ class WorkerState(RidEndings):
         plan = self.open_plans.get(key)  # kept only once every check below that reads the params alone passed
         try:
             rules = plan.rules if plan is not None else StopRules.from_params(params, self.stop_limits)
-        except StopRuleError as exc:
+        except ParameterError as exc:
             self._end_with_error(rid, None, "", str(exc), out, finishes, BAD_PARAMS)
             return
         stop_chars = plan.stop_chars if plan is not None else rules.stop_chars

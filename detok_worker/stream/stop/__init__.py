@@ -2,18 +2,18 @@
 automaton (matcher.py), StopSequenceDecoder (decoder.py: a DecodeStream plus stop tokens and stop strings), what it
 returns (outputs.py) and the stop settings it runs (settings.py: StopSequenceConfig, PreparedStops)."""
 
+from detok_worker.errors import ParameterError
 from detok_worker.stream.stop.decoder import StopSequenceDecoder
 from detok_worker.stream.stop.outputs import Held, StopBatchOutput, Stopped, StoppedWithText, Text
-from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRuleError, StopRules
-from detok_worker.stream.stop.settings import StopConfigError, StopSequenceConfig
+from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
+from detok_worker.stream.stop.settings import StopSequenceConfig
 
 __all__ = [
     "DEFAULT_STOP_LIMITS",
     "Held",
     "StopBatchOutput",
-    "StopConfigError",
+    "ParameterError",
     "StopLimits",
-    "StopRuleError",
     "StopRules",
     "StopSequenceConfig",
     "StopSequenceDecoder",

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
+from detok_worker.errors import ParameterError
 from detok_worker.stream.decode.base import DecodeStream
 from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
 from detok_worker.stream.decode.select import create_decode_stream
@@ -38,7 +39,7 @@ from detok_worker.stream.stop.outputs import (
     StopReason,
     Text,
 )
-from detok_worker.stream.stop.settings import PreparedStops, StopConfigError, StopSequenceConfig, check_min_tokens
+from detok_worker.stream.stop.settings import PreparedStops, StopSequenceConfig, check_min_tokens
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, is_int_id
 
 
@@ -62,10 +63,10 @@ class StopSequenceDecoder:
         option (stream/decode/added_tokens.py)."""
         check_min_tokens(min_tokens)
         if not is_count(model_vocab_size):
-            raise StopConfigError(f"model_vocab_size must be an int >= 0, got {model_vocab_size!r}")
+            raise ParameterError(f"model_vocab_size must be an int >= 0, got {model_vocab_size!r}")
         stops = config if isinstance(config, PreparedStops) else PreparedStops.check(tokenizer, config)
         if stops.tokenizer is not tokenizer:
-            raise StopConfigError("the prepared stop settings were checked against another tokenizer")
+            raise ParameterError("the prepared stop settings were checked against another tokenizer")
         self._tokenizer = tokenizer
         self._config = config = stops.config
         self._prompt_ids = tuple(prompt_ids)

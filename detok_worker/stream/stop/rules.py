@@ -1,6 +1,6 @@
 """StopRules: one request's stop rule, validated once, and the one place that knows it.
 
-Every process goes through it: the front validates a request's stop fields (a StopRuleError names the parameter,
+Every process goes through it: the front validates a request's stop fields (a ParameterError names the parameter,
 the front turns it into a 400), the engine adds the tokenizer's EOS ids (the EOS rule: unless ignore_eos, an EOS
 token ends the request like a hidden stop token), the worker builds its StopSequenceDecoder from it, the front
 maps the stop reason a worker reports back to what OpenAI clients expect (null for EOS). Limits come from
@@ -16,17 +16,14 @@ import msgspec
 
 from detok_worker.bus.messages import DetokParams
 from detok_worker.config import DetokConfig
+from detok_worker.errors import ParameterError
 from detok_worker.stream.stop.outputs import StopReason
 from detok_worker.stream.stop.settings import (
-    StopConfigError,
     StopSequenceConfig,
     check_min_tokens,
     check_stop_string,
     check_stop_token_id,
 )
-
-# A stop field that cannot be used; `param` is the request field at fault (stop, stop_token_ids, min_tokens).
-StopRuleError = StopConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +48,16 @@ class StopRules:
     def from_params(
         cls, params: DetokParams, limits: StopLimits, eos_ids: Iterable[int] = (), *, ignore_eos: bool = False
     ) -> StopRules:
-        """Validate `params` against `limits`; raises StopRuleError (StopConfigError) naming the field."""
+        """Validate `params` against `limits`; raises ParameterError naming the field."""
         if len(params.stop) > limits.max_strings:
-            raise StopRuleError(
+            raise ParameterError(
                 f"at most {limits.max_strings} stop strings are allowed (got {len(params.stop)})", "stop"
             )
         for text in params.stop:
             if len(check_stop_string(text, "stop")) > limits.max_string_chars:
-                raise StopRuleError(f"a stop string is longer than {limits.max_string_chars} characters", "stop")
+                raise ParameterError(f"a stop string is longer than {limits.max_string_chars} characters", "stop")
         if len(params.stop_token_ids) > limits.max_strings:
-            raise StopRuleError(f"at most {limits.max_strings} stop token ids are allowed", "stop_token_ids")
+            raise ParameterError(f"at most {limits.max_strings} stop token ids are allowed", "stop_token_ids")
         for token_id in params.stop_token_ids:
             check_stop_token_id(token_id, "stop_token_ids")
         check_min_tokens(params.min_tokens)

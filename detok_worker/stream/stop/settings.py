@@ -14,7 +14,6 @@ from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_c
 # Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
 # fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
 # StopSequenceConfig's own.
-StopConfigError = ParameterError
 
 
 # The checks of one request's stop fields, each written once: StopRules.from_params runs them on a request's params
@@ -24,28 +23,28 @@ StopConfigError = ParameterError
 def check_stop_string(value: object, param: str) -> str:
     """A stop string: a non-empty str."""
     if not isinstance(value, str):
-        raise StopConfigError(f"{param} holds {value!r}, which is not a string", param)
+        raise ParameterError(f"{param} holds {value!r}, which is not a string", param)
     if not value:
-        raise StopConfigError("stop strings must not be empty", param)
+        raise ParameterError("stop strings must not be empty", param)
     return value
 
 
 def check_stop_token_id(value: object, param: str) -> int:
     """A stop token id: an int >= 0 (not a bool); whether it names a token is the tokenizer's rule (PreparedStops)."""
     if not is_count(value):
-        raise StopConfigError(f"stop token id {value!r} is not a token id (an int >= 0)", param)
+        raise ParameterError(f"stop token id {value!r} is not a token id (an int >= 0)", param)
     return value  # type: ignore[return-value]
 
 
 def check_min_tokens(value: object) -> int:
     if not is_count(value):
-        raise StopConfigError(f"min_tokens must be an int >= 0 (got {value!r})", "min_tokens")
+        raise ParameterError(f"min_tokens must be an int >= 0 (got {value!r})", "min_tokens")
     return value  # type: ignore[return-value]
 
 
 def _unique_strings(values: Iterable[str], field: str) -> tuple[str, ...]:
     if isinstance(values, str):
-        raise StopConfigError(f"{field} must be a sequence of strings, not a single string")
+        raise ParameterError(f"{field} must be a sequence of strings, not a single string")
     return tuple(dict.fromkeys(check_stop_string(value, field) for value in values))
 
 
@@ -58,7 +57,7 @@ class StopSequenceConfig:
     """Stop tokens and stop strings of one request; hidden ones are cut from the output, visible ones kept.
 
     Duplicates are dropped; an empty stop string, a non-int token id or an entry that is both hidden and visible
-    raises StopConfigError.
+    raises ParameterError.
     """
 
     stop_tokens: tuple[int, ...] = ()
@@ -76,9 +75,9 @@ class StopSequenceConfig:
         for name, value in normalized.items():
             object.__setattr__(self, name, value)
         if both := set(self.stop_tokens) & set(self.visible_stop_tokens):
-            raise StopConfigError(f"stop tokens {sorted(both)} are listed as both hidden and visible")
+            raise ParameterError(f"stop tokens {sorted(both)} are listed as both hidden and visible")
         if both := set(self.stop_sequences) & set(self.visible_stop_sequences):
-            raise StopConfigError(f"stop strings {sorted(both)} are listed as both hidden and visible")
+            raise ParameterError(f"stop strings {sorted(both)} are listed as both hidden and visible")
 
     @property
     def is_empty(self) -> bool:
@@ -98,10 +97,10 @@ class PreparedStops:
 
     @classmethod
     def check(cls, tokenizer: Tokenizer, config: StopSequenceConfig) -> PreparedStops:
-        """Raises StopConfigError for a stop token id that names no token of `tokenizer`."""
+        """Raises ParameterError for a stop token id that names no token of `tokenizer`."""
         try:
             validate_token_ids(tokenizer, (*config.stop_tokens, *config.visible_stop_tokens))
         except InvalidTokenIdError as error:
-            raise StopConfigError(f"stop token id {error.token_id} names no token of this tokenizer") from error
+            raise ParameterError(f"stop token id {error.token_id} names no token of this tokenizer") from error
         visible = frozenset(config.visible_stop_tokens)
         return cls(tokenizer, config, frozenset(config.stop_tokens) | visible, visible)

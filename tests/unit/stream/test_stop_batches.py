@@ -6,7 +6,8 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.stop_checks import TOKENIZERS, check, single_token_pieces
 
-from detok_worker.stream import Held, StopConfigError, Stopped, StopSequenceConfig, StopSequenceDecoder
+from detok_worker.errors import ParameterError
+from detok_worker.stream import Held, Stopped, StopSequenceConfig, StopSequenceDecoder
 from detok_worker.tokenizer.protocol import InvalidTokenIdError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -135,15 +136,15 @@ def test_reset_starts_over() -> None:
     ],
 )
 def test_bad_config_is_rejected(kwargs: dict) -> None:
-    with pytest.raises(StopConfigError):
+    with pytest.raises(ParameterError):
         StopSequenceConfig(**kwargs)
 
 
 def test_bad_decoder_options_are_rejected() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
-    with pytest.raises(StopConfigError):
+    with pytest.raises(ParameterError):
         StopSequenceDecoder(tokenizer, StopSequenceConfig(stop_tokens=[tokenizer.vocab_size]))
-    with pytest.raises(StopConfigError):
+    with pytest.raises(ParameterError):
         StopSequenceDecoder(tokenizer, StopSequenceConfig(), min_tokens=-1)
 
 

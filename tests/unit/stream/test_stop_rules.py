@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from detok_worker.bus.messages import DetokParams
-from detok_worker.stream.stop.rules import StopLimits, StopRuleError, StopRules
+from detok_worker.errors import ParameterError
+from detok_worker.stream.stop.rules import StopLimits, StopRules
 
 LIMITS = StopLimits(max_strings=2, max_string_chars=5)
 
@@ -22,7 +23,7 @@ LIMITS = StopLimits(max_strings=2, max_string_chars=5)
     ],
 )
 def test_each_broken_limit_names_its_field(params: DetokParams, param: str) -> None:
-    with pytest.raises(StopRuleError) as caught:
+    with pytest.raises(ParameterError) as caught:
         StopRules.from_params(params, LIMITS)
     assert caught.value.param == param
 

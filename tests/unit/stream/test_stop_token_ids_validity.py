@@ -12,10 +12,10 @@ from helpers.fixtures import load_fixture_tokenizer
 from helpers.tokenizer_files import cl100k_rank_file
 
 from detok_worker.config import load_config
+from detok_worker.errors import ParameterError
 from detok_worker.front.errors import APIError
 from detok_worker.front.validation import Limits, check_generation, decode_completion
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
-from detok_worker.stream.stop.decoder import StopConfigError
 from detok_worker.tokenizer import create_tokenizer
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, validate_token_ids
 
@@ -55,7 +55,7 @@ def test_stop_decoder_refuses_a_gap_stop_token(family: str, visible: bool) -> No
     def config(ids: list[int]) -> StopSequenceConfig:
         return StopSequenceConfig(visible_stop_tokens=ids) if visible else StopSequenceConfig(stop_tokens=ids)
 
-    with pytest.raises(StopConfigError, match=str(gap)):
+    with pytest.raises(ParameterError, match=str(gap)):
         StopSequenceDecoder(tokenizer, config([real, gap]))
     decoder = StopSequenceDecoder(tokenizer, config([real]))
     assert decoder.process_token(real).stop_reason == real

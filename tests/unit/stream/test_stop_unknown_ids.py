@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers.tokenizer_files import reference_hf_tokenizer
 
+from detok_worker.errors import ParameterError
 from detok_worker.stream import StopSequenceConfig, StopSequenceDecoder
-from detok_worker.stream.stop import Held, StopConfigError, Stopped, StoppedWithText
+from detok_worker.stream.stop import Held, Stopped, StoppedWithText
 from detok_worker.tokenizer.protocol import InvalidTokenIdError
 
 MODEL_VOCAB = 151_936  # Qwen3's config.json vocab_size; its tokenizer has 151,669 ids
@@ -47,5 +48,5 @@ def test_a_stop_token_after_an_id_without_text_ends_the_text_before_it(qwen3) ->
 
 @pytest.mark.parametrize("size", [-1, True, 1.5])
 def test_model_vocab_size_must_be_a_count(qwen3, size) -> None:
-    with pytest.raises(StopConfigError, match="model_vocab_size"):
+    with pytest.raises(ParameterError, match="model_vocab_size"):
         StopSequenceDecoder(qwen3, StopSequenceConfig(), model_vocab_size=size)
