@@ -21,8 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
-from detok_worker.parse.markers import split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
 
 THINK_START = "<think>"
 THINK_END = "</think>"

@@ -17,9 +17,8 @@ import re
 from collections.abc import Callable
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, split_before_marker
 from detok_worker.parse.json_call import JsonCallScanner
-from detok_worker.parse.markers import held_suffix_len, split_before_marker
 
 _SPACE = " \t\r\n"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")

@@ -51,8 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
-from detok_worker.parse.markers import held_suffix_len
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len
 from detok_worker.parse.tool_types import ToolTypes, is_text, loaded_value_json, value_json
 
 _NOT_PATTERN_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # str.isspace() counts them; the patterns' \s (regex) does not
