@@ -1,5 +1,5 @@
-"""The front's encode cache: L0 whole-prompt entries and L1 shared prefixes (prefix.py) split where the
-tokenizer's merges cannot cross (split_safety.py), exported to Prometheus (metrics.py)."""
+"""The front's encode cache: L0 whole-prompt entries and L1 shared prefixes (`PrefixStore`) split where the
+tokenizer's merges cannot cross (`plan_prefix_split`), exported to Prometheus (`export_encode_cache_metrics`)."""
 
 from __future__ import annotations
 

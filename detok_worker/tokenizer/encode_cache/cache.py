@@ -19,9 +19,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from detok_worker.tokenizer.encode_cache.plan_cache import plan_key, read_plan, write_plan
 from detok_worker.tokenizer.encode_cache.prefix import PrefixEncoder, PrefixHit, PrefixStore
-from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_prefix_split
+from detok_worker.tokenizer.encode_cache.split_safety import (
+    SplitPlan,
+    plan_key,
+    plan_prefix_split,
+    read_plan,
+    write_plan,
+)
 from detok_worker.tokenizer.protocol import Encoding, Tokenizer
 from detok_worker.tokenizer.wrapper import TokenizerWrapper
 
@@ -35,7 +40,7 @@ _plans_lock = threading.Lock()
 
 def split_plan_for(tokenizer: Tokenizer) -> SplitPlan:
     """The split plan of a tokenizer, computed once per tokenizer object (test encodes: slow) and
-    kept on disk by tokenizer content (plan_cache.py)."""
+    kept on disk by tokenizer content (`read_plan`, `write_plan`)."""
     with _plans_lock:
         try:
             plan = _plans.get(tokenizer)
