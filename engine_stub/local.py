@@ -21,10 +21,9 @@ from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
 from engine_stub import planned
-from engine_stub.corpus_ids import passage_ids
 from engine_stub.fake_logprobs import fake_logprobs
 from engine_stub.generators import GeneratingSource, GeneratorEngine
-from engine_stub.planned import PlannedEngine, TokenSource
+from engine_stub.planned import PlannedEngine, TokenSource, passage_ids
 
 log = logging.getLogger(__name__)
 
