@@ -172,7 +172,7 @@ class GenerationRuns:
 
 
 def proto_logprobs(entries: list[TokenLogprob]) -> Any:
-    """Bus logprob entries as the engine's OutputLogProbs (the planning sources' fake ones: fake_logprobs.py)."""
+    """Bus logprob entries as the engine's OutputLogProbs (the planning sources' fake ones: `fake_logprobs`)."""
     return pb2.OutputLogProbs(
         token_logprobs=[entry.logprob for entry in entries],
         top_logprobs=[pb2.TopLogProbs(values=entry.top_logprobs, token_ids=entry.top_ids) for entry in entries],

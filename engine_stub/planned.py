@@ -2,11 +2,11 @@
 `PlannedEngine`, which generates those plans as an engine would, pushing each step's ids to the EngineLink.
 
 - corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS; the ids of
-  every passage are encoded at start, or read from their disk cache (corpus_ids.py);
+  every passage are encoded at start, or read from their disk cache (`passage_ids`);
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
   0 = as fast as the engine steps).
-(llama-cpp, a real model, generates step by step instead: llama.py.) A plan is cut to max_tokens; EOS at the
+(llama-cpp, a real model, generates step by step instead: `LlamaSource`.) A plan is cut to max_tokens; EOS at the
 end survives only if it fits.
 """
 
@@ -168,7 +168,7 @@ class CorpusSource:
         seed: int = 0,
         passage_ids: list[list[int]] | None = None,
     ) -> None:
-        """`passage_ids`: every passage's ids, known beforehand (corpus_ids.py); else each passage is
+        """`passage_ids`: every passage's ids, known beforehand (`passage_ids`, below); else each passage is
         encoded at its first use."""
         self.tokenizer = tokenizer
         self.passages = passages
