@@ -1,5 +1,5 @@
 """A step-wise engine made of per-request token generators, for the EngineLink loop (docs/protocol.md, section 5):
-what the local loop (local.py) and the gRPC engine server run a generating source (llama-cpp) with.
+what the local loop (`run_local`) and the gRPC engine server run a generating source (llama-cpp) with.
 
 Any `generate(prompt_ids, max_tokens, stop_ids, min_tokens) -> Iterator[int | None]` plugs in: a model run greedily
 on CPU, a test's echo. Each step takes the next tokens_per_step ids of every running request; a request ends

@@ -1,7 +1,7 @@
 """A real model on CPU: greedy generation with llama.cpp through cyllama's prebuilt binding (extra: detok[llama]).
 
 `LlamaGenerator.generate(prompt_ids, max_tokens, stop_ids, min_tokens)` makes one id per next(), so the engine
-runs each request step by step, interleaved with the others (engine_stub/generators.py). Every generation
+runs each request step by step, interleaved with the others (`GeneratorEngine`). Every generation
 has a llama.cpp context (KV cache) of its own, sized to its prompt and max_tokens, created at its first step and
 freed when it ends or is cancelled; the prompt is decoded PREFILL_CHUNK ids per step. Greedy sampling gives the
 same ids on every run of the same model file and binding version (hence exact pins).

@@ -1,8 +1,8 @@
 """The local sources' loop (corpus, echo, trace, llama-cpp): an engine running in this process on top of the engine
-side of the bus (detok_worker/engine/link.py), stepping every engine.step_interval_ms, plus the replay of a trace's
+side of the bus (`EngineLink`), stepping every engine.step_interval_ms, plus the replay of a trace's
 own requests at their recorded times. It is the loop of docs/protocol.md section 5, as a real engine's relay runs
 it: every request is accepted by the link at its Submit, and each step pushes the new ids of every running request.
-A planning source's plans run through a PlannedEngine (planned.py: max_batch at once, tokens_per_step per step or
+A planning source's plans run through a PlannedEngine (max_batch at once, tokens_per_step per step or
 paced as recorded, fake logprobs when asked), a generating source (a real model) through a GeneratorEngine.
 """
 
@@ -21,10 +21,9 @@ from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace
 from engine_stub import planned
-from engine_stub.corpus_ids import passage_ids
 from engine_stub.fake_logprobs import fake_logprobs
 from engine_stub.generators import GeneratingSource, GeneratorEngine
-from engine_stub.planned import PlannedEngine, TokenSource
+from engine_stub.planned import PlannedEngine, TokenSource, passage_ids
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +183,7 @@ class EngineProcess:
         self._plan(message, plan.ids, release)
 
     def _plan(self, message: Submit, ids: list[int], release_ns: list[int] | None, finish: str | None = None) -> None:
-        """Generate `ids` for an accepted request (with fake logprobs, fake_logprobs.py, when it asked for them)."""
+        """Generate `ids` for an accepted request (with fake logprobs, `fake_logprobs`, when it asked for them)."""
         params = message.params
         top = params.sampling.logprobs
         logprobs = None if top is None else fake_logprobs(ids[: params.max_tokens], top, self.tokenizer)

@@ -2,17 +2,18 @@
 `PlannedEngine`, which generates those plans as an engine would, pushing each step's ids to the EngineLink.
 
 - corpus: the tokens of one passage of the text corpus (chosen per rid by a seeded RNG), then EOS; the ids of
-  every passage are encoded at start, or read from their disk cache (corpus_ids.py);
+  every passage are encoded at start, or read from their disk cache (`passage_ids`);
 - echo: the prompt's own ids, then EOS (a client can predict the exact output);
 - trace: the output ids of a recorded trace's requests, round robin, paced as recorded (engine.replay_speed;
   0 = as fast as the engine steps).
-(llama-cpp, a real model, generates step by step instead: llama.py.) A plan is cut to max_tokens; EOS at the
+(llama-cpp, a real model, generates step by step instead: `LlamaSource`.) A plan is cut to max_tokens; EOS at the
 end survives only if it fits.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 import random
 from collections import deque
@@ -25,6 +26,7 @@ from typing import Protocol
 from detok_worker.bus.messages import FINISH_LENGTH, FINISH_STOP, RequestParams, TokenLogprob
 from detok_worker.engine.scheduler import Output
 from detok_worker.engine.sources.base import SourceError
+from detok_worker.tokenizer.loading.load_cache import content_key, read_json_entry, write_json_entry
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace
 
@@ -102,6 +104,59 @@ def load_corpus(directory: str | Path | None = None) -> list[str]:
     return passages
 
 
+# The token ids of the corpus source's passages, on disk per tokenizer content and corpus text, so an engine
+# whose tokenizer defers building the library tokenizer (`HFTokenizer`) never builds it for
+# the corpus: with the ids here and the EOS and special ids from the tokenizer load cache, the engine starts without
+# `Tokenizer.from_str` and plans every request by a lookup.
+#
+# Where: the detok cache directory (`cache_root()`, as for the other disk caches), folder `corpus-ids/`, one JSON
+# file per key (`content_key`: the tokenizer's content fingerprint, a tokenizer without one is never cached, and
+# a sha256 of every passage). A missing or unreadable file, or one written for another key, is ignored and
+# written again; any file may be deleted at any time.
+
+_CORPUS_IDS_FORMAT = 1
+_CORPUS_IDS_SUBDIR = "corpus-ids"
+
+
+def corpus_key(tokenizer: Tokenizer, passages: list[str]) -> str | None:
+    """The key of these passages' ids under this tokenizer, or None when the tokenizer gives no content
+    fingerprint."""
+    corpus = hashlib.sha256("\x00".join(passages).encode("utf-8", "surrogatepass")).hexdigest()
+    return content_key(tokenizer, format=_CORPUS_IDS_FORMAT, passages=len(passages), corpus=corpus)
+
+
+def read_corpus_ids(key: str, count: int) -> list[list[int]] | None:
+    """The ids of `count` passages stored under `key`, or None."""
+    data = read_json_entry(_CORPUS_IDS_SUBDIR, key)
+    if data is None:
+        return None
+    try:
+        ids = data["ids"]
+        if len(ids) != count:
+            return None
+        return [[int(i) for i in passage] for passage in ids]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def write_corpus_ids(key: str, ids: list[list[int]]) -> None:
+    """Store the ids (atomically); a cache that cannot be written is skipped: the source works without it."""
+    write_json_entry(_CORPUS_IDS_SUBDIR, key, {"ids": ids})
+
+
+def passage_ids(tokenizer: Tokenizer, passages: list[str]) -> list[list[int]] | None:
+    """The ids of every passage (no special tokens added), from the cache or encoded now and stored; None for a
+    tokenizer without a content fingerprint (the source then encodes each passage at its first use)."""
+    key = corpus_key(tokenizer, passages)
+    if key is None:
+        return None
+    ids = read_corpus_ids(key, len(passages))
+    if ids is None:
+        ids = [encoding.ids for encoding in tokenizer.encode_batch(passages)]
+        write_corpus_ids(key, ids)
+    return ids
+
+
 class CorpusSource:
     name = "corpus"
 
@@ -113,7 +168,7 @@ class CorpusSource:
         seed: int = 0,
         passage_ids: list[list[int]] | None = None,
     ) -> None:
-        """`passage_ids`: every passage's ids, known beforehand (corpus_ids.py); else each passage is
+        """`passage_ids`: every passage's ids, known beforehand (`passage_ids`, below); else each passage is
         encoded at its first use."""
         self.tokenizer = tokenizer
         self.passages = passages

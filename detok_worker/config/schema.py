@@ -129,7 +129,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_prompt_chars: AtLeastOne = 1_000_000  # characters of a prompt (all messages), checked before encoding
     max_prompt_tokens: NonNegativeInt = 0  # 0 = the tokenizer's model_max_length where known, else PROMPT_TOKENS_CAP
     request_timeout_s: NonNegativeFloat = 600.0  # 0 = none
-    # chat output parsers (detok_worker/parse/registry.py): "auto" = by the tokenizer's family, "none" = off
+    # chat output parsers (`resolve`): "auto" = by the tokenizer's family, "none" = off
     reasoning_parser: str = "auto"
     # the chat answer's field for the reasoning: detok's reasoning_content, or vLLM 0.32's reasoning (the default on
     # source = vllm)
@@ -197,7 +197,7 @@ class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # chat requests with tool_choice "none" render no tools into the prompt (vLLM's
     # --exclude-tools-when-tool-choice-none)
     exclude_tools_when_tool_choice_none: bool = False
-    access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (front/request_log.py)
+    access_log: bool = True  # one INFO line per HTTP request on the detok.access logger (`RequestLogMiddleware`)
     # front processes of `detok serve`, all on host:port (SO_REUSEPORT), each with its own bus PULL
     processes: AtLeastOne = 1
 

@@ -21,7 +21,7 @@ Metric families (labels in braces; `tokenizer` is the backend type, e.g. hf, tik
 - every process: detok_live_rids{role,worker}, detok_bad_frames_total{role,worker,kind}
 - engine: detok_reopened_rids_total; front: detok_requests_total{endpoint}, detok_aborted_requests_total{cause},
   detok_sse_clients, detok_front_tokens_total, detok_front_chars_total, detok_bus_latency_seconds
-- front, once per HTTP request (front/request_log.py): detok_http_responses_total{endpoint,status},
+- front, once per HTTP request (`RequestLogMiddleware`): detok_http_responses_total{endpoint,status},
   detok_request_duration_seconds{endpoint}, detok_time_to_first_token_seconds{endpoint},
   detok_inter_token_latency_seconds{endpoint} (a request's mean); detok_front_draining
 """

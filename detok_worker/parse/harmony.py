@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 
-from detok_worker.parse.base import ParsedOutput, TextStage
-from detok_worker.parse.markers import split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
 
 MESSAGE = "<|message|>"
 CHANNEL = "<|channel|>"

@@ -8,7 +8,7 @@ its prompt (`initial_state`): a template that pre-fills `<think>` starts in REAS
 default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
 template pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's qwen3 parser (`qwen3_vllm`, what
 `--reasoning-parser qwen3` means on `--source vllm`) reads no prompt: it reasons from the first character (thinking
-off, the request's `enable_thinking: false`, it is not run at all: parse/registry.py THINKING_SWITCHED), and drops
+off, the request's `enable_thinking: false`, it is not run at all: `THINKING_SWITCHED`), and drops
 a start marker inside the reasoning and an end marker in the content. vLLM 0.32's glm45, kimi_k2 and minimax_m2
 parsers (its parser engine) read the same way, and besides: the reasoning's trailing whitespace is dropped, the
 family's tool-call marker ends the reasoning too (and is content), and glm45 reasons again at a start marker in the
@@ -21,8 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
-from detok_worker.parse.markers import split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
 
 THINK_START = "<think>"
 THINK_END = "</think>"

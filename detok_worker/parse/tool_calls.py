@@ -4,8 +4,8 @@
 `{"name", "parameters"}` objects) and a named function (the output is its arguments).
 
 Text outside the calls is content. Each call streams as: its name (first piece), then its arguments JSON as the
-model writes it (json_call.py). A call stands once it names a function (it has been streamed); cut off by the end of
-the output, it keeps what was streamed. No text vanishes: what is not markup of a call is content. An object that
+model writes it (`JsonCallScanner`). A call stands once it names a function (it has been streamed); cut off by the end
+of the output, it keeps what was streamed. No text vanishes: what is not markup of a call is content. An object that
 ends, breaks or is cut off before it names a function was not a call: its text (with the markup before it) is
 content. Markup that is held until what follows shows what it is (`_unnamed`): the opening marker and whitespace
 before the first call, and whitespace plus one separator between calls.
@@ -17,9 +17,8 @@ import re
 from collections.abc import Callable
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, split_before_marker
 from detok_worker.parse.json_call import JsonCallScanner
-from detok_worker.parse.markers import held_suffix_len, split_before_marker
 
 _SPACE = " \t\r\n"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")

@@ -20,7 +20,7 @@ where it stands is text there. Reasoning markers are text (vLLM's tool parser wh
 A call is named by the text up to the marker that ends its name, stripped; a call without a name is none, and glm and
 minimax take only the names of the request's tools (when it has tools). Its arguments are the text up to its closing
 marker (or the end of the output), read as the family's parameters (`_ParameterReader`: vLLM's pattern over that
-text), each value made JSON by its schema type (tool_types.py), in `json.dumps`'s spacing. Text outside the calls is
+text), each value made JSON by its schema type (`ToolTypes`), in `json.dumps`'s spacing. Text outside the calls is
 content, but once a call stands the content is the text before the first call only (vLLM keeps no other), without
 its trailing whitespace; whitespace alone beside calls is no content.
 
@@ -51,8 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage
-from detok_worker.parse.markers import held_suffix_len
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len
 from detok_worker.parse.tool_types import ToolTypes, is_text, loaded_value_json, value_json
 
 _NOT_PATTERN_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # str.isspace() counts them; the patterns' \s (regex) does not

@@ -5,7 +5,7 @@
   the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
   plus a parent watch, see `detok_worker.process.parent_watch`).
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
-  exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`detok_worker.process.launch`).
+  exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`sweep_stale_runtime_dirs`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
   routing id over). With front.processes > 1 a dead front is restarted likewise, with its index (its bus PULL;
   at start it tells the engine, which aborts the requests its predecessor left). A dead engine, or the front when
@@ -21,17 +21,21 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -42,9 +46,8 @@ from detok_worker.bus.errors import BusError
 from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import VLLM_FLAGS_APPLIED_ENV, vllm_flags_digest
+from detok_worker.errors import OperatorError
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
-from detok_worker.process.children import Child, child_argv, worker_id
-from detok_worker.process.launch import LaunchError, PortInUseError, make_runtime_dir, resolve_listen_port, url_host
 from detok_worker.process.parent_watch import PARENT_PID_ENV
 from detok_worker.process.wakeup import Wakeup
 
@@ -66,6 +69,116 @@ VLLM_ENGINE_EXIT_S = 60.0
 SUPERVISE_POLL_S = 2.0  # a fallback: SIGCHLD, stop and scale signals wake the loop at once
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
+
+
+RUNTIME_DIR_PREFIX = "detok-serve-"
+PID_FILE = "supervisor.pid"
+
+
+class LaunchError(OperatorError):
+    """`detok serve` cannot start (the message says why, for the operator)."""
+
+
+class PortInUseError(LaunchError):
+    pass
+
+
+def default_runtime_base() -> Path:
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+
+
+def sweep_stale_runtime_dirs(base: Path) -> list[Path]:
+    """Remove runtime dirs of ours whose supervisor is gone (it was SIGKILLed and could not clean up)."""
+    removed: list[Path] = []
+    for path in base.glob(RUNTIME_DIR_PREFIX + "*"):
+        try:
+            if path.stat().st_uid != os.getuid():
+                continue
+            pid = int((path / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            continue
+    return removed
+
+
+def resolve_listen_port(host: str, port: int) -> int:
+    """Check that host:port can be bound (clear error if not); port 0 becomes a concrete free port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise LaunchError(f"cannot resolve front host {host!r}: {exc}") from exc
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(
+                    f"port {port} on {host} is already in use; stop the other server or pick another --port"
+                ) from exc
+            raise LaunchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        return int(probe.getsockname()[1])
+
+
+def url_host(host: str) -> str:
+    """The host to put in a URL (and to probe): a wildcard address becomes loopback."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def make_runtime_dir(base: Path | None = None) -> Path:
+    """A fresh private runtime dir (mode 0700) holding a pid file, after sweeping stale ones."""
+    base = base if base is not None else default_runtime_base()
+    for stale in sweep_stale_runtime_dirs(base):
+        log.info("removed runtime dir %s of a supervisor that is gone", stale)
+    path = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=base))
+    (path / PID_FILE).write_text(f"{os.getpid()}\n")
+    return path
+
+
+@dataclass
+class Child:
+    """One supervised process slot (the process in it changes on restart)."""
+
+    name: str
+    role: str  # engine | front | worker
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    failures_in_row: int = 0
+    restart_at: float | None = None
+    retire_deadline: float | None = None  # set while a scaled-down worker is leaving
+    pids: list[int] = field(default_factory=list)  # every pid this slot has had
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+def child_argv(role: str, config_path: Path, worker_id: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "detok_worker.cli", role, "--config", str(config_path)]
+    if worker_id is not None:
+        argv += ["--id", worker_id]
+    return argv
+
+
+def worker_id(slot: int) -> str:
+    return f"{socket.gethostname().split('.')[0] or 'host'}-w{slot}"
 
 
 class Supervisor:

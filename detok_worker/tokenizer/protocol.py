@@ -152,7 +152,7 @@ class ChecksIds(Protocol):
 
 @runtime_checkable
 class HasTokenBytes(Protocol):
-    """Offers the bytes of every token (tokenizer/token_bytes.py): the byte-level fast path, verified before use."""
+    """Offers the bytes of every token (`TokenBytesTable`): the byte-level fast path, verified before use."""
 
     def token_bytes_table(self) -> TokenBytesTable | None: ...
 
@@ -174,7 +174,7 @@ class KnowsAddedTokens(Protocol):
 @runtime_checkable
 class MarksWordStarts(Protocol):
     """Writes a word's leading space as a marker character in its pieces (a Metaspace pre-tokenizer's "▁"), which
-    the decode of a piece alone strips: token strings put it back (stream/decode/token_strings.py)."""
+    the decode of a piece alone strips: token strings put it back (`TokenStrings`)."""
 
     def word_start_marker(self) -> str | None: ...
 

@@ -2,7 +2,7 @@
 
 A backend that can describe its decode as "concatenate per-token byte strings, then UTF-8 with replacement"
 implements an optional method `token_bytes_table() -> TokenBytesTable | None`. The streaming core never trusts the
-table: it verifies it against the backend's own `decode` before using it (detok_worker/stream/decode/tables.py).
+table: it verifies it against the backend's own `decode` before using it (`build_byte_decoding`).
 
 Two decoding schemes are described by one table:
 - byte-level (ByteLevel BPE, tiktoken): decode(ids) = b"".join(pieces).decode("utf-8", "replace").

@@ -16,7 +16,7 @@ import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
 from helpers.serve_helpers import REPO, ServeProcess, pid_alive, wait_for
 
-from detok_worker.process.launch import PID_FILE, RUNTIME_DIR_PREFIX, make_runtime_dir, sweep_stale_runtime_dirs
+from detok_worker.process.supervisor import PID_FILE, RUNTIME_DIR_PREFIX, make_runtime_dir, sweep_stale_runtime_dirs
 from engine_stub.planned import load_corpus
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inspects /proc")

@@ -128,7 +128,7 @@ class HFTokenizer(TokenizerBase):
 
     def build_tiktoken_encoder(self) -> TiktokenEncoder | None:
         """Build the tiktoken encoder (once): from then on it encodes where it gives the library's ids and offsets
-        (backends/hf_tiktoken.py). None where it would not."""
+        (`hf_tiktoken`). None where it would not."""
         library = self._tokenizer
         with self._encoder_lock:
             if not self._encoder_tried:

@@ -8,7 +8,7 @@ message keys dropped, inputs rebuilt from plain JSON types, reasoning fields ali
 One deliberate difference: touching an unsafe attribute (`''.__class__`) raises ChatTemplateSecurityError at once;
 jinja's sandbox would render it as an empty string as long as nothing further is done with it.
 
-Where templates come from is in chat_template_source.py.
+Where templates come from is `load_chat_template`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""The front's encode cache: L0 whole-prompt entries and L1 shared prefixes (prefix.py) split where the
-tokenizer's merges cannot cross (split_safety.py), exported to Prometheus (metrics.py)."""
+"""The front's encode cache: L0 whole-prompt entries and L1 shared prefixes (`PrefixStore`) split where the
+tokenizer's merges cannot cross (`plan_prefix_split`), exported to Prometheus (`export_encode_cache_metrics`)."""
 
 from __future__ import annotations
 
 from detok_worker.config import TokenizerCacheConfig
-from detok_worker.tokenizer.encode_cache.cache import CachedTokenizer, EncodeCacheStats, split_plan_for
-from detok_worker.tokenizer.encode_cache.metrics import export_encode_cache_metrics
+from detok_worker.tokenizer.encode_cache.cache import (
+    CachedTokenizer,
+    EncodeCacheStats,
+    export_encode_cache_metrics,
+    split_plan_for,
+)
 from detok_worker.tokenizer.protocol import Tokenizer
 
 __all__ = ["CachedTokenizer", "EncodeCacheStats", "split_plan_for", "wrap_with_encode_cache"]
@@ -13,7 +17,7 @@ __all__ = ["CachedTokenizer", "EncodeCacheStats", "split_plan_for", "wrap_with_e
 
 def wrap_with_encode_cache(tokenizer: Tokenizer, config: TokenizerCacheConfig) -> Tokenizer:
     """`tokenizer` behind the levels `config` enables, its stats exported to Prometheus (the process's default
-    registry, see encode_cache_metrics); the tokenizer itself when both levels are off."""
+    registry, see `export_encode_cache_metrics`); the tokenizer itself when both levels are off."""
     if not config.enable_l0 and not config.enable_l1:
         return tokenizer
     cached = CachedTokenizer(

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from detok_worker.tokenizer.encode_cache.boundaries import (
+from detok_worker.tokenizer.encode_cache.split_safety import (
     MAX_BOUNDARIES_PER_TEXT,
     Boundary,
     BoundaryFinder,

@@ -1,7 +1,8 @@
-"""From a user's tokenizer spec to a loaded tokenizer: detection (detect.py), Hub download (hub.py), then the
-backend. `load_tokenizer` is what `create_tokenizer` calls. Hugging Face tokenizers (tokenizer.json, and the
-tokenizer.json documents built here from GGUF metadata or vocab.json + merges.txt) load through hf.py; every
-backend gets its chat templates from chat_template_source (explicit > chat_template.jinja > tokenizer_config.json).
+"""From a user's tokenizer spec to a loaded tokenizer: detection (`detect_source`), Hub download
+(`download_tokenizer_files`), then the backend. `load_tokenizer` is what `create_tokenizer` calls. Hugging Face
+tokenizers (tokenizer.json, and the tokenizer.json documents built here from GGUF metadata or vocab.json +
+merges.txt) load through `load_hf`; every backend gets its chat templates from chat_template_source (explicit >
+chat_template.jinja > tokenizer_config.json).
 
 `backend` forces a backend instead of detecting one: "hf", "tiktoken", "sentencepiece", "gguf", "tekken" (alias
 "mistral"), "python" (a module:Class), "mock", "sglang" or "vllm" (that engine's get_tokenizer). `options` are
@@ -12,6 +13,7 @@ keyword arguments; for sglang/vllm get_tokenizer's keyword arguments.
 from __future__ import annotations
 
 import lzma
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -114,8 +116,6 @@ def load_tokenizer(
         return MockTokenizer(**options)
     source = _forced_source(spec, backend) if backend else detect_source(spec, model_encodings)
     if source.kind is SourceKind.HUB:
-        from detok_worker.tokenizer.loading.hub import download_tokenizer_files
-
         directory = download_tokenizer_files(spec, revision)
         source = detect_directory(directory)
     return load_source(source, chat_template=chat_template, options=options)
@@ -208,3 +208,85 @@ def vocab_merges_document(directory: Path) -> str:
         "model": {"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": False, "unk_token": None},
     }
     return json.dumps(document, ensure_ascii=False)
+
+
+# Hub download: only a model's tokenizer files (huggingface_hub's snapshot_download).
+# The environment is read at call time (huggingface_hub reads some of it once, at import): HF_ENDPOINT (another
+# Hub, e.g. a mirror), HF_TOKEN (sent as a bearer token; gated and private repos need it), HF_HUB_CACHE / HF_HOME
+# (the cache, shared with transformers), HF_HUB_OFFLINE=1 (never touch the network: use the cache or fail with an
+# error that says so). huggingface_hub shows progress bars unless HF_HUB_DISABLE_PROGRESS_BARS=1.
+
+# Everything a tokenizer can need, and nothing else (no weights).
+TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "tekken.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*.jinja",
+)
+_TRUE = ("1", "true", "yes", "on")
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def hub_cache_dir() -> Path:
+    """Where Hub files are cached: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def download_tokenizer_files(repo_id: str, revision: str | None = None) -> Path:
+    """The local directory holding the tokenizer files of `repo_id` at `revision` (downloaded if needed)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = hub_offline()
+    cache = hub_cache_dir()
+    where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        directory = snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=cache,
+            allow_patterns=list(TOKENIZER_FILE_PATTERNS),
+            local_files_only=offline,
+            token=os.environ.get("HF_TOKEN") or None,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+        )
+    except LocalEntryNotFoundError as exc:
+        reason = "offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached"
+        raise TokenizerLoadError(
+            f"tokenizer of {where} is not in the Hugging Face cache ({cache}) and {reason}; "
+            "download it once online (same HF_HOME), or pass a local path"
+        ) from exc
+    except GatedRepoError as exc:
+        raise TokenizerLoadError(f"{where} is gated: set HF_TOKEN to a token with access ({exc})") from exc
+    except RepositoryNotFoundError as exc:
+        raise TokenizerLoadError(
+            f"{where} was not found on the Hub (or is private: set HF_TOKEN); it is also not a local path"
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise TokenizerLoadError(f"revision {revision!r} of {repo_id!r} does not exist") from exc
+    except (OSError, ValueError) as exc:  # network and HTTP errors from huggingface_hub
+        raise TokenizerLoadError(f"could not download the tokenizer of {where}: {exc}") from exc
+    path = Path(directory)
+    if not any(path.iterdir()):
+        raise TokenizerLoadError(f"{where} has no tokenizer files (looked for {', '.join(TOKENIZER_FILE_PATTERNS)})")
+    return path

@@ -1,4 +1,4 @@
-"""The corpus source's passage ids on disk (engine_stub/corpus_ids.py): a hit gives exactly the
+"""The corpus source's passage ids on disk (`passage_ids`): a hit gives exactly the
 ids an encode gives, without building the library tokenizer; another tokenizer file or another corpus text misses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, create_tokenizer
 from detok_worker.tokenizer.loading import load_cache
-from engine_stub import corpus_ids
+from engine_stub import planned
 from engine_stub.planned import load_corpus
 
 
@@ -25,39 +25,39 @@ def test_cached_passage_ids_equal_a_fresh_encode_and_need_no_library_build(cache
     passages = load_corpus()
     cold = create_tokenizer(DEFAULT_TOKENIZER_DIR)
     encoded = [cold.encode(passage).ids for passage in passages]
-    assert corpus_ids.passage_ids(cold, passages) == encoded
+    assert planned.passage_ids(cold, passages) == encoded
     assert len(list((cache_root / "corpus-ids").glob("*.json"))) == 1
     warm = create_tokenizer(DEFAULT_TOKENIZER_DIR)  # facts from the load cache: library build deferred
     assert "_tokenizer" not in vars(warm)
-    assert corpus_ids.passage_ids(warm, passages) == encoded
+    assert planned.passage_ids(warm, passages) == encoded
     assert "_tokenizer" not in vars(warm)  # the ids came from disk
 
 
 def test_another_corpus_or_tokenizer_file_misses(cache_root: Path, tmp_path: Path) -> None:
     passages = load_corpus()
     tokenizer = create_tokenizer(DEFAULT_TOKENIZER_DIR)
-    key = corpus_ids.corpus_key(tokenizer, passages)
+    key = planned.corpus_key(tokenizer, passages)
     assert key is not None
-    corpus_ids.passage_ids(tokenizer, passages)
-    assert corpus_ids.read_corpus_ids(key, len(passages)) is not None
-    assert corpus_ids.corpus_key(tokenizer, [*passages[:-1], passages[-1] + "!"]) != key
+    planned.passage_ids(tokenizer, passages)
+    assert planned.read_corpus_ids(key, len(passages)) is not None
+    assert planned.corpus_key(tokenizer, [*passages[:-1], passages[-1] + "!"]) != key
     copy = tmp_path / "qwen3-copy"
     shutil.copytree(DEFAULT_TOKENIZER_DIR, copy)
-    assert corpus_ids.corpus_key(create_tokenizer(copy), passages) == key  # keyed by content, not by path
+    assert planned.corpus_key(create_tokenizer(copy), passages) == key  # keyed by content, not by path
     source = copy / "tokenizer.json.xz"
     same_tokenizer_other_bytes = lzma.decompress(source.read_bytes()) + b"\n"
     source.write_bytes(lzma.compress(same_tokenizer_other_bytes, preset=0))
-    assert corpus_ids.corpus_key(create_tokenizer(copy), passages) != key
+    assert planned.corpus_key(create_tokenizer(copy), passages) != key
 
 
 def test_a_damaged_or_foreign_file_is_ignored_and_rewritten(cache_root: Path) -> None:
     passages = load_corpus()
     tokenizer = create_tokenizer(DEFAULT_TOKENIZER_DIR)
-    want = corpus_ids.passage_ids(tokenizer, passages)
-    key = corpus_ids.corpus_key(tokenizer, passages)
+    want = planned.passage_ids(tokenizer, passages)
+    key = planned.corpus_key(tokenizer, passages)
     (path,) = (cache_root / "corpus-ids").glob("*.json")
     for damage in ('{"key": "other", "ids": []}', "not json", f'{{"key": "{key}", "ids": [[1]]}}'):
         path.write_text(damage)
-        assert corpus_ids.read_corpus_ids(str(key), len(passages)) is None
-        assert corpus_ids.passage_ids(tokenizer, passages) == want
-        assert corpus_ids.read_corpus_ids(str(key), len(passages)) == want
+        assert planned.read_corpus_ids(str(key), len(passages)) is None
+        assert planned.passage_ids(tokenizer, passages) == want
+        assert planned.read_corpus_ids(str(key), len(passages)) == want

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from detok_worker.config import TokenizerCacheConfig
 from detok_worker.tokenizer.encode_cache import CachedTokenizer, wrap_with_encode_cache
-from detok_worker.tokenizer.encode_cache.metrics import export_encode_cache_metrics
+from detok_worker.tokenizer.encode_cache.cache import export_encode_cache_metrics
 
 SYSTEM = "<|im_start|>system\nYou are helpful.<|im_end|>\n"
 PROMPTS = [SYSTEM + f"<|im_start|>user\nquestion {n}<|im_end|>\n<|im_start|>assistant\n" for n in range(5)]

@@ -1,4 +1,4 @@
-"""The encode cache's split plan on disk (detok_worker/tokenizer/encode_cache/plan_cache.py): a plan read back is
+"""The encode cache's split plan on disk (`read_plan`, `write_plan`): a plan read back is
 the plan test encodes give; another tokenizer file or other special tokens miss; a damaged file is replanned."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from detok_worker.tokenizer import DEFAULT_TOKENIZER_DIR, create_tokenizer
 from detok_worker.tokenizer.encode_cache import cache as encode_cache
-from detok_worker.tokenizer.encode_cache import plan_cache
-from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_prefix_split
+from detok_worker.tokenizer.encode_cache.split_safety import SplitPlan, plan_key, plan_prefix_split, read_plan
 from detok_worker.tokenizer.loading import load_cache
 
 
@@ -47,18 +46,18 @@ def test_a_stored_plan_is_the_planned_one_and_needs_no_test_encode(
 
 
 def test_another_tokenizer_file_or_other_special_tokens_miss(cache_root: Path, tmp_path: Path) -> None:
-    key = plan_cache.plan_key(create_tokenizer(DEFAULT_TOKENIZER_DIR))
+    key = plan_key(create_tokenizer(DEFAULT_TOKENIZER_DIR))
     copy = tmp_path / "qwen3"
     shutil.copytree(DEFAULT_TOKENIZER_DIR, copy)
-    assert plan_cache.plan_key(create_tokenizer(copy)) == key  # keyed by content, not by path
+    assert plan_key(create_tokenizer(copy)) == key  # keyed by content, not by path
     config = json.loads((copy / "tokenizer_config.json").read_text())
     config["eos_token"] = "<|endoftext|>"
     (copy / "tokenizer_config.json").write_text(json.dumps(config))
-    assert plan_cache.plan_key(create_tokenizer(copy)) != key
+    assert plan_key(create_tokenizer(copy)) != key
     source = copy / "tokenizer.json.xz"
     same_tokenizer_other_bytes = lzma.decompress(source.read_bytes()) + b"\n"
     source.write_bytes(lzma.compress(same_tokenizer_other_bytes, preset=0))
-    assert plan_cache.plan_key(create_tokenizer(copy)) not in (key, None)
+    assert plan_key(create_tokenizer(copy)) not in (key, None)
 
 
 def test_a_damaged_or_foreign_file_is_replanned(cache_root: Path) -> None:
@@ -66,7 +65,7 @@ def test_a_damaged_or_foreign_file_is_replanned(cache_root: Path) -> None:
     (path,) = (cache_root / "split-plan").glob("*.json")
     for damage in ("not json", '{"key": "another"}', json.dumps({"key": path.stem, "boundaries": 3})):
         path.write_text(damage)
-        assert plan_cache.read_plan(path.stem) is None
+        assert read_plan(path.stem) is None
         assert as_tuple(encode_cache.split_plan_for(create_tokenizer(DEFAULT_TOKENIZER_DIR))) == as_tuple(planned)
-        stored = plan_cache.read_plan(path.stem)  # written again
+        stored = read_plan(path.stem)  # written again
         assert stored is not None and as_tuple(stored) == as_tuple(planned)

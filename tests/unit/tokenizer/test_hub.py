@@ -16,7 +16,7 @@ import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 from helpers.tokenizer_files import fixture_tokenizer_json
 
-from detok_worker.tokenizer.loading.hub import download_tokenizer_files
+from detok_worker.tokenizer.loading.routing import download_tokenizer_files
 from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
