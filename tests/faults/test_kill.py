@@ -34,6 +34,9 @@ from helpers.serve_helpers import ServeProcess, wait_for
 STEP_MS = 4  # requests of 40-150 tokens run 0.2-0.6 s: many are live whenever the kill comes
 
 
+HELD_AT_KILL = 4  # requests the victim holds when it is killed
+
+
 def start_service() -> ServeProcess:
     return echo_service(2, STEP_MS)
 
@@ -51,13 +54,14 @@ def worker_pids(service: ServeProcess) -> dict[str, int]:
 async def run_with_kills(
     service: ServeProcess, cases: list[EchoCase], kills: list[tuple[float, str, int]]
 ) -> list[Any]:
-    """Run the requests; SIGKILL each (delay, worker id, pid) meanwhile, once that worker holds requests (on a fast
-    run the delay alone could come after its requests ended, and a kill would then re-open nothing)."""
+    """Run the requests; SIGKILL each (delay, worker id, pid) meanwhile, once that worker holds several requests (on
+    a fast run the delay alone could come after its requests ended, and a kill would then re-open nothing; with one
+    held, it can end, or be a stopped one waiting for its release, between the /stats read and the kill)."""
 
     async def killer() -> None:
         for delay, worker, pid in kills:
             await asyncio.sleep(delay)
-            while (await asyncio.to_thread(service.stats))["engine"]["workers"].get(worker, 0) == 0:
+            while (await asyncio.to_thread(service.stats))["engine"]["workers"].get(worker, 0) < HELD_AT_KILL:
                 await asyncio.sleep(0.005)
             os.kill(pid, signal.SIGKILL)
 
