@@ -27,18 +27,16 @@ from starlette.types import Receive, Scope, Send
 
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
-from detok_worker.front.direct_route import DirectRoutes
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
+from detok_worker.front.edge import DirectRoutes, RequestObserver, middleware_for
 from detok_worker.front.errors import JSON, NOT_FOUND, SERVER_ERROR, APIError, error_response
 from detok_worker.front.generation import INLINE_PROMPT_CHARS as INLINE_PROMPT_CHARS  # tests import it from here
 from detok_worker.front.generation import Generation
 from detok_worker.front.lora_api import LoraAdapterRoutes
-from detok_worker.front.middleware import middleware_for
 from detok_worker.front.openai_api import ModelCard, ModelList
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.request_intake import RequestIntake
-from detok_worker.front.request_log import RequestObserver
 from detok_worker.front.tokenize_api import decode_detokenize, decode_tokenize, detokenize, tokenize
 from detok_worker.front.validation import Limits, check_model, served_model_name
 from detok_worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import msgspec
-from starlette._utils import get_route_path
 from starlette.requests import Request
 from starlette.responses import Response
 
 from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
-from detok_worker.front import sse, sse_direct
+from detok_worker.front import edge, sse
 from detok_worker.front.anthropic_api import (
     CountTokensResponse,
     MessagesFormatter,
@@ -32,8 +31,8 @@ from detok_worker.front.anthropic_api import (
 )
 from detok_worker.front.choices import Choices, choice_params, choice_rids, finished_streams
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
+from detok_worker.front.edge import ConnectionWriter, EventSink, request_rid
 from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
-from detok_worker.front.middleware import request_rid
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 from detok_worker.front.openai_responses import ResponsesFormatter, ResponseStore, decode_responses
 from detok_worker.front.parsing import ParserChoice
@@ -56,7 +55,6 @@ from detok_worker.front.prompts import (
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.request_log import OutputLog, log_request
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
-from detok_worker.front.sse_direct import ConnectionWriter, EventSink
 from detok_worker.front.validation import (
     CheckedParams,
     Limits,
@@ -308,7 +306,7 @@ class Generation:
 
     def _count(self, request: Request, choices: Choices) -> None:
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
-        self.dispatcher.metrics.request(get_route_path(request.scope))  # a generation route (without root_path)
+        self.dispatcher.metrics.request(edge.route_path(request.scope))  # a generation route (without root_path)
 
     async def _stream(
         self,
@@ -322,7 +320,7 @@ class Generation:
         watch = await self._first_output(request, choices)
         if isinstance(watch, APIError):
             return error_response(watch)
-        writer = sse_direct.connection_writer(request.scope) if log is None else None
+        writer = edge.connection_writer(request.scope) if log is None else None
         if writer is not None and not _attach_sinks(choices, formatter, writer):
             writer = None
         events = self._events(choices, formatter, include_usage, writer, log)
@@ -394,7 +392,7 @@ class Generation:
         writer: ConnectionWriter | None,
         log: OutputLog | None = None,
     ) -> AsyncIterator[bytes]:
-        """The response's events. With a writer (sse_direct.py; its streams have sinks) the text that arrives while
+        """The response's events. With a writer (its streams have sinks) the text that arrives while
         this generator waits for news is written by the intake; what it finds buffered (the connection was busy) it
         writes itself."""
         metrics = self.dispatcher.metrics

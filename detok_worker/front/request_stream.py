@@ -20,7 +20,7 @@ from detok_worker.stream.stop.rules import StopRules
 
 
 class TextSink(Protocol):
-    """Where a stream's plain text goes as it arrives when its response can take it at once (sse_direct.py)."""
+    """Where a stream's plain text goes as it arrives when its response can take it at once (edge.EventSink)."""
 
     def write(self, text: str) -> bool:
         """Send `text` on now if the connection can take it (True); False leaves it to the stream's buffer."""

@@ -31,7 +31,7 @@ SERVER_SEND = "detok.server_send"
 
 
 class HeadHolder(Protocol):
-    """Holds what the server writes to the connection until release (sse_direct.ConnectionWriter)."""
+    """Holds what the server writes to the connection until release (edge.ConnectionWriter)."""
 
     def hold(self) -> None: ...
 
@@ -106,7 +106,7 @@ class EventStreamResponse:
     The headers go through the middleware stack (status for the access log, X-Request-Id, CORS); the body
     chunks go straight to the server's `send` (scope[SERVER_SEND], when the app put it there): every wrapper
     in between only looks at http.response.start, and four of them per chunk cost more than the write. With a
-    `writer` (sse_direct.py) the head is held until the first events are sent (or the events' generator releases
+    `writer` (edge.ConnectionWriter) the head is held until the first events are sent (or the events' generator releases
     it before it waits), so they leave in one socket write."""
 
     def __init__(

@@ -1,7 +1,8 @@
 """The package layout holds its rules: no import loops (function-local imports included), every module imports
 on its own in a fresh interpreter, no module over 800 lines (one concept a module, as vLLM's and SGLang's run),
 engine_stub never imports the CLI nor the relay sources, and engine_stub is imported only where a command runs it
-(the local engine sources, `detok engine-server`, `detok trace synth`'s corpus), never by the relays."""
+(the local engine sources, `detok engine-server`, `detok trace synth`'s corpus), never by the relays; only the
+front's HTTP edge (front/edge.py) imports uvicorn's and Starlette's private modules."""
 
 from __future__ import annotations
 
@@ -183,6 +184,32 @@ def test_the_relays_run_without_engine_stub() -> None:
         )
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.strip().splitlines()[-1] == "[]", sources
+
+
+HTTP_EDGE = "detok_worker.front.edge"
+
+
+def server_internals(path: Path) -> set[str]:
+    """The modules below uvicorn's and Starlette's public API that `path` imports: a private module (a name part
+    with a leading underscore) or uvicorn's protocol classes."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("uvicorn", "starlette") and (
+                any(part.startswith("_") for part in parts) or parts[:2] == ["uvicorn", "protocols"]
+            ):
+                found.add(name)
+    return found
+
+
+def test_only_the_http_edge_reaches_below_the_servers_public_api() -> None:
+    reaching = {name: found for name, path in modules().items() if (found := server_internals(path))}
+    assert set(reaching) == {HTTP_EDGE}, reaching
+    assert reaching[HTTP_EDGE] >= {"starlette._utils", "uvicorn.protocols.http.httptools_impl"}
 
 
 def test_no_module_over_the_line_limit() -> None:

@@ -1,4 +1,4 @@
-"""The generation routes served past Starlette's stack (front/direct_route.py) answer as the stack does: the same
+"""The generation routes served past Starlette's stack (front/edge.py, DirectRoutes) answer as the stack does: the same
 status, body and X-Request-Id, the same access log line fields and endpoint label, for a success, a client error
 and an unexpected error. CORS on puts every request through the stack, so the two fronts here compare the paths."""
 

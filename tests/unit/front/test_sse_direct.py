@@ -1,4 +1,4 @@
-"""Events written from the intake (sse_direct.py): a plain text stream's chunk goes to its connection as the same
+"""Events written from the intake (front/edge.py): a plain text stream's chunk goes to its connection as the same
 bytes uvicorn's own send writes, only while the handler waits with nothing in hand and the connection takes it;
 otherwise the text is buffered for the handler, and once buffered later text queues behind it (order kept)."""
 
@@ -14,9 +14,9 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from detok_worker.bus.messages import DetokParams, TextDelta
 from detok_worker.front import sse
+from detok_worker.front.edge import ConnectionWriter, EventSink, connection_writer
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter
-from detok_worker.front.sse_direct import ConnectionWriter, EventSink, connection_writer
 from detok_worker.stream.stop.rules import StopLimits, StopRules
 
 
