@@ -32,8 +32,10 @@ from detok_worker.bus.messages import (  # noqa: E402
 )
 from detok_worker.bus.sockets import BusSockets, recv_single_frame  # noqa: E402
 from detok_worker.config import load_config  # noqa: E402
-from detok_worker.process.parent_watch import watch_parent  # noqa: E402
-from detok_worker.process.signals import stop_on_signals  # noqa: E402
+from detok_worker.process.runtime import (
+    stop_on_signals,  # noqa: E402
+    watch_parent,  # noqa: E402
+)
 
 PLACEHOLDER = "x"
 

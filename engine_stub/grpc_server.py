@@ -56,7 +56,7 @@ from detok_worker.bus.messages import (
     TokenLogprob,
 )
 from detok_worker.config import DetokConfig
-from detok_worker.process.event_loop import run_event_loop
+from detok_worker.process.runtime import run_event_loop
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.loading.factory import DEFAULT_TOKENIZER_DIR
 from detok_worker.tokenizer.protocol import Tokenizer

@@ -16,7 +16,7 @@ from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
 from detok_worker.engine.link import EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions, SourceError
-from detok_worker.process.signals import stop_on_signals
+from detok_worker.process.runtime import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import RecordedRequest, Trace, read_trace

@@ -39,7 +39,7 @@ from detok_worker.config.flags import (
 from detok_worker.engine.command import add_engine_command_flags, run_engine_command
 from detok_worker.errors import OperatorError
 from detok_worker.process.logs import setup_logging
-from detok_worker.process.parent_watch import watch_parent
+from detok_worker.process.runtime import watch_parent
 
 log = logging.getLogger("detok")
 

@@ -8,7 +8,7 @@ import argparse
 from detok_worker.config import DetokConfig
 from detok_worker.config.flags import add_config_flags, add_engine_flags
 from detok_worker.process.logs import setup_logging
-from detok_worker.process.parent_watch import watch_parent
+from detok_worker.process.runtime import watch_parent
 
 
 def add_engine_command_flags(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ from detok_worker.config import DetokConfig, FrontConfig
 from detok_worker.front.app import Front, create_app
 from detok_worker.front.edge import connection_cap, guarded_protocol, raise_fd_limit
 from detok_worker.metrics import observe_tokenizer_load
-from detok_worker.process.signals import stop_on_signals
+from detok_worker.process.runtime import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 

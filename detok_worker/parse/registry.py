@@ -56,8 +56,6 @@ GRANITE_REASONING_END = ("Here is my response:", "Here's my response:")
 REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
     "qwen3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_CONTENT)),
     "deepseek_r1": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
-    # vLLM's deepseek_v3 is its deepseek_r1 while thinking is on, else none (THINKING_SWITCHED)
-    "deepseek_v3": lambda prompt_tail: ThinkStage(initial_state(prompt_tail, ThinkState.OPENING_TO_REASONING)),
     # vLLM 0.32's qwen3 parser does not read the prompt: it reasons from the start unless thinking is off, when
     # the front does not name it (THINKING_SWITCHED); a tool call ends the reasoning (its parser engine's rule)
     "qwen3_vllm": lambda prompt_tail: ThinkStage(
@@ -80,12 +78,13 @@ REASONING_PARSERS: dict[str, Callable[[str], TextStage]] = {
         ThinkState.OPENING_TO_CONTENT, GRANITE_REASONING_START, GRANITE_REASONING_END
     ),
 }
+# vLLM's deepseek_v3 is its deepseek_r1 while thinking is on, else none (THINKING_SWITCHED)
+REASONING_PARSERS["deepseek_v3"] = REASONING_PARSERS["deepseek_r1"]
 # the reasoning parsers whose reasoning tokens are counted as vLLM's parser of that family counts them -> the marker
 # tokens it counts by (ReasoningTokenCount); None: vLLM's parser counts none (0)
 COUNTED_REASONING: dict[str, CountedMarkers | None] = {
     "qwen3_vllm": CountedMarkers(ends=(THINK_END, TOOL_CALL_BEGIN), aside=(TOOL_CALL_END,)),
     "deepseek_r1": CountedMarkers(pairs=True),
-    "deepseek_v3": CountedMarkers(pairs=True),
     "glm45": CountedMarkers(tool_call=(TOOL_CALL_BEGIN, TOOL_CALL_END)),
     "kimi_k2": CountedMarkers(
         ends=(THINK_END, KIMI_CALLS_BEGIN), aside=(KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_ARGUMENTS_BEGIN, KIMI_CALL_END)
@@ -95,6 +94,7 @@ COUNTED_REASONING: dict[str, CountedMarkers | None] = {
     "olmo3": None,
     "granite": None,
 }
+COUNTED_REASONING["deepseek_v3"] = COUNTED_REASONING["deepseek_r1"]
 
 
 def _enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:

@@ -3,7 +3,7 @@
 - Children are `python -m detok_worker.cli <role> --config <runtime_dir>/config.toml`: real, separate processes
   that all read the same effective config. Each runs in its own session (so a terminal's Ctrl-C reaches only
   the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
-  plus a parent watch, see `detok_worker.process.parent_watch`).
+  plus a parent watch, see `detok_worker.process.runtime.watch_parent`).
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
   exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`sweep_stale_runtime_dirs`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
@@ -48,8 +48,7 @@ from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import VLLM_FLAGS_APPLIED_ENV, vllm_flags_digest
 from detok_worker.errors import OperatorError
 from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
-from detok_worker.process.parent_watch import PARENT_PID_ENV
-from detok_worker.process.wakeup import Wakeup
+from detok_worker.process.runtime import PARENT_PID_ENV, Wakeup
 
 # the supervisor's own health probe of its front: the certificate names the served host, not the loopback address
 _LOCAL_TLS = ssl.create_default_context()

@@ -28,8 +28,7 @@ from detok_worker.bus.messages import Goodbye, Heartbeat, Hello, Shutdown, TextB
 from detok_worker.bus.sockets import BusSockets, recv_single_frame
 from detok_worker.config import DetokConfig
 from detok_worker.metrics import WorkerMetrics, observe_tokenizer_load, record_worker_start
-from detok_worker.process.signals import stop_on_signals
-from detok_worker.process.wakeup import Wakeup
+from detok_worker.process.runtime import Wakeup, stop_on_signals
 from detok_worker.stream import prepare_tokenizer
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer import load_configured_tokenizer

@@ -206,7 +206,7 @@ def test_child_dies_when_its_supervisor_is_sigkilled() -> None:
     grandchild = textwrap.dedent(
         """
         import signal, sys, time
-        from detok_worker.process.parent_watch import watch_parent
+        from detok_worker.process.runtime import watch_parent
         assert watch_parent() is not None
         print("ready", flush=True)
         time.sleep(60)

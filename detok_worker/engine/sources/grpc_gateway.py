@@ -39,8 +39,7 @@ from detok_worker.engine.grpc_api import (
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.errors import ParameterError
-from detok_worker.process.event_loop import run_event_loop
-from detok_worker.process.signals import stop_on_signals
+from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 

@@ -47,8 +47,7 @@ from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuild
 from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
 from detok_worker.errors import ParameterError
-from detok_worker.process.event_loop import run_event_loop
-from detok_worker.process.signals import stop_on_signals
+from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from detok_worker.process.event_loop import run_event_loop
+from detok_worker.process.runtime import run_event_loop
 
 
 async def loop_module_and(value: int) -> tuple[str, int]:

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from detok_worker.process.wakeup import Wakeup
+from detok_worker.process.runtime import Wakeup
 
 
 def test_a_wait_without_a_set_lasts_its_timeout() -> None:
