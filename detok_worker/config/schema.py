@@ -107,6 +107,7 @@ class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_stop_strings: int = 64
     max_stop_string_chars: int = 1024
     max_live_stop_chars: AtLeastOne = 4_194_304  # stop-string characters over all live rids of one worker
+    runaway_cpu_s: NonNegativeFloat = 5.0  # CPU one request's ids (or Open) may take before it ends with an error
 
 
 class FrontConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -113,7 +113,12 @@ class RidEndings:
         if not text:
             return 0
         assert state.parsing is not None
-        parsed, match = state.parsing.take(text, final=False)
+        try:
+            parsed, match = state.parsing.take(text, final=False)
+        except Exception as exc:  # noqa: BLE001 - a parser failure ends only this rid
+            state.parsing = None  # its state is unknown now: nothing more goes through it
+            self._end_with_error(rid, state, "", f"output parsing failed: {exc}", deltas, finishes)
+            return 0
         if match is not None:
             self.stops["string"] += 1
             self._end(rid, state, text, FINISH_STOP, match.stop, deltas, parsed=parsed)
@@ -191,9 +196,15 @@ class RidEndings:
     ) -> None:
         """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live)."""
         if state is not None and state.parsing is not None and parsed is None:
-            parsed, match = state.parsing.take(text, final=True)
-            if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
-                finish, stop_reason = FINISH_STOP, match.stop
+            try:
+                parsed, match = state.parsing.take(text, final=True)
+            except Exception as exc:  # noqa: BLE001 - a parser failure ends only this rid
+                state.parsing = None
+                text, finish, stop_reason, error = "", FINISH_ERROR, None, f"output parsing failed: {exc}"
+                self._log_failed(rid, BAD_RID_ERROR, error)
+            else:
+                if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
+                    finish, stop_reason = FINISH_STOP, match.stop
         offset, n_tokens = (0, 0) if state is None else (state.offset, state.n_tokens)
         delta = TextDelta(
             rid, offset, text, n_tokens, finish=finish, stop_reason=stop_reason, error=error, parsed=parsed
@@ -216,12 +227,15 @@ class RidEndings:
         finishes: list[Finish],
         kind: str = BAD_RID_ERROR,
     ) -> None:
+        self._log_failed(rid, kind, message)
+        self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
+        finishes.append(Finish(rid, FINISH_ERROR, None, 0 if state is None else state.n_tokens))
+
+    def _log_failed(self, rid: str, kind: str, message: str) -> None:
         self.bad[kind] += 1
         # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
         # the client's X-Request-Id, so a request can be followed from the front's access log to here
         log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
-        self._end(rid, state, text, FINISH_ERROR, None, deltas, error=message)
-        finishes.append(Finish(rid, FINISH_ERROR, None, 0 if state is None else state.n_tokens))
 
     def _count_bad(self, kind: str, detail: object) -> None:
         self.bad[kind] += 1

@@ -16,9 +16,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from types import FrameType
 
 import zmq
 
@@ -43,6 +47,61 @@ FRAMES_PER_WAKEUP = 256  # frames handled before timers are checked again
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RunawayWork(Exception):
+    """RunawayGuard's interrupt: one stretch of a batch's work took more CPU than worker.runaway_cpu_s."""
+
+
+class RunawayGuard:
+    """Bounds the CPU one stretch of a batch's work may take: an Open, or the rows between two of the batch's ticks
+    (WorkerState.handle_batch calls its tick after each Open and every TICK_EVERY_ITEMS rows; `progress` is that
+    tick). While a batch is handled a CPU timer (ITIMER_VIRTUAL: the process's own CPU time, so time spent waiting
+    for a CPU does not count) fires every `interval_s`: it runs the worker's `tick`, so heartbeats go on through a
+    long stretch, and once a stretch has taken `limit_s` it raises RunawayWork in the code it interrupts, a rid's
+    decode or parser, whose failure ends only that rid (WorkerState catches each rid's exceptions).
+
+    A decoder or parser that loops would otherwise hold every request of the worker; the engine would re-open them
+    elsewhere, the looping one included, and lose the next worker too. Python runs signal handlers between
+    bytecodes, so a stretch stuck inside one native call is not interrupted (the engine's batch_answer_timeout_s
+    still finds that worker). Off with `limit_s` 0 and outside the main thread (where no signal can be handled)."""
+
+    def __init__(self, limit_s: float, interval_s: float, tick: Callable[[], None]) -> None:
+        self.limit_s = limit_s
+        self.interval_s = max(0.001, min(interval_s, limit_s))
+        self.on = limit_s > 0 and threading.current_thread() is threading.main_thread()
+        self._tick = tick
+        self._stretch_s = 0.0
+        if self.on:
+            signal.signal(signal.SIGVTALRM, self._fired)
+
+    def arm(self) -> None:
+        if self.on:
+            self._stretch_s = 0.0
+            signal.setitimer(signal.ITIMER_VIRTUAL, self.interval_s, self.interval_s)
+
+    def progress(self) -> None:
+        self._stretch_s = 0.0
+
+    def disarm(self) -> None:
+        if self.on:
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+
+    def _fired(self, signum: int, frame: FrameType | None) -> None:
+        self._stretch_s += self.interval_s
+        # raised only into a rid's own decode or parse code: never into a library (a lock held by logging or zmq
+        # would stay held) nor into the worker's bookkeeping between rids; else the next firing tries again
+        if self._stretch_s >= self.limit_s and frame is not None and _is_rid_code(frame):
+            self._stretch_s = 0.0
+            raise RunawayWork(f"it took more than {self.limit_s:g} s of CPU (worker.runaway_cpu_s)")
+        self._tick()
+
+
+RID_CODE_PACKAGES = ("detok_worker.stream.", "detok_worker.parse.", "detok_worker.tokenizer.")
+
+
+def _is_rid_code(frame: FrameType) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith(RID_CODE_PACKAGES)
 
 
 class WorkerProcess:
@@ -75,6 +134,7 @@ class WorkerProcess:
         self._poller = zmq.Poller()
         self._poller.register(self.to_engine, zmq.POLLIN)
         self._poller.register(self._stop_wakeup.fileno(), zmq.POLLIN)
+        self.runaway = RunawayGuard(config.worker.runaway_cpu_s, config.worker.heartbeat_interval_s, self._tick)
 
     def close(self) -> None:
         """After `run`, once no signal handler can call `request_stop` any more."""
@@ -137,7 +197,11 @@ class WorkerProcess:
             for open_ in batch.opens:
                 if 0 < open_.front < fronts:  # any other index is front 0 (the engine checks Submit.front)
                     self.rid_fronts[open_.rid] = open_.front
-        result = self.state.handle_batch(batch, self._tick)
+        self.runaway.arm()
+        try:
+            result = self.state.handle_batch(batch, self._batch_tick)
+        finally:
+            self.runaway.disarm()
         self.last_step = batch.step
         decoded = time.perf_counter()
         if self.rid_fronts:
@@ -191,6 +255,10 @@ class WorkerProcess:
             self.dropped_to_engine += 1
 
     # ---- timers ---------------------------------------------------------------------------------------
+
+    def _batch_tick(self) -> None:
+        self.runaway.progress()
+        self._tick()
 
     def _tick(self) -> None:
         now = time.monotonic()
