@@ -77,7 +77,7 @@ def worker_state_bytes(tokenizer: Any, streams: list[list[int]], stops: list[str
         opens = [Open(f"rid-{index}", ids[:8], params) for index, ids in enumerate(streams)]
         state.handle_batch(TokenBatch(0, 0, opens, []))
         for position in range(0, len(streams[0]), CHUNK):
-            items = [Tokens(f"rid-{index}", ids[position : position + CHUNK]) for index, ids in enumerate(streams)]
+            items = [(f"rid-{index}", Tokens(ids[position : position + CHUNK])) for index, ids in enumerate(streams)]
             batch = token_batch(position + 1, 0, [], items)
             ended = [d for d in text_deltas(state.handle_batch(batch).text_batch) if d.finish]
             if ended:

@@ -67,7 +67,7 @@ def token_batches(inputs: Inputs, params: DetokParams) -> list[TokenBatch]:
     last = len(inputs[0]) - 1
     for step in range(len(inputs[0])):
         finish = "length" if step == last else None
-        items = [Tokens(rid, [ids[step]], finish) for rid, ids in zip(rids, inputs, strict=True)]
+        items = [(rid, Tokens([ids[step]], finish)) for rid, ids in zip(rids, inputs, strict=True)]
         batches.append(token_batch(step + 1, 0, [], items))
     return batches
 

@@ -10,38 +10,30 @@ from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
-from detok_worker.bus.messages import Open, TextBatch, TextDelta, TextExtras, TokenBatch, TokenExtras, Tokens
+from detok_worker.bus.messages import Open, TextBatch, TextDelta, TextExtras, TokenBatch, Tokens
 
 MISMATCHED_COLUMNS = "the batch's columns have different lengths, or an extra names no row"
 EXTRAS = TextExtras.__struct_fields__
 
 
-def token_batch(step: int, sent_ns: int, opens: list[Open], items: Sequence[Tokens]) -> TokenBatch:
-    """A TokenBatch of these items, one row each, in this order."""
+TokenRow = tuple[str, Tokens]
+"""One row of a TokenBatch as the engine plans it: the rid and its Tokens."""
+
+
+def token_batch(step: int, sent_ns: int, opens: list[Open], rows: Sequence[TokenRow]) -> TokenBatch:
+    """A TokenBatch of these rows, in this order: a plain one (one id, nothing else) as its id in `ids`, any other
+    with its Tokens in `extras`."""
     rids: list[str] = []
     ids: list[int] = []
-    extras: dict[int, TokenExtras] = {}
-    for item in items:
-        if len(item.ids) == 1 and item.finish is None and item.error is None and item.logprobs is None:
-            ids.append(item.ids[0])
+    extras: dict[int, Tokens] = {}
+    for rid, tokens in rows:
+        if len(tokens.ids) == 1 and tokens.finish is None and tokens.error is None and tokens.logprobs is None:
+            ids.append(tokens.ids[0])
         else:
-            extras[len(rids)] = TokenExtras(item.ids, item.finish, item.error, item.logprobs)
+            extras[len(rids)] = tokens
             ids.append(0)
-        rids.append(item.rid)
+        rids.append(rid)
     return TokenBatch(step, sent_ns, opens, rids, ids, extras)
-
-
-def token_row(batch: TokenBatch, row: int) -> Tokens:
-    """Row `row` of the batch as a Tokens."""
-    extras = batch.extras.get(row)
-    if extras is None:
-        return Tokens(batch.rids[row], [batch.ids[row]])
-    return Tokens(batch.rids[row], extras.ids, extras.finish, extras.error, extras.logprobs)
-
-
-def token_items(batch: TokenBatch) -> list[Tokens]:
-    """Every row of the batch as a Tokens, in order."""
-    return [token_row(batch, row) for row in range(len(batch.rids))]
 
 
 def columns_ok(message: object) -> bool:
@@ -80,14 +72,6 @@ def add_delta(batch: TextBatch, delta: TextDelta) -> None:
     batch.offsets.append(delta.offset)
     batch.texts.append(delta.text)
     batch.n_tokens.append(delta.n_tokens)
-
-
-def text_batch(worker: str, sent_ns: int, step: int, deltas: Sequence[TextDelta]) -> TextBatch:
-    """A TextBatch of these deltas, one row each, in this order."""
-    batch = TextBatch(worker, sent_ns, step)
-    for delta in deltas:
-        add_delta(batch, delta)
-    return batch
 
 
 def text_row(batch: TextBatch, row: int) -> TextDelta:

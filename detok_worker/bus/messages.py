@@ -225,22 +225,13 @@ class TokenLogprob(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 
 class Tokens(msgspec.Struct, array_like=True, gc=False):
-    """New output ids of one rid for this step, as the engine plans them (a TokenBatch row; bus/columns.py
-    token_batch). finish is set on the rid's last item (EOS, max_tokens, abort, engine error); the worker then
-    flushes and frees the rid. `error`: with finish "error", the engine's message for the client (the worker's
-    final delta carries it, so the client reads the cause whichever of that delta and the engine's Reject reaches
-    the front first). `logprobs`: only for a request that asked for them (None otherwise), one entry per id."""
-
-    rid: str
-    ids: list[int]
-    finish: str | None = None
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
-
-
-class TokenExtras(msgspec.Struct, array_like=True, gc=False):
-    """What a TokenBatch row carries beyond one new id: its ids (none, one or more), and Tokens' finish, error and
-    logprobs."""
+    """New output ids of one rid for one step (none, one or more), as the engine plans them; the rid is the row's
+    (TokenBatch.rids, or beside it: TokenRow). finish is set on the rid's last ids (EOS, max_tokens, abort, engine
+    error); the worker then flushes and frees the rid. `error`: with finish "error", the engine's message for the
+    client (the worker's final delta carries it, so the client reads the cause whichever of that delta and the
+    engine's Reject reaches the front first). `logprobs`: only for a request that asked for them (None otherwise),
+    one entry per id. A TokenBatch row other than a plain one (one id, nothing else) carries its Tokens in
+    TokenBatch.extras."""
 
     ids: list[int]
     finish: str | None = None
@@ -249,16 +240,16 @@ class TokenExtras(msgspec.Struct, array_like=True, gc=False):
 
 
 class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True, gc=False):
-    """One engine step for one worker: its Opens, then one row per Tokens item, in order, as columns. Row i is rid
-    `rids[i]` with the one new id `ids[i]`, unless `extras` has row i: then its ids and the rest are there (and
-    `ids[i]` is 0, unread). A worker takes the rows in order."""
+    """One engine step for one worker: its Opens, then one row per rid with output, in order, as columns. Row i is
+    rid `rids[i]` with the one new id `ids[i]`, unless `extras` has row i: then its Tokens are there (and `ids[i]` is
+    0, unread). A worker takes the rows in order."""
 
     step: int
     sent_ns: int
     opens: list[Open]
     rids: list[str] = []
     ids: list[int] = []
-    extras: dict[int, TokenExtras] = {}
+    extras: dict[int, Tokens] = {}
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True, gc=False):

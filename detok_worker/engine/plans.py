@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from detok_worker.bus.columns import token_batch
+from detok_worker.bus.columns import TokenRow, token_batch
 from detok_worker.bus.messages import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -16,7 +16,6 @@ from detok_worker.bus.messages import (
     RequestParams,
     TokenBatch,
     TokenLogprob,
-    Tokens,
 )
 from detok_worker.engine.workers import WorkerRegistry
 from detok_worker.stream.stop.rules import StopRules
@@ -89,7 +88,7 @@ class WorkerPlan:
     worker: str
     batch: TokenBatch
     advances: list[Advance]
-    extra: list[Tokens]  # abort items queued for this worker
+    extra: list[TokenRow]  # abort rows queued for this worker
 
 
 @dataclass(slots=True)
@@ -102,7 +101,7 @@ class WorkerGroup(NamedTuple):
     """What one step sends one worker, gathered request by request (Scheduler.plan_step)."""
 
     opens: list[Open]
-    items: list[Tokens]
+    rows: list[TokenRow]
     advances: list[Advance]
 
     @classmethod
@@ -114,16 +113,16 @@ Groups = dict[str, WorkerGroup]  # by worker
 
 
 def worker_plans(
-    step: int, sent_ns: int, groups: Groups, pending: dict[str, list[Tokens]], registry: WorkerRegistry
+    step: int, sent_ns: int, groups: Groups, pending: dict[str, list[TokenRow]], registry: WorkerRegistry
 ) -> list[WorkerPlan]:
-    """One TokenBatch per worker with something to send: its abort items (`pending`), then its requests' `groups`."""
+    """One TokenBatch per worker with something to send: its abort rows (`pending`), then its requests' `groups`."""
     for worker, extra in pending.items():
         if worker in registry and extra and worker not in groups:
             groups[worker] = WorkerGroup.empty()
     plans = []
-    for worker, (opens, items, advances) in groups.items():
+    for worker, (opens, rows, advances) in groups.items():
         extra = list(pending.get(worker, ()))
-        batch = token_batch(step, sent_ns, opens, extra + items)
+        batch = token_batch(step, sent_ns, opens, extra + rows)
         plans.append(WorkerPlan(worker, batch, advances, extra))
     return plans
 

@@ -11,9 +11,9 @@ worker, that worker's requests just pause.
 Ownership: a request goes to the live worker with the fewest requests among those with room for its stop strings
 (workers.py) when it starts and stays there (a new request none has room for is refused then, before any output);
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
-Open again, and a Tokens item with the full history.
+Open again, and a row with the full history.
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
-meanwhile, it is re-opened like a live one, its Tokens item carrying the finish too (why: engine/delivery.py).
+meanwhile, it is re-opened like a live one, its row carrying the finish too (why: engine/delivery.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from detok_worker.bus.columns import TokenRow
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -85,7 +86,7 @@ class Scheduler:
         self.running: dict[str, Request] = {}
         self._touched: dict[str, Request] = {}  # running requests the next step looks at (see the module doc)
         self._to_assign: list[Request] = []  # new or orphaned requests without a worker
-        self._pending: dict[str, list[Tokens]] = {}  # worker -> abort items to deliver
+        self._pending: dict[str, list[TokenRow]] = {}  # worker -> abort rows to deliver
         self._uncommitted = 0  # batches of the last step not committed (their worker's queue was full)
         self.delivering: Undelivered[Request] = Undelivered(DELIVERY_GRACE_S)
         self._now = 0.0  # the caller's clock as of the last plan_step/expire_workers
@@ -184,14 +185,14 @@ class Scheduler:
         return not self._uncommitted and not self._to_assign
 
     def abort(self, rid: str) -> bool:
-        """Stop generating `rid`; its worker gets Tokens(rid, [], finish="abort") to free its state."""
+        """Stop generating `rid`; its worker gets a row (rid, Tokens([], finish="abort")) to free its state."""
         if self.drop(rid):
             self.aborted += 1
             return True
         return False
 
     def drop(self, rid: str, finish: str = FINISH_ABORT, error: str | None = None) -> bool:
-        """Forget `rid` wherever it is (its worker frees it on Tokens(rid, [], finish, error)), not an abort."""
+        """Forget `rid` wherever it is (its worker frees it on a row (rid, Tokens([], finish, error))), not an abort."""
         self.delivering.forget(rid)
         return self._stop(rid, finish, error)
 
@@ -261,7 +262,7 @@ class Scheduler:
         groups: Groups = {}
         running, touched = self.running, self._touched
         untouched: list[str] = []
-        group_worker, opens, items, advances = None, [], [], []  # the group of the last request's worker
+        group_worker, opens, rows, advances = None, [], [], []  # the group of the last request's worker
         for rid, request in touched.items():
             worker = request.worker
             if running.get(rid) is not request or worker is None:
@@ -276,20 +277,12 @@ class Scheduler:
                 group = groups.get(worker)
                 if group is None:
                     group = groups[worker] = WorkerGroup.empty()
-                group_worker, (opens, items, advances) = worker, group
+                group_worker, (opens, rows, advances) = worker, group
             if not request.opened:
                 opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
                 cursor = 0  # a (re-)open carries the full history
-            logprobs = request.logprobs
-            items.append(
-                Tokens(
-                    rid,
-                    ids[cursor:end],
-                    request.finish if ends else None,
-                    None,
-                    None if logprobs is None else logprobs[cursor:end],
-                )
-            )
+            logprobs = None if request.logprobs is None else request.logprobs[cursor:end]
+            rows.append((rid, Tokens(ids[cursor:end], request.finish if ends else None, None, logprobs)))
             advances.append((request, end, ends))
         for rid in untouched:
             del touched[rid]
@@ -400,7 +393,7 @@ class Scheduler:
             return False
         aborted_on_worker = request.worker is not None and request.opened
         if aborted_on_worker:
-            self._pending.setdefault(request.worker, []).append(Tokens(rid, [], finish, error))
+            self._pending.setdefault(request.worker, []).append((rid, Tokens([], finish, error)))
         self._unassign(request, after_pending=aborted_on_worker)
         return True
 

@@ -128,9 +128,10 @@ class RidEndings:
         state.offset += len(text)
         return len(text)
 
-    def _end_item(self, item: Tokens, state: RidState | None, deltas: TextBatch, finishes: list[Finish]) -> None:
+    def _end_item(
+        self, rid: str, item: Tokens, state: RidState | None, deltas: TextBatch, finishes: list[Finish]
+    ) -> None:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
-        rid = item.rid
         if state is None:
             if rid not in self._ended:
                 self._count_bad(BAD_UNKNOWN_RID, rid)

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from detok_worker.bus.columns import MISMATCHED_COLUMNS, add_delta, columns_ok, row_runs, text_deltas, token_row
+from detok_worker.bus.columns import MISMATCHED_COLUMNS, add_delta, columns_ok, row_runs, text_deltas
 from detok_worker.bus.messages import (
     Finish,
     Open,
@@ -123,7 +123,7 @@ class WorkerState(RidEndings):
                 if start < end:
                     self._plain_rows(rids[start:end], ids[start:end], out, finishes)
                 if end < chunk_end:
-                    self._item(token_row(batch, end), out, finishes)
+                    self._item(rids[end], extras[end], out, finishes)
         return BatchResult(out, finishes)
 
     def _plain_rows(self, rids: list[str], ids: list[int], out: TextBatch, finishes: list[Finish]) -> None:
@@ -138,7 +138,7 @@ class WorkerState(RidEndings):
             state = live_get(rid)
             if state is None or not state.plain:
                 aside += 1
-                self._item(Tokens(rid, [token_id]), out, finishes)
+                self._item(rid, Tokens([token_id]), out, finishes)
                 continue
             decoder = state.decoder
             try:
@@ -166,18 +166,17 @@ class WorkerState(RidEndings):
         self.chars_out += chars_out
         self.holds += holds
 
-    def _item(self, item: Tokens, out: TextBatch, finishes: list[Finish]) -> None:
+    def _item(self, rid: str, item: Tokens, out: TextBatch, finishes: list[Finish]) -> None:
         """One item (a row with extras, or a plain row off the hot loop) through the rid's decoder, its delta into
         `out`; endings and unknown rids go through _end_item."""
-        rid = item.rid
         state = self.live.get(rid)
         if state is not None and (item.logprobs is not None or state.held_ids is not None):
-            self._entries_item(item, state, out, finishes)
+            self._entries_item(rid, item, state, out, finishes)
         elif state is None or item.finish is not None:
             if state is not None and state.logprobs:  # held entries go with the rid's last delta
-                self._entries_item(item, state, out, finishes)
+                self._entries_item(rid, item, state, out, finishes)
             else:
-                self._end_item(item, state, out, finishes)
+                self._end_item(rid, item, state, out, finishes)
         else:
             self.tokens_in += len(item.ids)
             try:
@@ -194,7 +193,7 @@ class WorkerState(RidEndings):
         self.live_stop_chars = 0
         return rids
 
-    def _entries_item(self, item: Tokens, state: RidState, out: TextBatch, finishes: list[Finish]) -> None:
+    def _entries_item(self, rid: str, item: Tokens, state: RidState, out: TextBatch, finishes: list[Finish]) -> None:
         """An item of a rid with logprobs or token ids: handled as one without them, then its consumed ids' entries
         and ids (and any held ones) go on the delta it produced, or are held for the next."""
         try:
@@ -205,14 +204,14 @@ class WorkerState(RidEndings):
                     state.logprob_context = []
                 entries = self.token_texts.texts(item.ids, logprobs, vocab_size, state.logprob_context)
         except Exception as exc:  # noqa: BLE001 - bad ids or a short logprobs list end only this rid
-            self._end_with_error(item.rid, state, "", f"bad logprobs from the engine: {exc}", out, finishes)
+            self._end_with_error(rid, state, "", f"bad logprobs from the engine: {exc}", out, finishes)
             return
         with_logprobs = logprobs is not None or bool(state.logprobs)
         held, state.logprobs = state.logprobs or [], None
         held_ids, state.held_ids = state.held_ids, None  # so that the plain pass below does not come back here
         before = state.n_tokens
         plain = TextBatch(self.worker_id, 0, 0)
-        self._item(Tokens(item.rid, item.ids, item.finish, item.error), plain, finishes)
+        self._item(rid, Tokens(item.ids, item.finish, item.error), plain, finishes)
         consumed = state.n_tokens - before
         held += entries[:consumed]
         if held_ids is not None:

@@ -42,8 +42,8 @@ def test_unknown_finish_reason_ends_only_that_rid_with_an_error() -> None:
     state = WorkerState(tokenizer, "w")
     ids = tokenizer.encode("Hello world").ids
     opens = [Open("a", [], DetokParams()), Open("b", [], DetokParams())]
-    state.handle_batch(token_batch(1, 0, opens, [Tokens("a", ids), Tokens("b", ids)]))
-    result = state.handle_batch(token_batch(2, 0, [], [Tokens("a", [], "bogus"), Tokens("b", [], "length")]))
+    state.handle_batch(token_batch(1, 0, opens, [("a", Tokens(ids)), ("b", Tokens(ids))]))
+    result = state.handle_batch(token_batch(2, 0, [], [("a", Tokens([], "bogus")), ("b", Tokens([], "length"))]))
     by_rid = {delta.rid: delta for delta in text_deltas(result.text_batch)}
     assert by_rid["a"].finish == "error" and "bogus" in (by_rid["a"].error or "")
     assert by_rid["b"] == TextDelta("b", len("Hello world"), "", len(ids), finish="length")

@@ -210,7 +210,9 @@ def fuzz_worker_socket(tokenizer: Any, count: int, seed: int) -> None:
                 assert process.is_alive()
                 ids = tokenizer.encode("Normal service: ünïcode 😀 and 中文.").ids
                 opens = [Open("after-fuzz", [], DetokParams())]
-                engine.send(identity, token_batch(10**6, time.time_ns(), opens, [Tokens("after-fuzz", ids, "length")]))
+                engine.send(
+                    identity, token_batch(10**6, time.time_ns(), opens, [("after-fuzz", Tokens(ids, "length"))])
+                )
                 assert front.wait_done(["after-fuzz"], 20)
                 assert front.requests["after-fuzz"].text == tokenizer.decode(ids)
                 assert process.is_alive()

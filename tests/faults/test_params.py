@@ -68,8 +68,8 @@ class PlayedEngine(threading.Thread):
                     if isinstance(submit, Submit):
                         step += 1
                         opens = [Open(submit.rid, [], DetokParams())]
-                        first = token_batch(step, time.time_ns(), opens, [Tokens(submit.rid, submit.prompt_ids[:3])])
-                        last = token_batch(step + 1, time.time_ns(), [], [Tokens(submit.rid, [], "error")])
+                        first = token_batch(step, time.time_ns(), opens, [(submit.rid, Tokens(submit.prompt_ids[:3]))])
+                        last = token_batch(step + 1, time.time_ns(), [], [(submit.rid, Tokens([], "error"))])
                         router.send_multipart([self.worker, encode(first)])
                         router.send_multipart([self.worker, encode(last)])
                 workers = {self.worker.decode(): 0} if self.worker is not None else {}

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from detok_worker.bus.columns import text_batch, token_batch
+from detok_worker.bus.columns import token_batch
 from detok_worker.bus.messages import (
     Abort,
     Delivered,
@@ -36,10 +36,10 @@ from detok_worker.bus.messages import (
     TextDelta,
     TextExtras,
     TokenBatch,
-    TokenExtras,
     Tokens,
     WorkerStats,
 )
+from helpers.bus_rows import text_batch
 
 HUGE_INTS = [2**63 - 1, -(2**63), 2**64 - 1, 2**32, -1, -(2**31)]
 TAGS = ["submit", "abort", "delivered", "token_batch", "shutdown", "hello", "heartbeat", "finish", "goodbye",
@@ -195,12 +195,12 @@ def to_worker_messages(rng: random.Random) -> list[object]:
     opens += opens[: rng.randint(0, 2)]  # duplicate opens
     finishes = [None, None, "length", "abort", "error", "bogus"]
     items = [
-        Tokens(rng.choice([*rids, random_rid(rng)]), token_ids(rng, rng.randint(0, 6)), rng.choice(finishes))
+        (rng.choice([*rids, random_rid(rng)]), Tokens(token_ids(rng, rng.randint(0, 6)), rng.choice(finishes)))
         for _ in range(rng.randint(0, 5))
     ]
     batch = token_batch(1, 0, [], items)
     disagreeing = TokenBatch(2, 0, [], [*batch.rids, random_rid(rng)], batch.ids, batch.extras)  # a rid with no id
-    beyond = TokenBatch(3, 0, [], batch.rids, batch.ids, {len(batch.rids) + rng.choice([0, 7]): TokenExtras([1])})
+    beyond = TokenBatch(3, 0, [], batch.rids, batch.ids, {len(batch.rids) + rng.choice([0, 7]): Tokens([1])})
     return [token_batch(rng.randrange(1000), 0, opens, items), batch, disagreeing, beyond, Heartbeat("x", 1)]
 
 

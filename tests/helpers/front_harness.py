@@ -18,7 +18,6 @@ import uvicorn
 import zmq
 
 from detok_worker.bus.codec import encode, engine_decoder
-from detok_worker.bus.columns import text_batch
 from detok_worker.bus.messages import (
     Abort,
     AdapterAnswer,
@@ -34,6 +33,7 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig, load_config
 from detok_worker.front.app import create_app
+from helpers.bus_rows import text_batch
 
 PLAYED_WORKER = "played-worker"
 

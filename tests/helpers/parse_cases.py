@@ -366,7 +366,7 @@ def stream_case(
             chunk, first = ids[: start + size], True
         finish = "stop" if start + size >= len(ids) else None
         opens = [Open(rid, tail, params)] if first else []
-        result = worker.handle_batch(token_batch(step, 0, opens, [Tokens(rid, chunk, finish)]))
+        result = worker.handle_batch(token_batch(step, 0, opens, [(rid, Tokens(chunk, finish))]))
         received.take(text_deltas(result.text_batch))
         start += size
         if received.last is not None:

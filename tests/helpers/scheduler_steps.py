@@ -4,10 +4,11 @@ does: a request's planned ids go to a PlannedEngine, whose steps push them into 
 
 from __future__ import annotations
 
-from detok_worker.bus.columns import token_items
-from detok_worker.bus.messages import FINISH_ABORT, Reject, RequestParams, TokenLogprob, Tokens
+from detok_worker.bus.columns import TokenRow
+from detok_worker.bus.messages import FINISH_ABORT, Reject, RequestParams, TokenLogprob
 from detok_worker.engine.scheduler import Scheduler, StepPlan
 from engine_stub.planned import PlannedEngine
+from helpers.bus_rows import token_rows
 
 EOS = 99
 
@@ -73,10 +74,10 @@ def step(scheduler: Scheduler, now: float = 0.0, *, commit: bool = True) -> Step
     return plan
 
 
-def items(plan: StepPlan) -> dict[str, list[Tokens]]:
-    return {p.worker: list(token_items(p.batch)) for p in plan.workers}
+def items(plan: StepPlan) -> dict[str, list[TokenRow]]:
+    return {p.worker: list(token_rows(p.batch)) for p in plan.workers}
 
 
 def sent(plan: StepPlan) -> dict[str, list[int]]:
     """rid -> the ids the step's batches carry for it."""
-    return {item.rid: item.ids for worker_plan in plan.workers for item in token_items(worker_plan.batch)}
+    return {rid: item.ids for worker_plan in plan.workers for rid, item in token_rows(worker_plan.batch)}

@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from detok_worker.bus.columns import text_deltas, token_batch, token_items
-from detok_worker.bus.messages import DetokParams, Open, TokenBatch, TokenExtras, Tokens
+from detok_worker.bus.columns import text_deltas, token_batch
+from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.worker.state import WorkerState
+from helpers.bus_rows import token_rows
 from helpers.texts import load_texts
 
 STOPS = ["\n\n", "。", "the", "🇯🇵"]
@@ -75,7 +76,7 @@ def engine_batches(requests: list[Request], seed: int) -> list[TokenBatch]:
                 continue
             end = min(len(ids), start + (1 if rng.random() < 0.85 else rng.randint(2, 4)))
             positions[index] = end
-            items.append(Tokens(f"r{index}", ids[start:end], "length" if end == len(ids) else None))
+            items.append((f"r{index}", Tokens(ids[start:end], "length" if end == len(ids) else None)))
         batches.append(token_batch(step, 0, [], items))
     return batches
 
@@ -84,8 +85,8 @@ def with_extras(batches: list[TokenBatch]) -> list[TokenBatch]:
     """The same batches with every row, a usual one (one id, nothing else) too, as a row with extras."""
     out = []
     for batch in batches:
-        rows = token_items(batch)
-        extras = {row: TokenExtras(t.ids, t.finish, t.error, t.logprobs) for row, t in enumerate(rows)}
+        rows = token_rows(batch)
+        extras = {row: tokens for row, (_, tokens) in enumerate(rows)}
         out.append(TokenBatch(batch.step, batch.sent_ns, batch.opens, batch.rids, [0] * len(rows), extras))
     return out
 

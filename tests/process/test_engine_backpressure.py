@@ -7,9 +7,9 @@ import random
 import time
 
 from helpers.bus_peers import PlayedWorker, bus_config, short_runtime_dir, start_process, stop_process
+from helpers.bus_rows import token_rows
 
 from detok_worker.bus.collector import FrontCollector
-from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import Hello, RequestParams, TokenBatch
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
@@ -23,10 +23,10 @@ def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], t
             for open_ in message.opens:
                 assert open_.rid not in ids, "re-opened although nothing was lost"
                 ids[open_.rid] = []
-            for item in token_items(message):
-                ids[item.rid].extend(item.ids)
+            for rid, item in token_rows(message):
+                ids[rid].extend(item.ids)
                 if item.finish is not None:
-                    finished.add(item.rid)
+                    finished.add(rid)
         message = worker.recv(0)
 
 

@@ -11,11 +11,11 @@ import time
 
 import msgspec
 from helpers.bus_peers import PlayedWorker, bus_config, raw_push, short_runtime_dir, start_process, stop_process
+from helpers.bus_rows import token_rows
 from helpers.fixtures import REPO
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import FrontCollector
-from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import (
     DetokParams,
     Finish,
@@ -51,10 +51,10 @@ class TokenLog:
                 batches.append(message)
                 for open_ in message.opens:
                     self.opens.setdefault(open_.rid, []).append(open_)
-                for item in token_items(message):
-                    self.ids.setdefault(item.rid, []).extend(item.ids)
+                for rid, item in token_rows(message):
+                    self.ids.setdefault(rid, []).extend(item.ids)
                     if item.finish is not None:
-                        self.finish[item.rid] = item.finish
+                        self.finish[rid] = item.finish
         return batches
 
     def wait(self, predicate, timeout_s: float = 15.0) -> None:

@@ -68,7 +68,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                         chunk = seq[2 * step : 2 * step + 2]
                         if chunk or 2 * step == len(seq):
                             last = 2 * step + 2 >= len(seq)
-                            items.append(Tokens(rid, chunk, "length" if last else None))
+                            items.append((rid, Tokens(chunk, "length" if last else None)))
                     engine.send(identity, token_batch(step, time.time_ns(), opens if step == 0 else [], items))
                 assert front.wait_done(TEXTS, 20)
                 assert front.wait_for(lambda: front.text_batches == steps, 10)  # one TextBatch per TokenBatch
@@ -94,7 +94,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                     msgspec.msgpack.encode(["tokens", "r", [1]]),  # an item, not a batch
                     msgspec.msgpack.encode({"step": 1}),
                     encode(Hello("x", 1)),  # a valid message of the wrong direction
-                    encode(token_batch(1, 0, [], [Tokens("r", ["x"])])),  # type: ignore[list-item]
+                    encode(token_batch(1, 0, [], [("r", Tokens(["x"]))])),  # type: ignore[list-item]
                 ]
                 for frame in garbage:
                     engine.router.send_multipart([identity, frame])
@@ -112,7 +112,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                 # still working after the garbage
                 after = qwen3.encode("Still here ✅").ids
                 engine.send(identity, token_batch(99, time.time_ns(), [Open("after", [], DetokParams())], []))
-                engine.send(identity, token_batch(100, time.time_ns(), [], [Tokens("after", after, "length")]))
+                engine.send(identity, token_batch(100, time.time_ns(), [], [("after", Tokens(after, "length"))]))
                 assert front.wait_done(["after"], 10)
                 assert front.requests["after"].text == "Still here ✅"
                 assert front.wait_for(lambda: front.worker_stats[WORKER].live_rids == 0, 5)
@@ -137,9 +137,9 @@ def test_worker_started_before_the_engine_and_shut_down_by_it(qwen3):
                 identity, _ = engine.expect(Hello, 60)
                 ids = qwen3.encode("late binding works").ids
                 engine.send(
-                    identity, token_batch(1, time.time_ns(), [Open("r", [], DetokParams())], [Tokens("r", ids)])
+                    identity, token_batch(1, time.time_ns(), [Open("r", [], DetokParams())], [("r", Tokens(ids))])
                 )
-                engine.send(identity, token_batch(2, time.time_ns(), [], [Tokens("r", [], "abort")]))
+                engine.send(identity, token_batch(2, time.time_ns(), [], [("r", Tokens([], "abort"))]))
                 assert front.wait_done(["r"], 10)
                 assert front.requests["r"].text == "late binding works"
                 assert front.requests["r"].finish == "abort"
@@ -167,7 +167,7 @@ def test_stalled_front_blocks_the_worker_but_not_its_heartbeats(qwen3):
                 sent = 0
                 while True:
                     batch = token_batch(
-                        sent, time.time_ns(), opens if sent == 0 else [], [Tokens(r, ids) for r in rids]
+                        sent, time.time_ns(), opens if sent == 0 else [], [(r, Tokens(ids)) for r in rids]
                     )
                     try:
                         engine.router.send_multipart([identity, encode(batch)], zmq.NOBLOCK)
@@ -181,7 +181,7 @@ def test_stalled_front_blocks_the_worker_but_not_its_heartbeats(qwen3):
                     got = engine.recv(0.2)
                     beats += got is not None and isinstance(got[1], Heartbeat)
                 assert beats >= 4
-                final = encode(token_batch(sent, time.time_ns(), [], [Tokens(rid, [], "length") for rid in rids]))
+                final = encode(token_batch(sent, time.time_ns(), [], [(rid, Tokens([], "length")) for rid in rids]))
                 while True:  # the front reads again: everything flows
                     front.poll(20)
                     try:

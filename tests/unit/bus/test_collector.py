@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from helpers.bus_peers import bus_config, raw_push, short_runtime_dir
+from helpers.bus_rows import text_batch
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.collector import CollectedRequest, FrontCollector
-from detok_worker.bus.columns import text_batch
 from detok_worker.bus.messages import EngineStats, Reject, TextDelta, WorkerStats
 from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly
 

@@ -4,10 +4,11 @@ and a worker keeping a rid's deltas in order when one of its ids is held or take
 
 from __future__ import annotations
 
+from helpers.bus_rows import text_batch, token_rows
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.codec import BAD_SCHEMA, encode, front_decoder, worker_decoder
-from detok_worker.bus.columns import split_text_batch, text_batch, text_deltas, token_batch, token_items
+from detok_worker.bus.columns import split_text_batch, text_deltas, token_batch
 from detok_worker.bus.messages import (
     DetokParams,
     Open,
@@ -15,7 +16,6 @@ from detok_worker.bus.messages import (
     TextDelta,
     TextExtras,
     TokenBatch,
-    TokenExtras,
     TokenLogprob,
     Tokens,
 )
@@ -25,19 +25,19 @@ from detok_worker.worker.state import WorkerState
 
 def test_token_batch_keeps_every_item_in_order_with_extras_only_where_needed() -> None:
     items = [
-        Tokens("a", [1]),
-        Tokens("b", [2, 3]),
-        Tokens("b", [4]),
-        Tokens("c", [5], "length"),
-        Tokens("a", [6]),
-        Tokens("d", [7], None, None, [TokenLogprob(-0.5)]),
-        Tokens("e", [], "error", "boom"),
+        ("a", Tokens([1])),
+        ("b", Tokens([2, 3])),
+        ("b", Tokens([4])),
+        ("c", Tokens([5], "length")),
+        ("a", Tokens([6])),
+        ("d", Tokens([7], None, None, [TokenLogprob(-0.5)])),
+        ("e", Tokens([], "error", "boom")),
     ]
     batch = token_batch(3, 9, [], items)
     assert batch.rids == ["a", "b", "b", "c", "a", "d", "e"]
     assert batch.ids == [1, 0, 4, 0, 6, 0, 0]
     assert sorted(batch.extras) == [1, 3, 5, 6]
-    assert token_items(batch) == items
+    assert token_rows(batch) == items
     decoded = worker_decoder().decode(encode(batch))
     assert decoded == batch
 
@@ -45,8 +45,8 @@ def test_token_batch_keeps_every_item_in_order_with_extras_only_where_needed() -
 def test_frame_decoders_refuse_columns_of_different_lengths_and_extras_of_no_row() -> None:
     workers = worker_decoder()
     assert workers.decode(encode(TokenBatch(1, 0, [], ["a", "b"], [5]))) is None
-    assert workers.decode(encode(TokenBatch(1, 0, [], ["a"], [5], {1: TokenExtras([6])}))) is None
-    assert workers.decode(encode(TokenBatch(1, 0, [], ["a"], [5], {-1: TokenExtras([6])}))) is None
+    assert workers.decode(encode(TokenBatch(1, 0, [], ["a"], [5], {1: Tokens([6])}))) is None
+    assert workers.decode(encode(TokenBatch(1, 0, [], ["a"], [5], {-1: Tokens([6])}))) is None
     assert workers.bad_frames == {BAD_SCHEMA: 3}
     fronts = front_decoder()
     assert fronts.decode(encode(TextBatch("w", 0, 1, ["a"], [0], ["x"], []))) is None
@@ -87,7 +87,7 @@ def test_held_ids_keep_plain_text_plain_and_each_rids_order() -> None:
     # a: pieces of a character (held, then released by the decoder), then a whole word; b: a table lookup
     rids = ["a", "b", *["a"] * (len(emoji) - 1), "a", "nobody"]
     ids = [emoji[0], hello[0], *emoji[1:], hello[0], hello[0]]
-    items = [*(Tokens(rid, [token_id]) for rid, token_id in zip(rids, ids, strict=True)), Tokens("a", [], "length")]
+    items = [*((rid, Tokens([token_id])) for rid, token_id in zip(rids, ids, strict=True)), ("a", Tokens([], "length"))]
     result = state.handle_batch(token_batch(1, 0, [], items)).text_batch
     assert [(d.rid, d.text, d.n_tokens, d.finish) for d in text_deltas(result)] == [
         ("b", " hello", 1, None),
@@ -107,11 +107,11 @@ def test_rows_with_extras_and_plain_rows_of_a_rid_keep_its_order() -> None:
     state = WorkerState(tokenizer, "w")
     state.handle_batch(token_batch(0, 0, [Open("a", [], DetokParams()), Open("b", [], DetokParams())], []))
     items = [
-        Tokens("a", words[:2]),  # several ids: a row with extras
-        Tokens("a", words[2:3]),  # one id: a plain row, after a's row with extras
-        Tokens("b", words[:1], None, None, [TokenLogprob(-0.5)]),  # logprobs: a row with extras
-        Tokens("b", words[1:2]),
-        Tokens("a", words[3:4]),
+        ("a", Tokens(words[:2])),  # several ids: a row with extras
+        ("a", Tokens(words[2:3])),  # one id: a plain row, after a's row with extras
+        ("b", Tokens(words[:1], None, None, [TokenLogprob(-0.5)])),  # logprobs: a row with extras
+        ("b", Tokens(words[1:2])),
+        ("a", Tokens(words[3:4])),
     ]
     batch = token_batch(1, 0, [], items)
     assert sorted(batch.extras) == [0, 2]

@@ -8,9 +8,10 @@ carry it last."""
 from __future__ import annotations
 
 import msgspec
+from helpers.bus_rows import text_batch
 
 from detok_worker.bus.codec import encode, engine_decoder, front_decoder, worker_decoder
-from detok_worker.bus.columns import text_batch, text_deltas, token_batch
+from detok_worker.bus.columns import text_deltas, token_batch
 from detok_worker.bus.messages import (
     DetokParams,
     Open,

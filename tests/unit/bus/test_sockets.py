@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import zmq
+from helpers.bus_rows import text_batch
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.columns import text_batch
 from detok_worker.bus.errors import BindError, CurveKeyError, InsecureEndpointError
 from detok_worker.bus.messages import TextDelta
 from detok_worker.bus.sockets import BusSockets, last_endpoint

@@ -3,13 +3,13 @@ routing, endings, re-opens, pacing."""
 
 from __future__ import annotations
 
+from helpers.bus_rows import token_rows
 from helpers.scheduler_steps import EOS, new_scheduler
 from helpers.scheduler_steps import items as _items
 from helpers.scheduler_steps import new_stub_scheduler as _scheduler
 from helpers.scheduler_steps import sent as _sent
 from helpers.scheduler_steps import step as _step
 
-from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
 from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
@@ -25,8 +25,8 @@ def _run_to_end(scheduler: Scheduler, rid: str, limit: int = 100) -> list[int]:
     ids: list[int] = []
     for _ in range(limit):
         for worker_plan in _step(scheduler).workers:
-            for item in token_items(worker_plan.batch):
-                if item.rid == rid:
+            for item_rid, item in token_rows(worker_plan.batch):
+                if item_rid == rid:
                     ids.extend(item.ids)
                     if item.finish:
                         return ids
@@ -54,9 +54,9 @@ def test_open_then_tokens_then_finish_stop_at_eos():
     assert worker_plan.batch.sent_ns == 123
     (open_,) = worker_plan.batch.opens
     assert open_ == Open("r1", prompt[-PROMPT_TAIL:], DetokParams(stop=["x"], stop_token_ids=[7, EOS]))
-    assert token_items(worker_plan.batch) == [Tokens("r1", [5])]
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [6])]}
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [EOS], "stop")]}
+    assert token_rows(worker_plan.batch) == [("r1", Tokens([5]))]
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([6]))]}
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([EOS], "stop"))]}
     assert _step(scheduler).workers == []
     assert scheduler.live_rids == 0
     assert scheduler.worker_loads() == {"w1": 0}
@@ -68,8 +68,8 @@ def test_ignore_eos_keeps_stop_ids_and_max_tokens_gives_length():
     scheduler.submit("r1", [1], RequestParams(max_tokens=3, ignore_eos=True), [5, 6, 7, 8, EOS])
     plan = _step(scheduler)
     assert plan.workers[0].batch.opens[0].params.stop_token_ids == []
-    assert token_items(plan.workers[0].batch) == [Tokens("r1", [5, 6])]
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [7], "length")]}
+    assert token_rows(plan.workers[0].batch) == [("r1", Tokens([5, 6]))]
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([7], "length"))]}
 
 
 def test_max_tokens_zero_ends_at_once():
@@ -78,7 +78,7 @@ def test_max_tokens_zero_ends_at_once():
     scheduler.submit("r1", [1], RequestParams(max_tokens=0), [5, EOS])
     plan = _step(scheduler)
     assert [o.rid for o in plan.workers[0].batch.opens] == ["r1"]
-    assert token_items(plan.workers[0].batch) == [Tokens("r1", [], "length")]
+    assert token_rows(plan.workers[0].batch) == [("r1", Tokens([], "length"))]
     assert scheduler.live_rids == 0
 
 
@@ -113,10 +113,10 @@ def test_least_load_routing_and_one_batch_per_worker():
     plan = _step(scheduler)
     assert sorted(p.worker for p in plan.workers) == ["w1", "w2"]
     assert scheduler.worker_loads() == {"w1": 3, "w2": 3}
-    owners = {item.rid: p.worker for p in plan.workers for item in token_items(p.batch)}
+    owners = {rid: p.worker for p in plan.workers for rid, _ in token_rows(p.batch)}
     for _ in range(2):  # a rid stays on its worker
         for p in _step(scheduler).workers:
-            assert all(owners[item.rid] == p.worker for item in token_items(p.batch))
+            assert all(owners[rid] == p.worker for rid, _ in token_rows(p.batch))
 
 
 def test_finish_from_owner_stops_generation_stray_finish_is_ignored():
@@ -141,9 +141,9 @@ def test_abort_sends_abort_item_to_the_owner_and_frees():
     assert scheduler.abort("r1")
     plan = _step(scheduler)
     batch = plan.workers[0].batch
-    assert token_items(batch) == [Tokens("r1", [], "abort"), Tokens("r2", [1])]  # the abort first
+    assert token_rows(batch) == [("r1", Tokens([], "abort")), ("r2", Tokens([1]))]  # the abort first
     assert (batch.ids, list(batch.extras)) == ([0, 1], [0])  # r2's id: a plain row
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r2", [2])]}  # delivered once
+    assert _items(_step(scheduler)) == {"w1": [("r2", Tokens([2]))]}  # delivered once
     assert scheduler.aborted == 1 and scheduler.live_rids == 1
     assert not scheduler.abort("unknown")
 
@@ -154,7 +154,7 @@ def test_dropping_with_an_engine_error_tells_the_worker_why():
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), list(range(10)))
     _step(scheduler)
     assert scheduler.drop("r1", "error", "engine lost")
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [], "error", "engine lost")]}
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([], "error", "engine lost"))]}
     assert scheduler.aborted == 0 and scheduler.live_rids == 0
 
 
@@ -167,7 +167,7 @@ def test_abort_of_a_waiting_request():
     assert scheduler.abort("r2")
     assert scheduler.live_rids == 1
     # r2 never generated (it waited for r1's slot): its worker, which had its Open, only frees it
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r2", [], "abort"), Tokens("r1", [2], "stop")]}
+    assert _items(_step(scheduler)) == {"w1": [("r2", Tokens([], "abort")), ("r1", Tokens([2], "stop"))]}
     assert not scheduler.engine.has_work()
 
 
@@ -178,9 +178,9 @@ def test_uncommitted_plan_is_planned_again():
     first = _step(scheduler, commit=False)  # the worker's queue was full
     again = _step(scheduler, commit=False)
     assert first.workers[0].batch.opens == again.workers[0].batch.opens != []
-    assert token_items(first.workers[0].batch) == token_items(again.workers[0].batch) == [Tokens("r1", [5])]
+    assert token_rows(first.workers[0].batch) == token_rows(again.workers[0].batch) == [("r1", Tokens([5]))]
     _step(scheduler)
-    assert _items(_step(scheduler)) == {"w1": [Tokens("r1", [6])]}
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([6]))]}
 
 
 def test_dead_worker_rids_are_reopened_with_full_history():
@@ -196,7 +196,7 @@ def test_dead_worker_rids_are_reopened_with_full_history():
     (worker_plan,) = plan.workers
     assert worker_plan.worker == "w2"
     assert [o.rid for o in worker_plan.batch.opens] == ["r1"]
-    assert token_items(worker_plan.batch) == [Tokens("r1", [5, 6, 7])]  # history + this step's id
+    assert token_rows(worker_plan.batch) == [("r1", Tokens([5, 6, 7]))]  # history + this step's id
     assert scheduler.reopened == 1
     # the dead worker comes back still holding state: it must be told to go
     assert scheduler.heartbeat("w1", 1, 1.6) is False
@@ -211,7 +211,7 @@ def test_hello_from_a_known_worker_means_it_restarted():
     scheduler.hello("w1", 2, 0.1)
     plan = _step(scheduler, 0.1)
     assert [o.rid for o in plan.workers[0].batch.opens] == ["r1"]
-    assert token_items(plan.workers[0].batch) == [Tokens("r1", [5, 6])]
+    assert token_rows(plan.workers[0].batch) == [("r1", Tokens([5, 6]))]
 
 
 def test_goodbye_and_unreachable_move_rids():
@@ -268,11 +268,11 @@ def test_paced_replay_releases_ids_at_their_times():
     scheduler.hello("w1", 1, 0.0)
     ns = 1_000_000_000
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, 8], release_ns=[ns, ns, 2 * ns, 3 * ns])
-    assert token_items(_step(scheduler, 0.5).workers[0].batch) == [Tokens("r1", [])]  # Open only, nothing due yet
+    assert token_rows(_step(scheduler, 0.5).workers[0].batch) == [("r1", Tokens([]))]  # Open only, nothing due yet
     assert scheduler.next_release_ns() == ns
-    assert _items(_step(scheduler, 1.0)) == {"w1": [Tokens("r1", [5, 6])]}  # both due: pacing beats tokens_per_step
+    assert _items(_step(scheduler, 1.0)) == {"w1": [("r1", Tokens([5, 6]))]}  # both due: pacing beats tokens_per_step
     assert _step(scheduler, 1.5).workers == []
-    assert _items(_step(scheduler, 3.0)) == {"w1": [Tokens("r1", [7, 8], "stop")]}
+    assert _items(_step(scheduler, 3.0)) == {"w1": [("r1", Tokens([7, 8], "stop"))]}
 
 
 def test_recorded_finish_is_used_unless_truncated():
@@ -280,7 +280,10 @@ def test_recorded_finish_is_used_unless_truncated():
     scheduler.hello("w1", 1, 0.0)
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5], finish="abort")
     scheduler.submit("r2", [1], RequestParams(max_tokens=1), [5, 6], finish="stop")
-    assert {i.rid: i.finish for i in token_items(_step(scheduler).workers[0].batch)} == {"r1": "abort", "r2": "length"}
+    assert {rid: t.finish for rid, t in token_rows(_step(scheduler).workers[0].batch)} == {
+        "r1": "abort",
+        "r2": "length",
+    }
 
 
 def test_commit_reports_new_ids_only():
@@ -360,11 +363,11 @@ def test_logprobs_go_with_their_ids_and_with_a_reopen():
     params = RequestParams(max_tokens=3, sampling=SamplingParams(logprobs=1))
     entries = [_logprob(-0.1 * k) for k in range(5)]
     scheduler.submit("r1", [1], params, [5, 6, 7, 8, EOS], logprobs=entries)
-    assert _items(_step(scheduler, 0.1)) == {"w1": [Tokens("r1", [5], None, None, entries[:1])]}
+    assert _items(_step(scheduler, 0.1)) == {"w1": [("r1", Tokens([5], None, None, entries[:1]))]}
     scheduler.hello("w1", 2, 0.2)  # restarted: the re-open carries the history's entries too
-    assert _items(_step(scheduler, 0.2)) == {"w1": [Tokens("r1", [5, 6], None, None, entries[:2])]}
+    assert _items(_step(scheduler, 0.2)) == {"w1": [("r1", Tokens([5, 6], None, None, entries[:2]))]}
     # max_tokens cuts the plan and its entries alike
-    assert _items(_step(scheduler, 0.3)) == {"w1": [Tokens("r1", [7], "length", None, entries[2:3])]}
+    assert _items(_step(scheduler, 0.3)) == {"w1": [("r1", Tokens([7], "length", None, entries[2:3]))]}
 
 
 def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
@@ -374,12 +377,12 @@ def test_pushed_logprobs_only_when_asked_and_padded_when_missing():
     scheduler.submit("plain", [1], RequestParams(max_tokens=3))
     assert scheduler.push("asked", [5, 6], None, [_logprob(-1.0)])  # one entry short: padded
     assert scheduler.push("plain", [5], None, [_logprob(-1.0)])  # not asked: dropped
-    items = {item.rid: item for item in _items(_step(scheduler))["w1"]}
+    items = dict(_items(_step(scheduler))["w1"])
     assert items["plain"].logprobs is None
     (first, second) = items["asked"].logprobs
     assert first == _logprob(-1.0) and second is NO_LOGPROB
     assert scheduler.push("asked", [7, 8], "stop", [_logprob(-2.0), _logprob(-3.0)])  # past max_tokens: cut
-    assert _items(_step(scheduler))["w1"] == [Tokens("asked", [7], "length", None, [_logprob(-2.0)])]
+    assert _items(_step(scheduler))["w1"] == [("asked", Tokens([7], "length", None, [_logprob(-2.0)]))]
 
 
 def test_every_worker_gets_its_usual_ids_in_the_columns():

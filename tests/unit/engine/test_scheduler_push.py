@@ -4,9 +4,9 @@ any output (a Reject with a kind the front turns into a status)."""
 
 from __future__ import annotations
 
+from helpers.bus_rows import token_rows
 from helpers.scheduler_steps import new_scheduler, new_stub_scheduler, sent, step
 
-from detok_worker.bus.columns import token_items
 from detok_worker.bus.messages import REJECT_INVALID, REJECT_STOP_BUDGET, DetokParams, RequestParams, Tokens
 
 
@@ -94,7 +94,7 @@ def test_the_stubs_requests_are_refused_at_submit_and_re_opens_never():
     plan = step(scheduler)
     assert plan.rejects == [] and plan.workers[0].worker == "w2"
     assert sent(plan) == {"a": [5, 6, 7], "c": [6]}
-    assert token_items(plan.workers[0].batch)[0] == Tokens("a", [5, 6, 7], "stop")
+    assert token_rows(plan.workers[0].batch)[0] == ("a", Tokens([5, 6, 7], "stop"))
 
 
 def test_push_all_takes_a_whole_engine_step_and_names_the_rids_that_no_longer_generate():

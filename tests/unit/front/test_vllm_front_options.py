@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.bus_rows import text_batch
 from helpers.front_harness import PLAYED_WORKER, decode_plan, running_front
 
 from detok_worker.bus.codec import encode
-from detok_worker.bus.columns import text_batch
 from detok_worker.bus.messages import Submit
 from detok_worker.config import ConfigError, load_config
 

@@ -111,7 +111,7 @@ def test_only_requests_that_keep_special_tokens_and_ask_lose_the_lookups() -> No
     assert state.live["asks"].decoder._table is None
     assert state.live["skipping"].decoder._table is not None and state.live["plain"].decoder._table is not None
     im_start, im_end = tokenizer.token_to_id("<|im_start|>"), tokenizer.token_to_id("<|im_end|>")
-    items = [Tokens(rid, [im_start, im_end, *tokenizer.encode("Hi").ids]) for rid in ("asks", "skipping")]
+    items = [(rid, Tokens([im_start, im_end, *tokenizer.encode("Hi").ids])) for rid in ("asks", "skipping")]
     texts = {
         delta.rid: delta.text for delta in text_deltas(state.handle_batch(token_batch(1, 0, [], items)).text_batch)
     }

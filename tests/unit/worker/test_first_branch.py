@@ -56,7 +56,7 @@ def test_a_memoised_stop_string_match_stops_a_rid() -> None:
     texts: dict[str, str] = {}
     for rid in ("a", "b"):
         batches = [token_batch(0, 0, [Open(rid, [], params)], [])]
-        batches += [token_batch(step, 0, [], [Tokens(rid, [token_id])]) for step, token_id in enumerate(ids, 1)]
+        batches += [token_batch(step, 0, [], [(rid, Tokens([token_id]))]) for step, token_id in enumerate(ids, 1)]
         for batch in batches:
             for delta in text_deltas(state.handle_batch(batch).text_batch):
                 texts[rid] = texts.get(rid, "") + delta.text

@@ -25,7 +25,7 @@ def _run(tokenizer, ids: list[int], size: int, params: DetokParams = PLAIN, fini
     for step, (chunk, chunk_logprobs) in enumerate(batches):
         opens = [Open("r", [], params)] if step == 0 else []
         end = finish if step == len(batches) - 1 else None
-        batch = token_batch(step, 0, opens, [Tokens("r", chunk, end, None, chunk_logprobs)])
+        batch = token_batch(step, 0, opens, [("r", Tokens(chunk, end, None, chunk_logprobs))])
         deltas += text_deltas(state.handle_batch(batch).text_batch)
     return deltas, state
 
@@ -132,9 +132,9 @@ def test_held_entries_go_with_an_engine_abort() -> None:
     state = WorkerState(qwen3, "w")
     logprobs = fake_logprobs(ids, 0, qwen3)
     open_ = Open("r", [], DetokParams())
-    first = state.handle_batch(token_batch(1, 0, [open_], [Tokens("r", ids[:1], None, None, logprobs[:1])]))
+    first = state.handle_batch(token_batch(1, 0, [open_], [("r", Tokens(ids[:1], None, None, logprobs[:1]))]))
     assert text_deltas(first.text_batch) == []  # an unfinished character: no text, its entry is held
-    last = state.handle_batch(token_batch(2, 0, [], [Tokens("r", [], "abort")]))
+    last = state.handle_batch(token_batch(2, 0, [], [("r", Tokens([], "abort"))]))
     (delta,) = text_deltas(last.text_batch)
     assert delta.finish == "abort" and len(delta.logprobs) == 1 == delta.n_tokens
     assert delta.logprobs[0].top == []
@@ -144,7 +144,7 @@ def test_requests_without_logprobs_get_none() -> None:
     qwen3 = load_fixture_tokenizer("qwen3")
     state = WorkerState(qwen3, "w")
     ids = qwen3.encode(TEXT).ids
-    result = state.handle_batch(token_batch(1, 0, [Open("r", [], DetokParams())], [Tokens("r", ids, "length")]))
+    result = state.handle_batch(token_batch(1, 0, [Open("r", [], DetokParams())], [("r", Tokens(ids, "length"))]))
     assert [delta.logprobs for delta in text_deltas(result.text_batch)] == [None]
 
 
@@ -154,7 +154,7 @@ def test_bad_logprobs_end_only_that_rid() -> None:
     ids = qwen3.encode("hello").ids
     short = [TokenLogprob(-0.5)] * (len(ids) - 1)
     opens = [Open("bad", [], DetokParams()), Open("good", [], DetokParams())]
-    items = [Tokens("bad", ids, None, None, short), Tokens("good", ids, "length")]
+    items = [("bad", Tokens(ids, None, None, short)), ("good", Tokens(ids, "length"))]
     deltas = text_deltas(state.handle_batch(token_batch(1, 0, opens, items)).text_batch)
     by_rid = {delta.rid: delta for delta in deltas}
     assert by_rid["bad"].finish == "error" and "logprobs" in by_rid["bad"].error

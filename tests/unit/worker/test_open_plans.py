@@ -8,7 +8,7 @@ import pytest
 from helpers.fixtures import load_fixture_tokenizer
 
 from detok_worker.bus.columns import text_deltas, token_batch
-from detok_worker.bus.messages import DetokParams, Open, TokenBatch, TokenExtras, Tokens
+from detok_worker.bus.messages import DetokParams, Open, TokenBatch, Tokens
 from detok_worker.worker.open_plans import OPEN_PLANS_CAPACITY
 from detok_worker.worker.state import BAD_PARAMS, BAD_STOP_BUDGET, WorkerState
 
@@ -37,11 +37,11 @@ def _interleaved(rid_ids: dict[str, list[int]], starts: dict[str, int], plain: b
     for step in range(steps):
         pairs = [(rid, ids[step - starts[rid]]) for rid, ids in rid_ids.items() if 0 <= step - starts[rid] < len(ids)]
         if plain:
-            batches.append(token_batch(step, 0, [], [Tokens(rid, [i]) for rid, i in pairs]))
+            batches.append(token_batch(step, 0, [], [(rid, Tokens([i])) for rid, i in pairs]))
         else:
-            extras = {row: TokenExtras([i]) for row, (_, i) in enumerate(pairs)}
+            extras = {row: Tokens([i]) for row, (_, i) in enumerate(pairs)}
             batches.append(TokenBatch(step, 0, [], [rid for rid, _ in pairs], [0] * len(pairs), extras))
-    batches.append(token_batch(steps, 0, [], [Tokens(rid, [], "length") for rid in rid_ids]))
+    batches.append(token_batch(steps, 0, [], [(rid, Tokens([], "length")) for rid in rid_ids]))
     return batches
 
 
@@ -85,14 +85,14 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
 
     good = DetokParams(stop=["x" * 15], stop_token_ids=[1])
     for lookalike in ([True], [1.0]):  # equal to [1] in Python, refused by the stop rules: never a cached plan's
-        state.handle_batch(token_batch(0, 0, [Open("first", [], good)], [Tokens("first", ids, "length")]))
+        state.handle_batch(token_batch(0, 0, [Open("first", [], good)], [("first", Tokens(ids, "length"))]))
         alike = DetokParams(stop=good.stop, stop_token_ids=lookalike)
         result = state.handle_batch(token_batch(0, 0, [Open("alike", [], alike)], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error"
         assert delta.error == f"stop token id {lookalike[0]!r} is not a token id (an int >= 0)"
     # the live stop-chars budget is checked on every Open, plan or not: a second live rid would pass 20 characters
-    opened = state.handle_batch(token_batch(1, 0, [Open("a", [], good), Open("b", [], good)], [Tokens("a", ids)]))
+    opened = state.handle_batch(token_batch(1, 0, [Open("a", [], good), Open("b", [], good)], [("a", Tokens(ids))]))
     deltas = {delta.rid: delta for delta in text_deltas(opened.text_batch)}
     assert deltas["a"].text == "hello"
     assert deltas["b"].finish == "error"
@@ -103,7 +103,7 @@ def test_a_cached_plan_skips_no_check_beyond_the_params(qwen3):
         result = state.handle_batch(token_batch(2, 0, [Open(rid, [qwen3.vocab_size + 9], DetokParams())], []))
         (delta,) = text_deltas(result.text_batch)
         assert delta.finish == "error" and "cannot open request" in delta.error
-    assert _texts(state, [token_batch(3, 0, [Open("ok", [], DetokParams())], [Tokens("ok", ids)])])[0] == {
+    assert _texts(state, [token_batch(3, 0, [Open("ok", [], DetokParams())], [("ok", Tokens(ids))])])[0] == {
         "ok": "hello"
     }
 
@@ -117,10 +117,10 @@ def test_the_plans_stay_bounded_and_exact(qwen3):
     for index in range(count):  # distinct params each time: stop strings of the index, one of them in the text
         stop = [f"<{index}>", words[index % len(words)]]
         rid = f"r{index}"
-        texts, _ = _texts(state, [token_batch(index, 0, [Open(rid, [], DetokParams(stop=stop))], [Tokens(rid, ids)])])
+        texts, _ = _texts(state, [token_batch(index, 0, [Open(rid, [], DetokParams(stop=stop))], [(rid, Tokens(ids))])])
         assert texts[rid] == text[: text.index(stop[1])]
         assert len(state.open_plans) == min(index + 1, OPEN_PLANS_CAPACITY)
     again = DetokParams(stop=["<0>", words[0]])  # dropped long ago: planned again, the same result
-    texts, _ = _texts(state, [token_batch(count, 0, [Open("again", [], again)], [Tokens("again", ids)])])
+    texts, _ = _texts(state, [token_batch(count, 0, [Open("again", [], again)], [("again", Tokens(ids))])])
     assert texts == {"again": ""}
     assert len(state.open_plans) == OPEN_PLANS_CAPACITY

@@ -67,7 +67,7 @@ def test_interleaved_rids_stream_exact_text(fixture_tokenizer):
     opens = [Open(rid, [], params) for rid in ids]
     for step in range(max(len(c) for c in chunked.values())):
         items = [
-            Tokens(rid, chunks[step], "length" if step == len(chunks) - 1 else None)
+            (rid, Tokens(chunks[step], "length" if step == len(chunks) - 1 else None))
             for rid, chunks in chunked.items()
             if step < len(chunks)
         ]
@@ -89,7 +89,7 @@ def test_prompt_tail_gives_context(qwen3):
     harness = Harness(qwen3)
     prompt = qwen3.encode("Say hi:").ids
     output = qwen3.encode(" hello there").ids
-    harness.feed([Open("r", prompt, DetokParams())], [Tokens("r", output, "stop")])
+    harness.feed([Open("r", prompt, DetokParams())], [("r", Tokens(output, "stop"))])
     full = qwen3.decode(prompt + output)
     assert harness.text("r") == full[len(qwen3.decode(prompt)) :]
 
@@ -97,7 +97,7 @@ def test_prompt_tail_gives_context(qwen3):
 def test_one_text_batch_per_token_batch_even_without_news(qwen3):
     harness = Harness(qwen3)
     harness.feed([Open("r", [], DetokParams(stop=["zzz"]))], [])
-    assert harness.feed([], [Tokens("r", [])]) == []
+    assert harness.feed([], [("r", Tokens([]))]) == []
     assert harness.state.live_rids == 1
 
 
@@ -108,7 +108,7 @@ def test_stop_string_hidden_and_visible(qwen3, visible):
     params = DetokParams(stop=["STOP"], include_stop_str_in_output=visible)
     harness.feed([Open("r", [], params)], [])
     for chunk in _chunks(ids, 2):
-        harness.feed([], [Tokens("r", chunk)])
+        harness.feed([], [("r", Tokens(chunk))])
     full = qwen3.decode(ids)
     end = full.index("STOP") + (len("STOP") if visible else 0)
     assert harness.text("r") == full[:end]
@@ -117,7 +117,7 @@ def test_stop_string_hidden_and_visible(qwen3, visible):
     assert harness.finishes == [Finish("r", "stop", "STOP", last.n_tokens)]  # the ids the client got
     assert harness.state.live_rids == 0
     # later tokens (already in flight) are dropped silently
-    assert harness.feed([], [Tokens("r", ids[:2]), Tokens("r", [], "length")]) == []
+    assert harness.feed([], [("r", Tokens(ids[:2])), ("r", Tokens([], "length"))]) == []
     assert harness.state.bad[BAD_UNKNOWN_RID] == 0
 
 
@@ -126,7 +126,7 @@ def test_stop_string_split_across_tokens_never_leaks(qwen3):
     ids = qwen3.encode("alpha beta<|stop-here|>gamma").ids
     harness.feed([Open("r", [], DetokParams(stop=["<|stop-here|>"]))], [])
     for token in ids:
-        harness.feed([], [Tokens("r", [token])])
+        harness.feed([], [("r", Tokens([token]))])
     assert harness.text("r") == "alpha beta"
     assert all("<|" not in d.text for d in harness.deltas["r"])
 
@@ -137,8 +137,8 @@ def test_eos_as_hidden_stop_token_from_the_engine(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("All done.").ids
     params = DetokParams(stop_token_ids=[eos])
-    harness.feed([Open("r", [], params)], [Tokens("r", ids[:1])])
-    harness.feed([], [Tokens("r", [*ids[1:], eos], "stop")])
+    harness.feed([Open("r", [], params)], [("r", Tokens(ids[:1]))])
+    harness.feed([], [("r", Tokens([*ids[1:], eos], "stop"))])
     assert harness.text("r") == qwen3.decode(ids)
     last = harness.last("r")
     assert (last.finish, last.stop_reason, last.n_tokens) == ("stop", eos, len(ids) + 1)
@@ -150,7 +150,7 @@ def test_stop_token_found_by_the_worker_tells_the_engine(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("Before the end").ids
     tail = qwen3.encode(" after").ids
-    harness.feed([Open("r", [], DetokParams(stop_token_ids=[eos]))], [Tokens("r", [*ids, eos, *tail])])
+    harness.feed([Open("r", [], DetokParams(stop_token_ids=[eos]))], [("r", Tokens([*ids, eos, *tail]))])
     assert harness.text("r") == qwen3.decode(ids)
     assert harness.last("r").n_tokens == len(ids) + 1
     assert harness.finishes == [Finish("r", "stop", eos, len(ids) + 1)]
@@ -161,7 +161,7 @@ def test_visible_stop_token(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("Visible end").ids
     params = DetokParams(stop_token_ids=[eos], include_stop_str_in_output=True, skip_special_tokens=False)
-    harness.feed([Open("r", [], params)], [Tokens("r", [*ids, eos])])
+    harness.feed([Open("r", [], params)], [("r", Tokens([*ids, eos]))])
     assert harness.text("r") == qwen3.decode([*ids, eos])
     assert harness.last("r").stop_reason == eos
 
@@ -171,7 +171,7 @@ def test_min_tokens_delays_stops(qwen3):
     ids = qwen3.encode("a, b, c, d").ids
     comma_index = next(i for i, t in enumerate(ids) if "," in qwen3.decode([t]))
     params = DetokParams(stop=[","], min_tokens=comma_index + 1)
-    harness.feed([Open("r", [], params)], [Tokens("r", ids)])
+    harness.feed([Open("r", [], params)], [("r", Tokens(ids))])
     full = qwen3.decode(ids)
     assert harness.text("r") == full[: full.index(",", full.index(",") + 1)]
 
@@ -183,19 +183,19 @@ def test_bad_token_id_ends_only_that_rid(fixture_tokenizer):
     other = tokenizer.encode("Other request").ids
     bad_id = tokenizer.vocab_size + 17
     harness.feed([Open("bad", [], DetokParams()), Open("ok", [], DetokParams())], [])
-    harness.feed([], [Tokens("bad", [*good, bad_id, *good]), Tokens("ok", other[:2])])
+    harness.feed([], [("bad", Tokens([*good, bad_id, *good])), ("ok", Tokens(other[:2]))])
     last = harness.last("bad")
     assert last.finish == "error" and str(bad_id) in (last.error or "")
     assert harness.text("bad") == tokenizer.decode(good)[: len(harness.text("bad"))]
     assert harness.finishes == [Finish("bad", "error", None, last.n_tokens)]
-    harness.feed([], [Tokens("ok", other[2:], "length"), Tokens("bad", good)])
+    harness.feed([], [("ok", Tokens(other[2:], "length")), ("bad", Tokens(good))])
     assert harness.text("ok") == tokenizer.decode(other)
     assert harness.state.live_rids == 0
 
 
 def test_negative_token_id_is_an_error(qwen3):
     harness = Harness(qwen3)
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", [-5])])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens([-5]))])
     assert harness.last("r").finish == "error"
     assert harness.finishes == [Finish("r", "error", None, 0)]
 
@@ -203,8 +203,8 @@ def test_negative_token_id_is_an_error(qwen3):
 def test_engine_abort_frees_and_reports(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("This will be aborted halfway").ids
-    harness.feed([Open("r", [], DetokParams(stop=["zzz"]))], [Tokens("r", ids[:3])])
-    harness.feed([], [Tokens("r", [], "abort")])
+    harness.feed([Open("r", [], DetokParams(stop=["zzz"]))], [("r", Tokens(ids[:3]))])
+    harness.feed([], [("r", Tokens([], "abort"))])
     assert harness.last("r").finish == "abort"
     assert harness.text("r") == qwen3.decode(ids[:3])
     assert harness.state.live_rids == 0
@@ -213,8 +213,8 @@ def test_engine_abort_frees_and_reports(qwen3):
 def test_engine_error_ends_with_a_message(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("partial output").ids
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[:2])])
-    harness.feed([], [Tokens("r", ids[2:], "error")])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:2]))])
+    harness.feed([], [("r", Tokens(ids[2:], "error"))])
     last = harness.last("r")
     assert last.finish == "error" and last.error
     assert harness.text("r") == qwen3.decode(ids)
@@ -224,8 +224,8 @@ def test_engine_error_ends_with_a_message(qwen3):
 def test_engine_error_carries_the_engines_message(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("partial output").ids
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[:2])])
-    harness.feed([], [Tokens("r", [], "error", "engine grpc://10.0.0.9:50051 is unreachable")])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:2]))])
+    harness.feed([], [("r", Tokens([], "error", "engine grpc://10.0.0.9:50051 is unreachable"))])
     last = harness.last("r")
     assert (last.finish, last.error) == ("error", "engine grpc://10.0.0.9:50051 is unreachable")
     assert harness.text("r") == qwen3.decode(ids[:2])
@@ -233,7 +233,7 @@ def test_engine_error_carries_the_engines_message(qwen3):
 
 def test_unknown_rid_is_counted_and_skipped(qwen3):
     harness = Harness(qwen3)
-    assert harness.feed([], [Tokens("never-opened", [1, 2, 3])]) == []
+    assert harness.feed([], [("never-opened", Tokens([1, 2, 3]))]) == []
     assert harness.state.bad[BAD_UNKNOWN_RID] == 1
     assert harness.state.live_rids == 0
 
@@ -243,13 +243,13 @@ def test_reopen_replays_history_from_offset_zero(fixture_tokenizer):
     harness = Harness(tokenizer)
     ids = tokenizer.encode(TEXTS[1] + " " + TEXTS[2]).ids
     half = len(ids) // 2
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[:half])])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:half]))])
     first_text = harness.text("r")
     # the engine re-routes: duplicate Open + the full history so far + new ids
-    reopened = harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[: half + 2])])
+    reopened = harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[: half + 2]))])
     assert reopened[0].offset == 0
     assert reopened[0].text.startswith(first_text)
-    harness.feed([], [Tokens("r", ids[half + 2 :], "length")])
+    harness.feed([], [("r", Tokens(ids[half + 2 :], "length"))])
     assert harness.text("r") == tokenizer.decode(ids)
     assert harness.last("r").n_tokens == len(ids)
     assert harness.state.live_rids == 0
@@ -258,8 +258,8 @@ def test_reopen_replays_history_from_offset_zero(fixture_tokenizer):
 def test_reopen_after_the_rid_ended_here_starts_again(qwen3):
     harness = Harness(qwen3)
     ids = qwen3.encode("again and again").ids
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids, "length")])
-    harness.feed([Open("r", [], DetokParams())], [Tokens("r", ids[:1])])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids, "length"))])
+    harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:1]))])
     assert harness.state.live_rids == 1
     assert harness.deltas["r"][-1].offset == 0
 
@@ -277,7 +277,7 @@ def test_reopen_after_the_rid_ended_here_starts_again(qwen3):
 )
 def test_unusable_params_end_the_rid_with_an_error(qwen3, params, limits):
     harness = Harness(qwen3, **limits)
-    harness.feed([Open("r", [], params)], [Tokens("r", [1, 2])])
+    harness.feed([Open("r", [], params)], [("r", Tokens([1, 2]))])
     (delta,) = harness.deltas["r"]
     assert (delta.finish, delta.offset, delta.text) == ("error", 0, "")
     assert delta.error
@@ -294,31 +294,31 @@ def test_state_is_freed_and_the_ended_set_is_bounded(qwen3):
         rids = [f"r{batch}-{i}" for i in range(RECENTLY_ENDED_CAPACITY // 2)]
         harness.state.handle_batch(
             token_batch(
-                batch, 0, [Open(rid, [], DetokParams()) for rid in rids], [Tokens(r, ids, "stop") for r in rids]
+                batch, 0, [Open(rid, [], DetokParams()) for rid in rids], [(r, Tokens(ids, "stop")) for r in rids]
             )
         )
     assert harness.state.live_rids == 0
     # recently ended rids: late tokens are dropped quietly
-    harness.feed([], [Tokens(f"r2-{RECENTLY_ENDED_CAPACITY // 2 - 1}", ids), Tokens("r1-0", ids)])
+    harness.feed([], [(f"r2-{RECENTLY_ENDED_CAPACITY // 2 - 1}", Tokens(ids)), ("r1-0", Tokens(ids))])
     assert harness.state.bad[BAD_UNKNOWN_RID] == 0
     # the oldest ended rids were forgotten (bounded memory): a late Tokens item for one counts as unknown
-    harness.feed([], [Tokens("r0-0", ids)])
+    harness.feed([], [("r0-0", Tokens(ids))])
     assert harness.state.bad[BAD_UNKNOWN_RID] == 1
 
 
 def test_live_stop_chars_are_bounded_per_worker(qwen3):
     harness = Harness(qwen3, max_live_stop_chars=100)
     ids = qwen3.encode("hello").ids
-    harness.feed([Open("a", [], DetokParams(stop=["x" * 60]))], [Tokens("a", ids)])
-    harness.feed([Open("b", [], DetokParams(stop=["y" * 50]))], [Tokens("b", ids)])  # 110 > 100: refused
+    harness.feed([Open("a", [], DetokParams(stop=["x" * 60]))], [("a", Tokens(ids))])
+    harness.feed([Open("b", [], DetokParams(stop=["y" * 50]))], [("b", Tokens(ids))])  # 110 > 100: refused
     (refused,) = harness.deltas["b"]
     assert refused.finish == "error"
     assert "worker.max_live_stop_chars = 100" in refused.error
     assert harness.state.bad[BAD_STOP_BUDGET] == 1
     assert harness.state.live_stop_chars == 60
-    harness.feed([], [Tokens("a", [], "length")])  # a ends: its characters are free again
+    harness.feed([], [("a", Tokens([], "length"))])  # a ends: its characters are free again
     assert harness.state.live_stop_chars == 0
-    harness.feed([Open("c", [], DetokParams(stop=["y" * 50]))], [Tokens("c", ids)])
+    harness.feed([Open("c", [], DetokParams(stop=["y" * 50]))], [("c", Tokens(ids))])
     assert harness.text("c") == "hello"
     assert harness.state.live_stop_chars == 50
 
@@ -327,7 +327,7 @@ def test_a_long_batch_ticks_between_opens(qwen3):
     ticks: list[int] = []
     state = WorkerState(qwen3, "w-test")
     opens = [Open(f"r{i}", [], DetokParams(stop=["zz"])) for i in range(5)]
-    items = [Tokens(f"r{i}", [1]) for i in range(5)]
+    items = [(f"r{i}", Tokens([1])) for i in range(5)]
     state.handle_batch(token_batch(1, 0, opens, items), lambda: ticks.append(state.live_rids))
     assert ticks == [1, 2, 3, 4, 5]  # after each open, before any item is decoded
 
@@ -345,7 +345,7 @@ def test_a_rid_with_stop_strings_that_the_engine_ended_gets_the_workers_verdict(
         Open("missed", [], DetokParams(stop=["zebra"])),
         Open("plain", [], DetokParams()),
     ]
-    harness.feed(opens, [Tokens(rid, ids, "length") for rid in ("found", "missed", "plain")])
+    harness.feed(opens, [(rid, Tokens(ids, "length")) for rid in ("found", "missed", "plain")])
     verdicts = {finish.rid: finish for finish in harness.finishes}
     assert sorted(verdicts) == ["found", "missed"]
     found, missed = verdicts["found"], verdicts["missed"]

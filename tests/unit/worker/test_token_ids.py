@@ -76,7 +76,7 @@ def test_rids_that_do_not_ask_stay_in_the_columns() -> None:
     state.handle_batch(token_batch(0, 0, opens, []))
     assert state.live["plain"].plain and not state.live["ids"].plain
     for step, token_id in enumerate(ids, 1):
-        batch = token_batch(step, 0, [], [Tokens("plain", [token_id]), Tokens("ids", [token_id])])
+        batch = token_batch(step, 0, [], [("plain", Tokens([token_id])), ("ids", Tokens([token_id]))])
         assert not batch.extras
         text_batch = state.handle_batch(batch).text_batch
         assert text_batch.rids == ["plain", "ids"]
@@ -99,7 +99,7 @@ def test_held_ids_ride_on_the_next_delta() -> None:
     state.handle_batch(token_batch(0, 0, [Open("r", [], params)], []))
     got: list[tuple[str, list[int] | None]] = []
     for step, token_id in enumerate([*a, *jellyfish, *b, eos, *a], 1):
-        text_batch = state.handle_batch(token_batch(step, 0, [], [Tokens("r", [token_id])])).text_batch
+        text_batch = state.handle_batch(token_batch(step, 0, [], [("r", Tokens([token_id]))])).text_batch
         got += [(d.text, d.token_ids) for d in text_deltas(text_batch)]
     assert got == [("a", a), ("🪼", jellyfish), ("b", b), ("", [eos])]  # the id after EOS is not consumed
     assert "r" not in state.live
@@ -116,12 +116,12 @@ def test_a_reopen_replays_the_ids_and_the_front_keeps_each_once() -> None:
     first = WorkerState(tokenizer, "a")
     first.handle_batch(token_batch(0, 0, [Open("r", [], params)], []))
     for step, token_id in enumerate(ids[:6], 1):
-        for delta in text_deltas(first.handle_batch(token_batch(step, 0, [], [Tokens("r", [token_id])])).text_batch):
+        for delta in text_deltas(first.handle_batch(token_batch(step, 0, [], [("r", Tokens([token_id]))])).text_batch):
             assert stream.accept(msgspec.msgpack.decode(msgspec.msgpack.encode(delta), type=type(delta))) is not None
     taken = stream.take_token_ids()
     assert taken == ids[:6]
     second = WorkerState(tokenizer, "b")  # the first died; its rid moves here with the history
-    batch = token_batch(7, 0, [Open("r", [], params)], [Tokens("r", ids, "length")])
+    batch = token_batch(7, 0, [Open("r", [], params)], [("r", Tokens(ids, "length"))])
     for delta in text_deltas(second.handle_batch(batch).text_batch):
         assert delta.token_ids is not None and delta.token_ids[:6] == taken  # re-sent from token 0
         assert stream.accept(delta) is not None

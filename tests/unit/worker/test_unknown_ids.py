@@ -136,13 +136,15 @@ def test_an_id_past_the_models_vocabulary_ends_only_its_request() -> None:
     lacking = [tokenizer.vocab_size, vocab - 1]
     state = WorkerState(tokenizer, "w")
     opens = [Open(rid, [], DetokParams(), vocab_size=vocab) for rid in ("bad", "ok")]
-    batch = token_batch(1, 0, opens, [Tokens("bad", [*ids[:2], lacking[0], vocab, *ids[2:]]), Tokens("ok", ids[:2])])
+    batch = token_batch(
+        1, 0, opens, [("bad", Tokens([*ids[:2], lacking[0], vocab, *ids[2:]])), ("ok", Tokens(ids[:2]))]
+    )
     result = state.handle_batch(batch)
     assert result.finishes == [Finish("bad", "error", None, 3)]
     (bad,) = [delta for delta in text_deltas(result.text_batch) if delta.rid == "bad"]
     assert (bad.text, bad.n_tokens, bad.finish) == (reference.decode(ids[:2]), 3, "error")
     assert bad.error == f"token id {vocab} is out of range for the model (valid ids: ints 0..{vocab - 1})"
-    result = state.handle_batch(token_batch(2, 0, [], [Tokens("ok", [lacking[1], *ids[2:], lacking[0]], "length")]))
+    result = state.handle_batch(token_batch(2, 0, [], [("ok", Tokens([lacking[1], *ids[2:], lacking[0]], "length"))]))
     (ok,) = text_deltas(result.text_batch)
     assert (ok.text, ok.n_tokens, ok.finish) == (reference.decode(ids[2:]), len(ids) + 2, "length")
     assert state.unknown_ids == 3 and state.live_rids == 0
@@ -160,8 +162,8 @@ def test_stop_rules_count_and_see_through_ids_without_text() -> None:
         Open("token", [], DetokParams(stop_token_ids=[eos], min_tokens=3), vocab_size=vocab),
     ]
     items = [
-        Tokens("string", [*words[: the + 1], lacking, *words[the + 1 :]]),  # the stop string runs across it
-        Tokens("token", [lacking, eos, lacking, eos, *words]),  # the second EOS is the fourth token: past min_tokens
+        ("string", Tokens([*words[: the + 1], lacking, *words[the + 1 :]])),  # the stop string runs across it
+        ("token", Tokens([lacking, eos, lacking, eos, *words])),  # the second EOS is the fourth token: past min_tokens
     ]
     result = state.handle_batch(token_batch(1, 0, opens, items))
     ends = {delta.rid: delta for delta in text_deltas(result.text_batch)}
@@ -180,7 +182,7 @@ def test_logprobs_of_an_id_without_text_are_empty() -> None:
     logprobs = [TokenLogprob(-0.25 * (k + 1), [lacking, ids[k]], [-3.0, -0.1]) for k in range(len(ids))]
     state = WorkerState(tokenizer, "w")
     opens = [Open("r", [], DetokParams(), vocab_size=vocab)]
-    result = state.handle_batch(token_batch(1, 0, opens, [Tokens("r", ids, "length", None, logprobs)]))
+    result = state.handle_batch(token_batch(1, 0, opens, [("r", Tokens(ids, "length", None, logprobs))]))
     (delta,) = text_deltas(result.text_batch)
     assert delta.text == "🪼!" and delta.n_tokens == len(ids)
     entries = delta.logprobs or []
@@ -188,6 +190,6 @@ def test_logprobs_of_an_id_without_text_are_empty() -> None:
     assert b"".join(entry.token_bytes for entry in entries) == "🪼!".encode()
     assert all(entry.top[1].token == "" and entry.top[1].token_bytes == b"" for entry in entries)
     without = WorkerState(tokenizer, "w").handle_batch(
-        token_batch(1, 0, [Open("r", [], DetokParams())], [Tokens("r", ids, "length", None, logprobs)])
+        token_batch(1, 0, [Open("r", [], DetokParams())], [("r", Tokens(ids, "length", None, logprobs))])
     )
     assert text_deltas(without.text_batch)[-1].finish == "error"  # no vocabulary size: the id is bad, as before
