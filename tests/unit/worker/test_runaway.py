@@ -58,13 +58,13 @@ def opened(tokenizer: Any, params: DetokParams | None = None) -> tuple[WorkerSta
     params = params or params_of(tokenizer, CASE)
     worker = WorkerState(tokenizer, "w0")
     opens = [Open("r1", tail, params), Open("r2", tail, params)]
-    worker.handle_batch(token_batch(0, 0, opens, [Tokens("r1", ids[:3]), Tokens("r2", ids[:3])]))
+    worker.handle_batch(token_batch(0, 0, opens, [("r1", Tokens(ids[:3])), ("r2", Tokens(ids[:3]))]))
     return worker, ids
 
 
 def next_step(worker: WorkerState, ids: list[int], tick: Callable[[], None] | None = None) -> dict[str, Reply]:
     """The output's ids 3..11 of both rids, one id a row (the plain rows' path when the rid has no parser)."""
-    items = [Tokens(rid, [token_id]) for token_id in ids[3:12] for rid in ("r1", "r2")]
+    items = [(rid, Tokens([token_id])) for token_id in ids[3:12] for rid in ("r1", "r2")]
     replies: dict[str, Reply] = {}
     for delta in text_deltas(worker.handle_batch(token_batch(1, 0, [], items), tick).text_batch):
         reply = replies.setdefault(delta.rid, Reply())
@@ -112,7 +112,7 @@ def test_a_parser_that_raises_ends_only_its_request(tokenizer: Any) -> None:
 def test_a_parser_that_raises_at_the_end_ends_its_request_with_the_error(tokenizer: Any) -> None:
     worker, ids = opened(tokenizer)
     worker.live["r1"].parsing.parser.finish = raising  # type: ignore[method-assign]
-    result = worker.handle_batch(token_batch(1, 0, [], [Tokens("r1", ids[3:5], "length")]))
+    result = worker.handle_batch(token_batch(1, 0, [], [("r1", Tokens(ids[3:5], "length"))]))
     (delta,) = text_deltas(result.text_batch)
     assert (delta.finish, delta.error) == ("error", "output parsing failed: a parser bug")
     assert list(worker.live) == ["r2"]
@@ -168,9 +168,9 @@ def test_steady_progress_is_not_interrupted(tokenizer: Any, guard: tuple[Runaway
     worker = WorkerState(tokenizer, "w0")
     params = DetokParams()
     rids = [f"r{i}" for i in range(3000)]
-    batch = token_batch(0, 0, [Open(rid, [], params) for rid in rids], [Tokens(rid, ids[:40]) for rid in rids])
+    batch = token_batch(0, 0, [Open(rid, [], params) for rid in rids], [(rid, Tokens(ids[:40])) for rid in rids])
     deadline = time.process_time() + 4 * LIMIT_S
     while time.process_time() < deadline:  # several limits' worth of CPU in one batch
         worker.handle_batch(batch, runaway.progress)
-        batch = token_batch(1, 0, [], [Tokens(rid, ids[:40]) for rid in rids])
+        batch = token_batch(1, 0, [], [(rid, Tokens(ids[:40])) for rid in rids])
     assert worker.bad == {} and len(worker.live) == len(rids)
