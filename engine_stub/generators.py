@@ -13,12 +13,12 @@ order. A generator that raises ends its request with "error" (`errors[rid]` says
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from engine_stub.admission import Admission
 
 log = logging.getLogger(__name__)
 
@@ -55,35 +55,30 @@ class GeneratorEngine:
     def __init__(self, generate: Generate, tokens_per_step: int = 1, max_running: int | None = None) -> None:
         self.generate = generate
         self.tokens_per_step = tokens_per_step
-        self.max_running = max_running
-        self.running: dict[str, _Running] = {}
-        self.waiting: deque[_Running] = deque()
+        self.requests: Admission[_Running] = Admission(max_running)
         self.errors: dict[str, str] = {}  # rid -> why its generator failed (the loop takes it)
 
     def add(self, rid: str, prompt_ids: list[int], max_tokens: int, stop_ids: list[int], min_tokens: int = 0) -> None:
-        """Queue a request. `generate` is called now, so a request it cannot serve raises here."""
+        """Queue a request. `generate` is called now, so a request it cannot serve raises here. A rid already here
+        is ignored."""
+        if rid in self.requests:
+            return
         ids = iter(self.generate(list(prompt_ids), max_tokens, list(stop_ids), min_tokens))
-        self.waiting.append(_Running(rid, ids, max_tokens, frozenset(stop_ids), min_tokens))
+        self.requests.add(rid, _Running(rid, ids, max_tokens, frozenset(stop_ids), min_tokens))
 
     def cancel(self, rid: str) -> None:
-        running = self.running.pop(rid, None)
-        if running is None:
-            running = next((r for r in self.waiting if r.rid == rid), None)
-            if running is None:
-                return
-            self.waiting.remove(running)
-        _close(running)
+        running = self.requests.remove(rid)
+        if running is not None:
+            _close(running)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return self.requests.has_work()
 
     def step(self) -> list[tuple[str, list[int], str | None]]:
         """(rid, new ids, finish or None) of every running request."""
-        while self.waiting and (self.max_running is None or len(self.running) < self.max_running):
-            request = self.waiting.popleft()
-            self.running[request.rid] = request
+        requests = self.requests.admit()
         out: list[tuple[str, list[int], str | None]] = []
-        for rid, running in list(self.running.items()):
+        for rid, running in list(requests.items()):
             try:
                 ids, finish = self._next_ids(running)
             except Exception as exc:  # noqa: BLE001 - a failing generation ends its own request only
@@ -92,7 +87,7 @@ class GeneratorEngine:
                 ids, finish = [], FINISH_ERROR
             out.append((rid, ids, finish))
             if finish is not None:
-                del self.running[rid]
+                del requests[rid]
                 _close(running)
         return out
 

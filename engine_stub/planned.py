@@ -16,7 +16,6 @@ import bisect
 import hashlib
 import itertools
 import random
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +28,7 @@ from detok_worker.engine.sources.base import SourceError
 from detok_worker.tokenizer.loading.load_cache import content_key, read_json_entry, write_json_entry
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace
+from engine_stub.admission import Admission
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
@@ -220,11 +220,10 @@ class PlannedEngine:
     replayed at recorded speed) every id whose time has come. A request whose worker has not taken its last ids yet
     (`backlog`: its queue is full) waits: the ids go out as fast as its worker takes them, no faster."""
 
-    def __init__(self, max_batch: int, tokens_per_step: int) -> None:
-        self.max_batch = max_batch
+    def __init__(self, max_batch: int | None, tokens_per_step: int) -> None:
+        """`max_batch` None: no cap (every request runs from its arrival)."""
         self.tokens_per_step = tokens_per_step
-        self.running: dict[str, _Planned] = {}
-        self.waiting: deque[_Planned] = deque()
+        self.requests: Admission[_Planned] = Admission(max_batch)
 
     def add(
         self,
@@ -239,33 +238,30 @@ class PlannedEngine:
         """Queue a request whose output is `ids`, cut to max_tokens (then it ends "length", else with `finish`,
         "stop" by default); `release_ns` paces them; `logprobs`: one per id, for a request that asked. A rid
         already here is ignored."""
-        if rid in self.running or any(planned.rid == rid for planned in self.waiting):
+        if rid in self.requests:
             return
         end = finish or FINISH_STOP
         if len(ids) > max_tokens:
             ids, end = ids[:max_tokens], FINISH_LENGTH
         release = None if release_ns is None else release_ns[: len(ids)]
-        self.waiting.append(_Planned(rid, ids, end, release, None if logprobs is None else logprobs[: len(ids)]))
+        self.requests.add(rid, _Planned(rid, ids, end, release, None if logprobs is None else logprobs[: len(ids)]))
 
     def cancel(self, rid: str) -> None:
-        if self.running.pop(rid, None) is None:
-            self.waiting = deque(planned for planned in self.waiting if planned.rid != rid)
+        self.requests.remove(rid)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return self.requests.has_work()
 
     def next_release_ns(self) -> int | None:
         """Earliest time a paced request has its next id; None if none is waiting on time."""
-        times = [p.release_ns[p.sent] for p in self.running.values() if p.release_ns and p.sent < len(p.release_ns)]
+        running = self.requests.running.values()
+        times = [p.release_ns[p.sent] for p in running if p.release_ns and p.sent < len(p.release_ns)]
         return min(times) if times else None
 
     def step(self, now_ns: int, backlog: Callable[[str], int] | None) -> list[Output]:
         """The new ids of every running request that has some (and the finish of those that end). `backlog`: the
         ids of a rid its worker has not taken yet (None: the link holds none back)."""
-        running, tokens_per_step = self.running, self.tokens_per_step
-        while self.waiting and len(running) < self.max_batch:
-            planned = self.waiting.popleft()
-            running[planned.rid] = planned
+        running, tokens_per_step = self.requests.admit(), self.tokens_per_step
         out: list[Output] = []
         ended: list[str] = []
         for rid, planned in running.items():
