@@ -38,6 +38,7 @@ class Request:
     logprobs: list[TokenLogprob] | None = None  # aligned with ids, when the request asked for logprobs
     stop_chars: int = 0  # characters of its stop strings (its worker's worker.max_live_stop_chars)
     placed: bool = False  # it had a worker once: output may have reached its client (a re-open is never refused)
+    workers_lost: int = 0  # workers lost while they held it (a Goodbye is no loss)
 
     def stop_at_cursor(self) -> None:
         """Its worker found a stop: a re-open must end where that worker ended, at the ids it had (its stop is found

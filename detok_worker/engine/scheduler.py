@@ -54,6 +54,9 @@ from detok_worker.errors import ParameterError
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
 
 ORPHAN_GRACE_S = 5.0  # a request whose worker died waits this long for a live worker before it is rejected
+# A request whose workers keep dying while they hold it may be what kills them (an id or output that crashes or hangs
+# a worker where no guard of the worker's own can end it): after this many it fails, so it cannot take down the rest
+MAX_WORKERS_LOST = 3
 DELIVERY_GRACE_S = 30.0  # an ended request is kept this long for the front's Delivered (a front may never send it)
 
 # one request's news of an engine step: (rid, new ids, finish or None, their logprobs or None)
@@ -223,16 +226,16 @@ class Scheduler:
     def hello(self, worker: str, pid: int, now: float) -> None:
         """A worker (re)started: whatever it had is gone, so its requests are re-opened."""
         if (lost := self.registry.hello(worker, pid, now)) is not None:
-            if lost.pid != pid:  # a new process (a rejoin, after the engine declared it lost, keeps its pid)
-                self.lost_workers += 1
-            self._reopen(lost)
+            restarted = lost.pid != pid  # a new process (a rejoin, after the engine declared it lost, keeps its pid)
+            self.lost_workers += restarted
+            self._reopen(lost, restarted)
 
     def heartbeat(self, worker: str, load: int, now: float, step: int = -1, blocked: bool = False) -> bool:
         """False for an unregistered worker holding requests (stale: it must rejoin empty); one without joins."""
         return self.registry.heartbeat(worker, load, now, step, blocked)
 
     def goodbye(self, worker: str) -> None:
-        self._lose_worker(worker)
+        self._lose_worker(worker, lost=False)
 
     def worker_unreachable(self, worker: str) -> None:
         if self._lose_worker(worker):
@@ -344,6 +347,13 @@ class Scheduler:
         client gets a status); a re-opened one goes to the least loaded worker anyway (which refuses it if it must).
         With no live worker it waits, ORPHAN_GRACE_S at most."""
         registry = self.registry
+        if request.workers_lost >= MAX_WORKERS_LOST:
+            del self.running[request.rid]
+            message = (
+                f"{request.workers_lost} detok workers were lost while they held this request; it is ended so that"
+                " it cannot take down more"
+            )
+            return self._reject(request.rid, message)
         info = registry.place(request.rid, request.stop_chars, anywhere=request.placed)
         if info is not None:
             request.worker = info.worker
@@ -367,14 +377,14 @@ class Scheduler:
         if request.worker is not None:
             self.registry.unassign(request.worker, request.rid, request.stop_chars, after_pending=after_pending)
 
-    def _lose_worker(self, worker: str) -> bool:
-        """False when `worker` was not registered."""
+    def _lose_worker(self, worker: str, lost: bool = True) -> bool:
+        """False when `worker` was not registered; `lost`: it did not leave with a Goodbye."""
         if (info := self.registry.remove(worker)) is None:
             return False
-        self._reopen(info)
+        self._reopen(info, lost)
         return True
 
-    def _reopen(self, info: WorkerInfo) -> None:
+    def _reopen(self, info: WorkerInfo, lost: bool = True) -> None:
         worker = info.worker
         self._pending.pop(worker, None)
         for request in self.delivering.take_worker(worker):  # the final text may have died with the worker
@@ -384,6 +394,7 @@ class Scheduler:
             if (request := self.running.get(rid)) is not None:
                 request.worker = None
                 request.opened = False
+                request.workers_lost += lost
                 self._to_assign.append(request)
                 self.reopened += 1
 

@@ -10,7 +10,15 @@ from helpers.scheduler_steps import new_stub_scheduler as _scheduler
 from helpers.scheduler_steps import sent as _sent
 from helpers.scheduler_steps import step as _step
 
-from detok_worker.bus.messages import DetokParams, Open, RequestParams, SamplingParams, TokenLogprob, Tokens
+from detok_worker.bus.messages import (
+    REJECT_FAILED,
+    DetokParams,
+    Open,
+    RequestParams,
+    SamplingParams,
+    TokenLogprob,
+    Tokens,
+)
 from detok_worker.engine.limits import SubmitLimits
 from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
 from detok_worker.engine.scheduler import (
@@ -227,6 +235,51 @@ def test_goodbye_and_unreachable_move_rids():
     assert [p.worker for p in plan.workers] == ["w3"]
     assert {o.rid for o in plan.workers[0].batch.opens} == {"r0", "r1"}
     assert scheduler.worker_loads() == {"w3": 3}
+
+
+def test_a_request_whose_workers_keep_dying_fails_before_it_takes_down_more():
+    """Each worker holding r1 is lost in turn (silent, unreachable, restarted); r2 moves too, but from a worker that
+    said Goodbye. The third loss fails r1 with a Reject naming why; r2 goes on."""
+    scheduler = _scheduler()
+    for worker in ("w1", "w2", "w3", "w4", "w5"):
+        scheduler.hello(worker, 1, 0.0)
+    scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, 8, 9, 10])
+    losses = [
+        lambda worker: scheduler.expire_workers(10.0) and None,
+        scheduler.worker_unreachable,
+        lambda worker: scheduler.hello(worker, 2, 0.0),
+    ]
+    holders = []
+    for now, lose in enumerate(losses):
+        (plan,) = _step(scheduler, float(now)).workers
+        holders.append(plan.worker)
+        for worker in ("w1", "w2", "w3", "w4", "w5"):
+            if worker != plan.worker:
+                scheduler.heartbeat(worker, 0, 10.0)
+        lose(plan.worker)
+        assert "r1" in scheduler.running or now == len(losses) - 1
+    assert len(set(holders)) == 3
+    rejects = scheduler.plan_step(3.0, 123).rejects
+    assert [(reject.rid, reject.error, reject.kind) for reject in rejects] == [
+        (
+            "r1",
+            "3 detok workers were lost while they held this request; it is ended so that it cannot take down more",
+            REJECT_FAILED,
+        )
+    ]
+    assert "r1" not in scheduler.running
+
+
+def test_a_goodbye_is_not_a_lost_worker_for_its_requests():
+    scheduler = _scheduler()
+    for worker in ("w1", "w2", "w3", "w4"):
+        scheduler.hello(worker, 1, 0.0)
+    scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, 8, 9, 10])
+    for now in range(3):
+        (plan,) = _step(scheduler, float(now)).workers
+        scheduler.goodbye(plan.worker)
+    (plan,) = _step(scheduler, 3.0).workers
+    assert plan.batch.opens[0].rid == "r1" and not _step(scheduler, 3.0).rejects
 
 
 def test_every_open_carries_the_models_vocabulary_size_re_opens_too():
