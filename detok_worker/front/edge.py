@@ -84,8 +84,6 @@ if TYPE_CHECKING:
     from detok_worker.front.choices import Choices
     from detok_worker.metrics import FrontMetrics
 
-__all__ = ["route_path"]
-
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("detok.access")
 
