@@ -116,7 +116,7 @@ class RidEndings:
         try:
             parsed, match = state.parsing.take(text, final=False)
         except Exception as exc:  # noqa: BLE001 - a parser failure ends only this rid
-            state.parsing = None  # its state is unknown now: nothing more goes through it
+            state.parsing.failed = True
             self._end_with_error(rid, state, "", f"output parsing failed: {exc}", deltas, finishes)
             return 0
         if match is not None:
@@ -200,7 +200,8 @@ class RidEndings:
             try:
                 parsed, match = state.parsing.take(text, final=True)
             except Exception as exc:  # noqa: BLE001 - a parser failure ends only this rid
-                state.parsing = None
+                state.parsing.failed = True
+                parsed, _ = state.parsing.take("", final=True)
                 text, finish, stop_reason, error = "", FINISH_ERROR, None, f"output parsing failed: {exc}"
                 self._log_failed(rid, BAD_RID_ERROR, error)
             else:

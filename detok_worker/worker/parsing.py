@@ -28,6 +28,7 @@ class RidParsing:
     reasoning_offset: int = 0
     arguments_offsets: dict[int, int] = field(default_factory=dict)  # tool call index -> arguments emitted
     reasoning_tokens: ReasoningTokenCount | None = None  # vLLM's count of the reasoning tokens, where it has one
+    failed: bool = False  # the parser raised: its state is unknown, nothing more goes through it
 
     def count(self, ids: list[int]) -> None:
         """The request's next output ids (those its decoder consumed), for the count of its reasoning tokens."""
@@ -35,7 +36,10 @@ class RidParsing:
             self.reasoning_tokens.add(ids)
 
     def take(self, text: str, *, final: bool) -> tuple[ParsedDelta, StopStringMatch | None]:
-        """Parse the next raw text (and flush at the end); returns the delta and a stop string found in content."""
+        """Parse the next raw text (and flush at the end); returns the delta and a stop string found in content.
+        Once `failed`, an empty delta at the channels' offsets (the rid's last, with its error)."""
+        if self.failed:
+            text, final = "", False
         out = self.parser.feed(text) if text else ParsedOutput()
         if final:
             out.extend(self.parser.finish())

@@ -82,6 +82,19 @@ class Reply:
     error: str | None = None
 
 
+def assert_ends_parsed_at(reply: Reply, offsets: tuple[int, int]) -> None:
+    """The failed rid's last delta is an empty parsed one where its channels stood (the front's reassembly of a
+    parsed stream then sees no gap, and the client gets the error)."""
+    last = reply.parsed[-1]
+    assert last is not None
+    assert (last.content, last.content_offset, last.reasoning, last.reasoning_offset) == (
+        "",
+        offsets[0],
+        "",
+        offsets[1],
+    )
+
+
 @pytest.fixture
 def guard() -> Iterator[tuple[RunawayGuard, list[float]]]:
     """A guard whose tick records when it ran; armed as the worker process arms it around a batch."""
@@ -98,8 +111,11 @@ def guard() -> Iterator[tuple[RunawayGuard, list[float]]]:
 def test_a_parser_that_raises_ends_only_its_request(tokenizer: Any) -> None:
     worker, ids = opened(tokenizer)
     reference, _ = opened(tokenizer)
-    worker.live["r1"].parsing.parser.feed = raising  # type: ignore[method-assign]
+    parsing = worker.live["r1"].parsing
+    parsing.parser.feed = raising  # type: ignore[method-assign]
+    offsets = (parsing.content_offset, parsing.reasoning_offset)
     deltas = next_step(worker, ids)
+    assert_ends_parsed_at(deltas["r1"], offsets)
     assert (deltas["r1"].finish, deltas["r1"].error, deltas["r1"].text) == (
         "error",
         "output parsing failed: a parser bug",
@@ -111,10 +127,12 @@ def test_a_parser_that_raises_ends_only_its_request(tokenizer: Any) -> None:
 
 def test_a_parser_that_raises_at_the_end_ends_its_request_with_the_error(tokenizer: Any) -> None:
     worker, ids = opened(tokenizer)
-    worker.live["r1"].parsing.parser.finish = raising  # type: ignore[method-assign]
+    parsing = worker.live["r1"].parsing
+    parsing.parser.finish = raising  # type: ignore[method-assign]
     result = worker.handle_batch(token_batch(1, 0, [], [("r1", Tokens(ids[3:5], "length"))]))
     (delta,) = text_deltas(result.text_batch)
     assert (delta.finish, delta.error) == ("error", "output parsing failed: a parser bug")
+    assert delta.parsed is not None and delta.parsed.content == delta.parsed.reasoning == ""
     assert list(worker.live) == ["r2"]
 
 
@@ -124,12 +142,15 @@ def test_a_looping_parser_is_interrupted_and_the_heartbeats_go_on(
     runaway, ticks = guard
     worker, ids = opened(tokenizer)
     reference, _ = opened(tokenizer)
-    worker.live["r1"].parsing.parser.feed = stall_in("detok_worker.parse.base")  # type: ignore[method-assign]
+    parsing = worker.live["r1"].parsing
+    parsing.parser.feed = stall_in("detok_worker.parse.base")  # type: ignore[method-assign]
+    offsets = (parsing.content_offset, parsing.reasoning_offset)
     started = time.monotonic()
     deltas = next_step(worker, ids, runaway.progress)
     assert time.monotonic() - started < STALL_S / 2
     assert deltas["r1"].finish == "error"
     assert deltas["r1"].error == f"output parsing failed: it took more than {LIMIT_S:g} s of CPU (worker.runaway_cpu_s)"
+    assert_ends_parsed_at(deltas["r1"], offsets)
     assert deltas["r2"] == next_step(reference, ids)["r2"]
     assert len([tick for tick in ticks if tick >= started]) >= 3  # the guard's timer ran the tick during the stall
 
