@@ -76,7 +76,8 @@ class RunawayGuard:
             signal.signal(signal.SIGVTALRM, self._fired)
 
     def arm(self) -> None:
-        if self.on:
+        # the timer's signal is handled in the main thread: a loop run on another thread is not guarded
+        if self.on and threading.current_thread() is threading.main_thread():
             self._stretch_s = 0.0
             signal.setitimer(signal.ITIMER_VIRTUAL, self.interval_s, self.interval_s)
 
