@@ -50,7 +50,7 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.front.engine_outbox import EngineOutbox
-from detok_worker.front.errors import ENGINE_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
+from detok_worker.front.errors import ENGINE_ERROR, SERVER_ERROR, SERVICE_UNAVAILABLE, TIMEOUT, APIError, reject_error
 from detok_worker.front.front_stats import all_fronts, front_totals, write_snapshot
 from detok_worker.front.output_budget import OutputBudget
 from detok_worker.front.request_stream import RequestStream
@@ -352,7 +352,11 @@ class Dispatcher:
                     self.counters["late_deltas"] += 1
                     continue
                 before = stream.pending_chars
-                fresh = stream.accept_text(offset, text, n)
+                try:
+                    fresh = stream.accept_text(offset, text, n)
+                except Exception as exc:  # noqa: BLE001 - a failure on one stream's output ends only that stream
+                    self._output_failed(stream, exc)
+                    continue
                 if fresh is None or stream.done or len(fresh) != len(text):  # a gap, a failure, re-sent text
                     tokens += self._settle(stream, text, fresh, before)
                     continue
@@ -370,9 +374,23 @@ class Dispatcher:
                 continue
             delta = text_row(batch, end)
             before = stream.pending_chars
-            tokens += self._settle(stream, delta.text, stream.accept(delta), before)
+            try:
+                fresh = stream.accept(delta)
+            except Exception as exc:  # noqa: BLE001
+                self._output_failed(stream, exc)
+                continue
+            tokens += self._settle(stream, delta.text, fresh, before)
         self.metrics.front_chars.inc(chars)  # held: written by flush_counters
         self.metrics.front_tokens.inc(tokens)
+
+    def _output_failed(self, stream: RequestStream, exc: Exception) -> None:
+        """Taking a delta into its stream raised (a bug of ours): that request ends with a 500 and the rest of the
+        batch goes on, rather than every stream of the batch losing its rows."""
+        self.counters["handler_errors"] += 1
+        if _repeated_faults.allow("output") is not None:
+            log.exception("front: failed on the output of %s (%d so far)", stream.rid, self.counters["handler_errors"])
+        error = APIError(500, f"the server failed on this request's output: {exc}", type=SERVER_ERROR)
+        self.abort(stream, error, drop_text=True, cause="front_error")
 
     def _settle(self, stream: RequestStream, text: str, fresh: str | None, before: int) -> int:
         """The bookkeeping after a delta other than the usual one (a gap, re-sent text, a row with extras, its

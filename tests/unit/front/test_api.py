@@ -4,17 +4,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from helpers.fault_helpers import Outcome, stream_completion
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.front_harness import FrontUnderTest, decode_plan, running_front
 
 from detok_worker.bus.messages import Submit, TextDelta
 from detok_worker.front.app import INLINE_PROMPT_CHARS
+from detok_worker.front.request_stream import RequestStream
 
 openai = pytest.importorskip("openai")
 
@@ -239,3 +242,33 @@ def test_encode_cache_serves_repeated_prompts(tokenizer: Any) -> None:
             assert last_submit(front).prompt_ids == tokenizer.encode(text).ids
         cache = httpx.get(f"{front.url}/stats").json()["front"]["encode_cache"]
     assert cache["l0"]["hits"] >= len(conversations)
+
+
+def test_a_failure_on_one_streams_output_ends_only_that_stream(
+    front: FrontUnderTest, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking a delta into one request's stream raises (a bug of the front's, played here for the request whose
+    request_id says so): that request ends with an error event, the others' texts are whole."""
+
+    def failing_for_the_poisoned(real: Any) -> Any:
+        def take(stream: RequestStream, *args: Any) -> Any:
+            if "poisoned" in stream.rid:
+                raise RuntimeError("a front bug")
+            return real(stream, *args)
+
+        return take
+
+    monkeypatch.setattr(RequestStream, "accept_text", failing_for_the_poisoned(RequestStream.accept_text))
+    monkeypatch.setattr(RequestStream, "accept", failing_for_the_poisoned(RequestStream.accept))
+    bodies = [{"model": tokenizer.name, "prompt": prompt, "max_tokens": 64} for prompt in PROMPTS]
+    bodies[1]["request_id"] = "poisoned"
+
+    async def run() -> list[Outcome]:
+        async with httpx.AsyncClient(base_url=front.url, timeout=10) as http:
+            return await asyncio.gather(*(stream_completion(http, body) for body in bodies))
+
+    first, poisoned, last = asyncio.run(run())
+    assert (first.text, first.error, last.text, last.error) == (PROMPTS[0], None, PROMPTS[2], None)
+    assert poisoned.done and poisoned.error is not None
+    assert poisoned.error["message"] == "the server failed on this request's output: a front bug"
+    assert poisoned.error["type"] == "server_error"
