@@ -31,7 +31,7 @@ from helpers.fault_helpers import (
 )
 from helpers.serve_helpers import ServeProcess, wait_for
 
-STEP_MS = 4  # requests of 40-150 tokens run 0.2-0.6 s: many are live whenever the kill comes
+STEP_MS = 4  # requests of 150+ tokens (stopped from a third of their text on) run 0.2 s or more
 
 
 HELD_AT_KILL = 4  # requests the victim holds when it is killed
@@ -84,7 +84,9 @@ def kill_round(service: ServeProcess, tokenizer: Any, requests: int, seed: int, 
     kills = [(rng.uniform(0.05, 0.3), victims[0], before[victims[0]])]
     if both:
         kills.append((rng.uniform(0.05, 0.3), victims[1], before[victims[1]]))
-    cases = echo_cases(tokenizer, requests, seed)
+    # long enough (150+ tokens before their stop, 0.6 s+ at STEP_MS) that the victim still holds several when the
+    # kill's delay is over, on a fast machine too
+    cases = echo_cases(tokenizer, requests, seed, min_tokens=150)
     outcomes = asyncio.run(run_with_kills(service, cases, kills))
 
     mismatches = []
