@@ -36,11 +36,22 @@ pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, mor
 
 LENGTHS = (4, 12, 24, 40)
 # 50 measured streams: 31 plain, a long one, 10 ended by a stop string, 8 left by their client; the engines run
-# REFERENCE_MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0)
-PLAIN = [
-    {"prompt": f"Story number {seed}:", "max_tokens": LENGTHS[seed % len(LENGTHS)], "temperature": 1.0, "seed": seed}
-    for seed in range(31)
-]
+# REFERENCE_MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0). The longest are
+# sent first: no request of the first full batch ends before its 24th step, so the running gauge shows the full batch
+# for that long (a step's stats count the requests still running after it: one that ends makes a gap the scheduler
+# fills at its next step)
+PLAIN = sorted(
+    (
+        {
+            "prompt": f"Story number {seed}:",
+            "max_tokens": LENGTHS[seed % len(LENGTHS)],
+            "temperature": 1.0,
+            "seed": seed,
+        }
+        for seed in range(31)
+    ),
+    key=lambda body: -body["max_tokens"],
+)
 LONG = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}
 STOPPED = [{"prompt": f"Tale {seed} begins", "max_tokens": 48, "temperature": 1.0, "seed": seed} for seed in range(10)]
 # a leaving client reads LEFT_AFTER_EVENTS text events, then closes its connection; its max_tokens is more than its
