@@ -45,11 +45,13 @@ reaches below uvicorn's and Starlette's public API (a layout test holds it to th
   the app is its bound method): a chunked response once its head is sent, whose body chunks carry no state in the
   cycle, so a chunk written here is the same bytes the cycle would write. Any other server (h11, an in-process test
   client) gets no writer: every event then goes through the handler task.
+- **The draining server** (`DrainingServer`): the first stop signal drains the front before uvicorn shuts down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -57,10 +59,12 @@ import resource
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import h11
 import msgspec
+import uvicorn
 from starlette._utils import get_route_path as route_path
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -571,3 +575,61 @@ class EventSink:
         payload = _encode(text)
         writer.write(b"".join((b"%x\r\n" % (self._framing + len(payload)), self._prefix, payload, self._suffix)))
         return True
+
+
+TICK_S = 1.0  # uvicorn's per-second work (the Date header); an exit request wakes the loop at once
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, except that the first stop signal drains the front (`drain`) before shutting down. It
+    overrides uvicorn's `main_loop` and the `should_exit` attribute, which are not uvicorn's documented API."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        # before uvicorn's __init__, which sets should_exit (the setter below reads these)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_requested = asyncio.Event()
+        super().__init__(config)
+        self._drain_front = drain
+        self._drain: asyncio.Task[None] | None = None
+
+    @property  # type: ignore[override]
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        """Set by signal handlers, the drain and other threads: wakes `main_loop` (thread-safe)."""
+        self._should_exit = value
+        if value and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self._loop.call_soon_threadsafe(self._exit_requested.set)
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    async def main_loop(self) -> None:
+        """uvicorn's own loop wakes ten times a second to look at should_exit; this one waits for it, and wakes
+        once a second for on_tick's per-second work (its counter is a multiple of 10 at every call)."""
+        counter = 0
+        while not await self.on_tick(counter):
+            counter += 10
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit_requested.wait(), TICK_S)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain is not None:  # not serving yet, or a second signal: stop now
+            self.force_exit = self._drain is not None
+            super().handle_exit(sig, frame)
+            return
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self._drain_front()
+        finally:
+            self.should_exit = True

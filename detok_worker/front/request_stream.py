@@ -197,7 +197,7 @@ class RequestStream:
 
     def _accept_parsed(self, delta: TextDelta) -> bool:
         assert self.parsed_reassembly is not None and self._parsed is not None
-        # a worker that does not parse (an older one) sends plain text: all of it is content
+        # a refused Open's final delta carries no parsed part (nothing was decoded): its text, if any, is content
         parsed = delta.parsed if delta.parsed is not None else ParsedDelta(delta.text, delta.offset)
         fresh = self.parsed_reassembly.take(parsed)
         if fresh is None:

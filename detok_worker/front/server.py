@@ -4,7 +4,7 @@ until SIGINT/SIGTERM, then drains and exits cleanly.
 The first SIGINT/SIGTERM starts a drain (Front.drain): the listener stays open so new requests get a 503 with
 Retry-After and /health says "draining"; live requests may finish for up to front.drain_timeout_s, the rest end
 with an error event; then uvicorn shuts down. A second signal exits at once. HTTP limits (head/body deadlines,
-connection cap, open-file limit): http_guard.py.
+connection cap, open-file limit) and the draining server: edge.py.
 
 With front.processes > 1 each front process binds its own listening socket on host:port with SO_REUSEPORT: Linux
 hashes each new connection to one of the listening sockets, so the fronts share the load with no accept herd.
@@ -12,79 +12,21 @@ hashes each new connection to one of the listening sockets, so the fronts share 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import socket
 import time
-from types import FrameType
 from typing import Any
 
 import uvicorn
 
 from detok_worker.config import DetokConfig, FrontConfig
-from detok_worker.front.app import Front, create_app
-from detok_worker.front.edge import connection_cap, guarded_protocol, raise_fd_limit
+from detok_worker.front.app import create_app
+from detok_worker.front.edge import DrainingServer, connection_cap, guarded_protocol, raise_fd_limit
 from detok_worker.metrics import observe_tokenizer_load
 from detok_worker.process.runtime import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
 
 GRACEFUL_SHUTDOWN_S = 1.0  # after the drain: connections get this long to close before their tasks are cancelled
-TICK_S = 1.0  # uvicorn's per-second work (the Date header); an exit request wakes the loop at once
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, except that the first stop signal drains the front before shutting down."""
-
-    def __init__(self, config: uvicorn.Config, front: Front) -> None:
-        # before uvicorn's __init__, which sets should_exit (the setter below reads these)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._exit_requested = asyncio.Event()
-        super().__init__(config)
-        self.front = front
-        self._drain: asyncio.Task[None] | None = None
-
-    @property  # type: ignore[override]
-    def should_exit(self) -> bool:
-        return self._should_exit
-
-    @should_exit.setter
-    def should_exit(self, value: bool) -> None:
-        """Set by signal handlers, the drain and other threads: wakes `main_loop` (thread-safe)."""
-        self._should_exit = value
-        if value and self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self._loop.call_soon_threadsafe(self._exit_requested.set)
-
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
-
-    async def main_loop(self) -> None:
-        """uvicorn's own loop wakes ten times a second to look at should_exit; this one waits for it, and wakes
-        once a second for on_tick's per-second work (its counter is a multiple of 10 at every call)."""
-        counter = 0
-        while not await self.on_tick(counter):
-            counter += 10
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._exit_requested.wait(), TICK_S)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._loop is None or self._drain is not None:  # not serving yet, or a second signal: stop now
-            self.force_exit = self._drain is not None
-            super().handle_exit(sig, frame)
-            return
-        self._loop.call_soon_threadsafe(self._start_drain)
-
-    def _start_drain(self) -> None:
-        if self._drain is None:
-            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
-
-    async def _drain_then_exit(self) -> None:
-        try:
-            await self.front.drain()
-        finally:
-            self.should_exit = True
 
 
 def reuse_port_listener(host: str, port: int, backlog: int) -> socket.socket:
@@ -144,7 +86,7 @@ def run_front(config: DetokConfig, tokenizer: Tokenizer | None = None, index: in
             log_level=config.front.uvicorn_log_level or None,
             **tls_options(config.front),
         ),
-        app.state.front,
+        app.state.front.drain,
     )
     # uvicorn handles the signals while it runs and re-raises them after its shutdown; catching them here
     # turns that re-raise into a normal return (exit code 0) instead of a death by signal.

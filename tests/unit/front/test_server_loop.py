@@ -10,18 +10,18 @@ import httpx
 import uvicorn
 from helpers.front_harness import front_config
 
-from detok_worker.front import server
+from detok_worker.front import edge
 from detok_worker.front.app import create_app
 
 
 def test_an_exit_request_from_another_thread_stops_the_server_before_its_next_tick(monkeypatch, qwen3):
-    monkeypatch.setattr(server, "TICK_S", 60.0)  # a loop that only looked once per tick would run for a minute
+    monkeypatch.setattr(edge, "TICK_S", 60.0)  # a loop that only looked once per tick would run for a minute
     with front_config() as config:
         app = create_app(config, qwen3)
         uvicorn_config = uvicorn.Config(
             app, host="127.0.0.1", port=config.front.port, lifespan="on", log_config=None, access_log=False
         )
-        front_server = server.DrainingServer(uvicorn_config, app.state.front)
+        front_server = edge.DrainingServer(uvicorn_config, app.state.front.drain)
         thread = threading.Thread(target=front_server.run, name="test-front", daemon=True)
         thread.start()
         deadline = time.monotonic() + 15
