@@ -83,15 +83,15 @@ GenerationBody = CompletionRequest | ChatCompletionRequest
 
 @dataclass(slots=True)
 class Prepared:
-    """One prompt's request, submitted: its choices, how its answer is shaped, what its answer needs of it."""
+    """One prompt's request, submitted: its choices, how its answer is shaped, what its whole answer needs of it:
+    the prompt's ids, the prompt logprobs asked (of choice 0's engine request), and for an echoed completion with
+    logprobs the top candidates its entries start with for the prompt's tokens (when the engine scored them)."""
 
-    body: GenerationBody
     choices: Choices
     formatter: Formatter
-    checked: CheckedParams
     ids: list[int]
-    params: RequestParams
-    echo: str | None
+    prompt_k: int | None
+    echo_k: int | None
 
 
 class Generation:
@@ -208,7 +208,7 @@ class Generation:
         if body.stream:
             formatter = BatchFormatter([cast(CompletionFormatter, part.formatter) for part in parts], per_prompt)
             return await self._stream(request, choices, formatter)
-        answers = await asyncio.gather(*(self._collect_one(request, part) for part in parts))
+        answers = await asyncio.gather(*(self._collect(request, part) for part in parts))
         for answer in answers:
             if answer.status_code != 200:
                 for part in parts:
@@ -233,18 +233,10 @@ class Generation:
             log = OutputLog(rid, config.max_log_len, config.log_deltas)  # vLLM logs chat outputs only
         if body.stream:
             return await self._stream(request, choices, formatter, log)
-        response = await self._collect_one(request, prepared)
+        response = await self._collect(request, prepared)
         if log is not None and response.status_code == 200:
             log.whole(msgspec.json.decode(bytes(response.body)))
         return response
-
-    async def _collect_one(self, request: Request, prepared: Prepared) -> Response:
-        """The whole answer of one prompt's request."""
-        body = prepared.body
-        # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
-        echo_k = body.logprobs if prepared.echo is not None and isinstance(body, CompletionRequest) else None
-        prompt_k = prepared.params.sampling.prompt_logprobs
-        return await self._collect(request, prepared.choices, prepared.formatter, prepared.ids, prompt_k, echo_k)
 
     async def _prepare(
         self,
@@ -296,7 +288,8 @@ class Generation:
             **chat,
         )  # fmt: skip
         choices = self._submit(ids, params, checked, rid, wakeup)
-        return Prepared(body, choices, formatter, checked, ids, params, echo)
+        echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
+        return Prepared(choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
 
     def _count(self, request: Request, choices: Choices) -> None:
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
@@ -450,17 +443,9 @@ class Generation:
             metrics.sse_closed()
             self.open_event_streams -= 1
 
-    async def _collect(
-        self,
-        request: Request,
-        choices: Choices,
-        formatter: Formatter,
-        prompt_ids: list[int],
-        prompt_k: int | None,
-        echo_k: int | None = None,
-    ) -> Response:
-        """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here;
-        `echo_k`: the logprobs of an echoed completion, whose entries then start with the prompt's."""
+    async def _collect(self, request: Request, prepared: Prepared) -> Response:
+        """The whole answer of one prompt's request."""
+        choices, formatter, prompt_ids, prompt_k = prepared.choices, prepared.formatter, prepared.ids, prepared.prompt_k
         watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         collected = Collected(
             [[] for _ in choices.streams], [[] for _ in choices.streams], [[] for _ in choices.streams]
@@ -493,9 +478,9 @@ class Generation:
                 return error_response(
                     APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
                 )
-            if echo_k is not None and isinstance(formatter, CompletionFormatter):
+            if prepared.echo_k is not None and isinstance(formatter, CompletionFormatter):
                 formatter.echoed_logprobs = await self.intake.off_loop(
-                    echo_logprobs, prompt_ids, shown, echo_k, self.tokenizer
+                    echo_logprobs, prompt_ids, shown, prepared.echo_k, self.tokenizer
                 )
         return Response(formatter.whole(collected, choices), media_type=JSON)
 

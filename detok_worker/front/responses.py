@@ -58,24 +58,6 @@ class ChunkTemplate:
         return self.prefix + _encode(text) + self.suffix
 
 
-class ChunkTemplates:
-    """One ChunkTemplate per choice index, made on first use by `encode_with_mark(index, stream)` (a text chunk
-    whose text is _TEXT_MARK). Only for chunks whose other fields do not change (no running usage)."""
-
-    def __init__(self, encode_with_mark: Callable[[int, RequestStream], bytes]) -> None:
-        self._encode_with_mark = encode_with_mark
-        self._by_index: dict[int, ChunkTemplate] = {}
-
-    def fill(self, index: int, text: str, stream: RequestStream) -> bytes:
-        return self.template(index, stream).fill(text)
-
-    def template(self, index: int, stream: RequestStream) -> ChunkTemplate:
-        template = self._by_index.get(index)
-        if template is None:
-            template = self._by_index[index] = ChunkTemplate(self._encode_with_mark(index, stream))
-        return template
-
-
 def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
     """One choice's running usage (vLLM's continuous_usage_stats: per choice); `reasoning`: with its reasoning
     tokens."""
@@ -234,14 +216,14 @@ class FormatterBase:
         self._last_fingerprint = msgspec.UNSET if self.include_usage else self.fingerprint
         # a plain text chunk has nothing per chunk but its text: it is filled into a template
         self._templated = not logprobs and not usage.continuous and token_ids is None
-        self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
+        self._text_templates: dict[int, ChunkTemplate] = {}  # by choice index, made on first use
 
     def text_chunk(
         self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
     ) -> bytes:
         """A chunk of a choice's news, with the logprob entries and output ids that came with it."""
         if self._templated and isinstance(text, str):
-            return self._text_templates.fill(index, text, stream)
+            return self._text_template(index, stream).fill(text)
         return self._text_chunk(index, text, stream, logprobs, token_ids)
 
     def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
@@ -249,8 +231,15 @@ class FormatterBase:
         carry nothing but plain text (no parsers, logprobs, token ids or running usage); else None."""
         if not self._templated or stream.parsed_reassembly is not None:
             return None
-        template = self._text_templates.template(index, stream)
+        template = self._text_template(index, stream)
         return b"data: " + template.prefix, template.suffix + b"\n\n"
+
+    def _text_template(self, index: int, stream: RequestStream) -> ChunkTemplate:
+        """Choice `index`'s text chunk around its text: only for chunks whose other fields do not change."""
+        template = self._text_templates.get(index)
+        if template is None:
+            template = self._text_templates[index] = ChunkTemplate(self._text_chunk_with_mark(index, stream))
+        return template
 
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         raise NotImplementedError
