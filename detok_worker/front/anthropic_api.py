@@ -20,7 +20,7 @@ from starlette.responses import Response
 from detok_worker.front.choices import Choices
 from detok_worker.front.errors import JSON, APIError, ErrorBody, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
-from detok_worker.front.prompts import function_tool
+from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter
 from detok_worker.front.sse import named_event, named_events_framing
@@ -270,9 +270,7 @@ def _add_message(message: Message, messages: list[dict[str, Any]], where: str) -
         elif block.type == "tool_use":
             if message.role != "assistant":
                 raise bad_request("tool_use blocks belong to assistant messages", f"{at}.type")
-            arguments = json.dumps(block.input or {}, ensure_ascii=False)
-            function = {"name": block.name or "", "arguments": arguments}
-            calls.append({"id": block.id or "", "type": "function", "function": function})
+            calls.append(tool_call(block.id or "", block.name or "", json.dumps(block.input or {}, ensure_ascii=False)))
         elif block.type == "tool_result":
             if message.role != "user":
                 raise bad_request("tool_result blocks belong to user messages", f"{at}.type")

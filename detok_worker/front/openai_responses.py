@@ -23,7 +23,7 @@ import msgspec
 from detok_worker.front.choices import Choices
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
-from detok_worker.front.prompts import function_tool
+from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter
 from detok_worker.front.sse import named_event, named_events_framing
@@ -133,11 +133,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": role, "content": text})
         elif kind == "function_call":
-            call = {
-                "id": str(item.get("call_id", "")),
-                "type": "function",
-                "function": {"name": str(item.get("name", "")), "arguments": str(item.get("arguments", ""))},
-            }
+            call = tool_call(str(item.get("call_id", "")), str(item.get("name", "")), str(item.get("arguments", "")))
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -414,10 +410,7 @@ class ResponsesFormatter(BlockFormatter):
             elif item["type"] == "message":
                 answer["content"] = item["content"][0]["text"] if item["content"] else ""
             else:
-                call = {"name": item["name"], "arguments": item["arguments"]}
-                answer.setdefault("tool_calls", []).append(
-                    {"id": item["call_id"], "type": "function", "function": call}
-                )
+                answer.setdefault("tool_calls", []).append(tool_call(item["call_id"], item["name"], item["arguments"]))
         conversation = [*self.conversation, answer]
         self.store.put(self.rid, StoredResponse(msgspec.json.encode(response), conversation))
 

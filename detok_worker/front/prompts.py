@@ -190,6 +190,11 @@ def function_tool(name: Any, description: Any, parameters: Any, strict: Any = No
     return {"type": "function", "function": function}
 
 
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """An assistant message's tool call, as a chat request gives it (its arguments: JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """The tools as the chat template sees them: a function tool as `function_tool` shapes it (description and
     parameters null when not given, other fields dropped); other tools as given."""

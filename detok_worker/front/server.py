@@ -4,7 +4,7 @@ until SIGINT/SIGTERM, then drains and exits cleanly.
 The first SIGINT/SIGTERM starts a drain (Front.drain): the listener stays open so new requests get a 503 with
 Retry-After and /health says "draining"; live requests may finish for up to front.drain_timeout_s, the rest end
 with an error event; then uvicorn shuts down. A second signal exits at once. HTTP limits (head/body deadlines,
-connection cap, open-file limit): http_guard.py.
+connection cap, open-file limit): edge.py.
 
 With front.processes > 1 each front process binds its own listening socket on host:port with SO_REUSEPORT: Linux
 hashes each new connection to one of the listening sockets, so the fronts share the load with no accept herd.
