@@ -20,8 +20,9 @@ from starlette.responses import Response
 from detok_worker.front.choices import Choices
 from detok_worker.front.errors import JSON, APIError, ErrorBody, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
+from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.front.responses import REASONING, TEXT, BlockFormatter
+from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter
 from detok_worker.front.sse import named_event, named_events_framing
 from detok_worker.front.validation import decode_json
 
@@ -91,38 +92,32 @@ class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
     effort: str | None = None
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The prompt side of a Messages request: all /v1/messages/count_tokens takes."""
+
     model: str
     messages: list[Message]
-    max_tokens: int
     system: str | list[ContentBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: int
     stop_sequences: list[str] | None = None
     stream: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
     metadata: Metadata | None = None
-    output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None  # a prompt caching hint: the engine's prefix cache needs none
     # vLLM's extensions of its Messages API
-    chat_template_kwargs: dict[str, Any] | None = None
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     kv_transfer_params: Any = None  # refused (as on chat)
-
-
-class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    messages: list[Message]
-    system: str | list[ContentBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
-    output_config: OutputConfig | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CountTokensResponse(msgspec.Struct):
@@ -194,7 +189,7 @@ def decode_count_tokens(body: bytes) -> ChatCompletionRequest:
     return to_chat(decode_json(_count_decoder, body))
 
 
-def to_chat(request: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
+def to_chat(request: CountTokensRequest) -> ChatCompletionRequest:
     """The prompt side of a Messages request as a chat request: messages, tools, tool_choice, thinking, output."""
     messages: list[dict[str, Any]] = []
     system = _system_text(request.system)
@@ -275,9 +270,7 @@ def _add_message(message: Message, messages: list[dict[str, Any]], where: str) -
         elif block.type == "tool_use":
             if message.role != "assistant":
                 raise bad_request("tool_use blocks belong to assistant messages", f"{at}.type")
-            arguments = json.dumps(block.input or {}, ensure_ascii=False)
-            function = {"name": block.name or "", "arguments": arguments}
-            calls.append({"id": block.id or "", "type": "function", "function": function})
+            calls.append(tool_call(block.id or "", block.name or "", json.dumps(block.input or {}, ensure_ascii=False)))
         elif block.type == "tool_result":
             if message.role != "user":
                 raise bad_request("tool_result blocks belong to user messages", f"{at}.type")
@@ -312,14 +305,7 @@ def _result_text(block: ContentBlock, where: str) -> str:
 def _tool(tool: Tool, index: int) -> dict[str, Any]:
     if tool.type not in (None, "custom"):
         raise bad_request(f"built-in tools are not supported: {tool.type}", f"tools[{index}].type")
-    function: dict[str, Any] = {
-        "name": tool.name,
-        "description": tool.description,
-        "parameters": {"type": "object", **tool.input_schema},
-    }
-    if tool.strict is not None:
-        function["strict"] = tool.strict
-    return {"type": "function", "function": function}
+    return function_tool(tool.name, tool.description, {"type": "object", **tool.input_schema}, tool.strict)
 
 
 # ---- errors -----------------------------------------------------------------------------------------------
@@ -423,11 +409,18 @@ class MessagesFormatter(BlockFormatter):
         message = MessageBody(self.rid, self.model, [], None, None, MessageUsage(stream.prompt_tokens, 0))
         return [_event("message_start", {"message": message})]
 
+    @staticmethod
+    def _block(kind: str, text: str, name: str = "", call_id: str = "") -> dict[str, Any]:
+        """A content block with its text (none yet on content_block_start; all of it in a whole answer)."""
+        if kind == REASONING:  # Anthropic signs its thinking; a client sends the signature back, detok ignores it
+            return {"type": "thinking", "thinking": text, "signature": uuid.uuid4().hex if text else ""}
+        if kind == TEXT:
+            return {"type": "text", "text": text}
+        given = json.loads(text) if _is_json(text) else None
+        return {"type": "tool_use", "id": call_id, "name": name, "input": given if isinstance(given, dict) else {}}
+
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
-        block: dict[str, Any] = {
-            REASONING: {"type": "thinking", "thinking": "", "signature": ""},
-            TEXT: {"type": "text", "text": ""},
-        }.get(kind) or {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        block = self._block(kind, "", name, call_id)
         return [_event("content_block_start", {"index": self.blocks - 1, "content_block": block})]
 
     def _added(self, kind: str, text: str) -> bytes:
@@ -439,7 +432,7 @@ class MessagesFormatter(BlockFormatter):
 
     def _closed(self, kind: str) -> list[bytes]:
         events = []
-        if kind == REASONING:  # Anthropic signs its thinking; a client sends the signature back, detok ignores it
+        if kind == REASONING:  # the thinking's signature (_block)
             delta = {"type": "signature_delta", "signature": uuid.uuid4().hex}
             events.append(_event("content_block_delta", {"index": self.blocks - 1, "delta": delta}))
         events.append(_event("content_block_stop", {"index": self.blocks - 1}))
@@ -452,20 +445,10 @@ class MessagesFormatter(BlockFormatter):
         usage = self._message_usage(stream)
         return _event("message_delta", {"delta": delta, "usage": usage}) + _event("message_stop", {})
 
-    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
-        blocks: list[dict[str, Any]] = []
-        if reasoning:
-            blocks.append({"type": "thinking", "thinking": reasoning, "signature": uuid.uuid4().hex})
-        if content:
-            blocks.append({"type": "text", "text": content})
-        for call_id, name, arguments in calls:
-            given = json.loads(arguments) if _is_json(arguments) else None
-            blocks.append(
-                {"type": "tool_use", "id": call_id, "name": name, "input": given if isinstance(given, dict) else {}}
-            )
-        if not blocks:
-            blocks.append({"type": "text", "text": ""})  # Anthropic's shape of an empty answer
-        reason, sequence = stop_reason(stream.finish, stream.stop_reason, [arguments for _, _, arguments in calls])
+    def _answer(self, stream: RequestStream, blocks: list[Block]) -> bytes:
+        content = [self._block(*block) for block in blocks] or [self._block(TEXT, "")]  # Anthropic's empty answer
+        calls = [arguments for kind, arguments, _, _ in blocks if kind == TOOL_CALL]
+        reason, sequence = stop_reason(stream.finish, stream.stop_reason, calls)
         return msgspec.json.encode(
-            MessageBody(self.rid, self.model, blocks, reason, sequence, self._message_usage(stream))
+            MessageBody(self.rid, self.model, content, reason, sequence, self._message_usage(stream))
         )

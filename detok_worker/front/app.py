@@ -3,7 +3,7 @@
 POST /v1/completions, POST /v1/chat/completions (stream or not), GET /v1/models[/{id}], POST /tokenize and
 /detokenize, GET /version, GET /health (never needs the API key: supervisors and load balancers poll it),
 GET /stats, and with front.runtime_lora_updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter
-(lora_api.py). X-Request-Id and CORS: middleware.py. Every failure a client can cause is a 4xx with an
+(lora_api.py). X-Request-Id and CORS: edge.py. Every failure a client can cause is a 4xx with an
 OpenAI error body; see errors.py for the shape and sse.py for errors after a stream has started. The generation
 routes: generation.py; the API key check, body reading and prompt threads every route shares: request_intake.py.
 """
@@ -306,6 +306,6 @@ def create_app(config: DetokConfig, tokenizer: Tokenizer, index: int = 0) -> Sta
     )
     app.state.front = front
     app.root_path = config.front.root_path
-    if not config.front.cors_allowed_origins:  # CORS needs the stack (middleware.py) on every response
+    if not config.front.cors_allowed_origins:  # CORS needs the stack (edge.middleware_for) on every response
         app.direct = DirectRoutes(generation_routes, observer, _unexpected_error_handler)
     return app

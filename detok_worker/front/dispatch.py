@@ -9,9 +9,8 @@ away (its connection closes, or its EngineStats stop for ENGINE_STALE_S) every l
 `engine_lost` error: the new engine that may come up does not know them.
 
 Outgoing frames go through the EngineOutbox (engine_outbox.py): in order, so a rid's Abort never overtakes its
-Submit. When a
-rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it should its
-worker die with the final text still inside.
+Submit. When a rid's final delta arrives the engine is told (Delivered): until then it keeps the rid, to re-open it
+should its worker die with the final text still inside.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The front's HTTP edge: everything between uvicorn's connection and a route's handler, and the one module that
 reaches below uvicorn's and Starlette's public API (a layout test holds it to that).
 
-- **Connection limits uvicorn does not have.** uvicorn's protocols (httptools, h11) time out only idle keep-alive
-  connections; a client trickling header lines (slowloris) would hold its connection, and a file descriptor,
-  forever. The guarded protocols (httptools by default, h11 without it) arm a timer when a request starts
-  (connection made, or the first byte of the next request on a keep-alive connection): the head must be complete
-  within front.header_timeout_s, then the body within front.body_timeout_s, else the connection is closed. A
-  connection beyond front.max_connections is answered 503 (Retry-After) and closed as soon as it is accepted.
+- **Connection limits uvicorn does not have.** uvicorn's protocols time out only idle keep-alive connections; a
+  client trickling header lines (slowloris) would hold its connection, and a file descriptor, forever. The guarded
+  protocol (uvicorn's httptools one: uvicorn[standard] installs it) arms a timer when a request starts (connection
+  made, or the first byte of the next request on a keep-alive connection): the head must be complete within
+  front.header_timeout_s, then the body within front.body_timeout_s, else the connection is closed. A connection
+  beyond front.max_connections is answered 503 (Retry-After) and closed as soon as it is accepted.
 - **X-Request-Id and CORS.** The client's X-Request-Id is echoed unchanged on the response; without one the front
   makes one (a uuid hex) and echoes that. Generation requests use it in their rid (`request_rid`), sanitised, so
   logs, traces and the response id tie back to the client's id. CORS is Starlette's CORSMiddleware, on only when
@@ -62,7 +62,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import h11
 import msgspec
 import uvicorn
 from starlette._utils import get_route_path as route_path
@@ -72,13 +71,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-except ImportError:  # httptools not installed: h11 (pure Python, slower per request), no direct writes
-    HttpToolsProtocol = None  # type: ignore[assignment,misc]
-    RequestResponseCycle = None  # type: ignore[assignment,misc]
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from detok_worker.config import DetokConfig, FrontConfig
 from detok_worker.front.errors import APIError, error_response
@@ -136,31 +129,44 @@ HEAD = "head"
 BODY = "body"
 
 
-class ReadGuard:
-    """The deadline and cap logic shared by both guarded protocols (mixed in before uvicorn's protocol class)."""
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a head/body deadline per request and the connection cap; the parser's
+    callbacks say where the request is. The limits are set on the class by `guarded_protocol` (uvicorn builds
+    protocols itself)."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_connections: int = 10_000
-    transport: asyncio.Transport
-    connections: set[Any]
-    loop: asyncio.AbstractEventLoop
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_deadline: asyncio.TimerHandle | None = None
         self._waiting_for: str | None = None  # HEAD, BODY, or None (nothing due from the client)
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.write(REFUSAL % (RETRY_AFTER_S, len(REFUSAL_BODY), REFUSAL_BODY))
+            transport.close()
+        else:
+            self._wait_for(HEAD)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)
 
-    def _refuse_over_cap(self, transport: asyncio.Transport) -> bool:
-        if len(self.connections) <= self.max_connections:
-            return False
-        transport.write(REFUSAL % (RETRY_AFTER_S, len(REFUSAL_BODY), REFUSAL_BODY))
-        transport.close()
-        return True
+    def data_received(self, data: bytes) -> None:
+        if self._waiting_for is None:
+            self._wait_for(HEAD)  # the first byte of the next request on a keep-alive connection
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._wait_for(BODY)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._wait_for(None)
+        super().on_message_complete()
 
     def _wait_for(self, waiting_for: str | None) -> None:
         """Arm, move or cancel the deadline for what the client still has to send."""
@@ -183,58 +189,14 @@ class ReadGuard:
             self.transport.close()  # a handler reading the body sees a client disconnect
 
 
-class GuardedH11Protocol(ReadGuard, H11Protocol):
-    """uvicorn's h11 protocol plus a head/body deadline per request and the connection cap. The limits are set
-    on the class by `guarded_protocol` (uvicorn builds protocols itself)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if not self._refuse_over_cap(transport):
-            self._watch_reading()
-
-    def data_received(self, data: bytes) -> None:
-        if self._waiting_for is None:
-            self._watch_reading()  # the first byte of the next request on a keep-alive connection
-        super().data_received(data)
-        self._watch_reading()
-
-    def _watch_reading(self) -> None:
-        state = self.conn.their_state
-        self._wait_for(HEAD if state is h11.IDLE else BODY if state is h11.SEND_BODY else None)
-
-
-class GuardedHttpToolsProtocol(ReadGuard, HttpToolsProtocol):
-    """The same guard on uvicorn's httptools protocol (the default: its parser costs a fraction of h11's per
-    request); the parser's callbacks say where the request is."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if not self._refuse_over_cap(transport):
-            self._wait_for(HEAD)
-
-    def data_received(self, data: bytes) -> None:
-        if self._waiting_for is None:
-            self._wait_for(HEAD)  # the first byte of the next request on a keep-alive connection
-        super().data_received(data)
-
-    def on_headers_complete(self) -> None:
-        self._wait_for(BODY)
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._wait_for(None)
-        super().on_message_complete()
-
-
-def guarded_protocol(front: FrontConfig, max_connections: int) -> type[ReadGuard]:
-    """The guarded protocol (httptools when installed, else h11) as a subclass carrying this front's limits."""
+def guarded_protocol(front: FrontConfig, max_connections: int) -> type[GuardedHttpToolsProtocol]:
+    """The guarded protocol as a subclass carrying this front's limits."""
     limits = {
         "header_timeout_s": front.header_timeout_s,
         "body_timeout_s": front.body_timeout_s,
         "max_connections": max_connections,
     }
-    base = GuardedHttpToolsProtocol if HttpToolsProtocol is not None else GuardedH11Protocol
-    return type("FrontHttpProtocol", (base,), limits)
+    return type("FrontHttpProtocol", (GuardedHttpToolsProtocol,), limits)
 
 
 class RequestIdMiddleware:
@@ -549,7 +511,7 @@ def connection_writer(scope: Scope) -> ConnectionWriter | None:
     the fields the writer uses, else None (every event then goes through the ASGI send)."""
     send = scope.get(SERVER_SEND)
     cycle = getattr(send, "__self__", None)
-    if RequestResponseCycle is None or not isinstance(cycle, RequestResponseCycle) or scope.get("method") == "HEAD":
+    if not isinstance(cycle, RequestResponseCycle) or scope.get("method") == "HEAD":
         return None
     if not all(hasattr(cycle, name) for name in _CYCLE_FIELDS) or not hasattr(cycle.flow, "write_paused"):
         return None

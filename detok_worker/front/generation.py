@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams
+from detok_worker.bus.messages import PromptLogprobs, RequestParams
 from detok_worker.front import edge, sse
 from detok_worker.front.anthropic_api import (
     CountTokensResponse,
@@ -54,7 +54,14 @@ from detok_worker.front.prompts import (
 )
 from detok_worker.front.request_intake import RequestIntake
 from detok_worker.front.request_log import OutputLog, log_request
-from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter, Formatter, TokenIds
+from detok_worker.front.responses import (
+    ChatFormatter,
+    ChunkUsage,
+    Collected,
+    CompletionFormatter,
+    Formatter,
+    TokenIds,
+)
 from detok_worker.front.validation import (
     CheckedParams,
     Limits,
@@ -65,27 +72,26 @@ from detok_worker.front.validation import (
     truncate_prompt,
     with_vllm_headers,
 )
-from detok_worker.parse.base import ParsedOutput
 from detok_worker.tokenizer.protocol import Tokenizer
 
 # A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU than the work
 # (BENCHMARKS.md, "Front per chunk").
 INLINE_PROMPT_CHARS = 512
 RETRY_AFTER_S = 5  # what a request refused while draining is told
-R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
+GenerationBody = CompletionRequest | ChatCompletionRequest
 
 
 @dataclass(slots=True)
 class Prepared:
-    """One prompt's request, submitted: its choices, how its answer is shaped, what its answer needs of it."""
+    """One prompt's request, submitted: its choices, how its answer is shaped, what its whole answer needs of it:
+    the prompt's ids, the prompt logprobs asked (of choice 0's engine request), and for an echoed completion with
+    logprobs the top candidates its entries start with for the prompt's tokens (when the engine scored them)."""
 
-    body: CompletionRequest | ChatCompletionRequest
     choices: Choices
     formatter: Formatter
-    checked: CheckedParams
     ids: list[int]
-    params: RequestParams
-    echo: str | None
+    prompt_k: int | None
+    echo_k: int | None
 
 
 class Generation:
@@ -110,27 +116,17 @@ class Generation:
         self.response_store = ResponseStore(intake.config.responses_store_max)  # /v1/responses (store, GET)
 
     async def completions(self, request: Request) -> Response:
-        def prompt_ids(body: CompletionRequest) -> list[int]:
-            return completion_prompt_ids(body, self.tokenizer, self.limits)
-
-        return await self._generate(request, decode_completion, prompt_ids, CompletionFormatter, "cmpl")
+        return await self._generate(request, decode_completion, CompletionFormatter, "cmpl")
 
     async def chat_completions(self, request: Request) -> Response:
-        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
-            return chat_prompt_ids(body, self.tokenizer, self.limits)
-
-        return await self._generate(request, decode_chat, prompt_ids, ChatFormatter, "chatcmpl")
+        return await self._generate(request, decode_chat, ChatFormatter, "chatcmpl")
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's POST /v1/messages: a chat request in another shape (anthropic_api.py), answered and refused
         in Anthropic's shapes; its API key may come in x-api-key."""
-
-        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
-            return chat_prompt_ids(body, self.tokenizer, self.limits)
-
         request.state.anthropic = True
         try:
-            response = await self._generate(request, decode_messages, prompt_ids, MessagesFormatter, "msg")
+            response = await self._generate(request, decode_messages, MessagesFormatter, "msg")
         except APIError as exc:
             return anthropic_error_response(error_response(exc))
         return anthropic_error_response(response)
@@ -141,19 +137,16 @@ class Generation:
         store = self.response_store
 
         def decode(body: bytes) -> ChatCompletionRequest:
-            chat, request.state.responses_request = decode_responses(body, store)
+            chat, asked = decode_responses(body, store)
+            request.state.responses = (asked, chat.messages)  # what its formatter answers and keeps
             return chat
-
-        def prompt_ids(body: ChatCompletionRequest) -> list[int]:
-            request.state.conversation = body.messages
-            return chat_prompt_ids(body, self.tokenizer, self.limits)
 
         def formatter(*args: Any, **kwargs: Any) -> ResponsesFormatter:
             made = ResponsesFormatter(*args, **kwargs)
-            made.bind(request.state.responses_request, request.state.conversation, store)
+            made.bind(*request.state.responses, store)
             return made
 
-        return await self._generate(request, decode, prompt_ids, cast(Any, formatter), "resp")
+        return await self._generate(request, decode, cast(Any, formatter), "resp")
 
     async def stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{response_id}: a stored response as it was answered."""
@@ -182,8 +175,7 @@ class Generation:
     async def _generate(
         self,
         request: Request,
-        decode: Callable[[bytes], R],
-        prompt_ids: Callable[[R], list[int]],
+        decode: Callable[[bytes], GenerationBody],
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
         id_kind: str,
     ) -> Response:
@@ -196,18 +188,15 @@ class Generation:
         rid = request_rid(request, id_kind, body.request_id)
         prompts = batch_prompts(body) if isinstance(body, CompletionRequest) else None
         if prompts is None:
-            return await self._generate_one(request, body, prompt_ids, formatter_type, rid)
+            return await self._generate_one(request, body, formatter_type, rid)
         assert isinstance(body, CompletionRequest)
-        one = cast(Callable[[CompletionRequest], list[int]], prompt_ids)
         # every prompt checked and submitted before any answer is read; one refused: those submitted are released
         wakeup = asyncio.Event() if body.stream else None  # streamed: one stream waits for news from any prompt
         parts: list[Prepared] = []
         try:
             for index, prompt in enumerate(prompts):
                 event = wakeup or asyncio.Event()
-                part = await self._prepare(
-                    one_prompt(body, prompt), one, CompletionFormatter, f"{rid}-{index}", rid, event
-                )
+                part = await self._prepare(one_prompt(body, prompt), CompletionFormatter, f"{rid}-{index}", rid, event)
                 parts.append(part)
         except BaseException:
             for part in parts:
@@ -218,8 +207,8 @@ class Generation:
         self._count(request, choices)
         if body.stream:
             formatter = BatchFormatter([cast(CompletionFormatter, part.formatter) for part in parts], per_prompt)
-            return await self._stream(request, choices, formatter, parts[0].checked.include_usage)
-        answers = await asyncio.gather(*(self._collect_one(request, part) for part in parts))
+            return await self._stream(request, choices, formatter)
+        answers = await asyncio.gather(*(self._collect(request, part) for part in parts))
         for answer in answers:
             if answer.status_code != 200:
                 for part in parts:
@@ -231,37 +220,27 @@ class Generation:
     async def _generate_one(
         self,
         request: Request,
-        body: R,
-        prompt_ids: Callable[[R], list[int]],
+        body: GenerationBody,
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
         rid: str,
     ) -> Response:
-        prepared = await self._prepare(body, prompt_ids, formatter_type, rid, rid, asyncio.Event())
-        choices, formatter, checked = prepared.choices, prepared.formatter, prepared.checked
+        prepared = await self._prepare(body, formatter_type, rid, rid, asyncio.Event())
+        choices, formatter = prepared.choices, prepared.formatter
         self._count(request, choices)
         config = self.intake.config
         log = None
         if formatter_type is ChatFormatter and config.log_requests and config.log_outputs:
             log = OutputLog(rid, config.max_log_len, config.log_deltas)  # vLLM logs chat outputs only
         if body.stream:
-            return await self._stream(request, choices, formatter, checked.include_usage, log)
-        response = await self._collect_one(request, prepared)
+            return await self._stream(request, choices, formatter, log)
+        response = await self._collect(request, prepared)
         if log is not None and response.status_code == 200:
             log.whole(msgspec.json.decode(bytes(response.body)))
         return response
 
-    async def _collect_one(self, request: Request, prepared: Prepared) -> Response:
-        """The whole answer of one prompt's request."""
-        body = prepared.body
-        # an echoed completion with logprobs: its logprobs start with the prompt's tokens when the engine scored them
-        echo_k = body.logprobs if prepared.echo is not None and isinstance(body, CompletionRequest) else None
-        prompt_k = prepared.params.sampling.prompt_logprobs
-        return await self._collect(request, prepared.choices, prepared.formatter, prepared.ids, prompt_k, echo_k)
-
     async def _prepare(
         self,
-        body: R,
-        prompt_ids: Callable[[R], list[int]],
+        body: GenerationBody,
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
         rid: str,
         response_id: str,
@@ -271,24 +250,31 @@ class Generation:
         answer's id `response_id`, their streams woken by `wakeup`); nothing is submitted when a check fails."""
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
         checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size)
-        params = (
-            self.parsers.for_chat(body, checked.params) if isinstance(body, ChatCompletionRequest) else checked.params
-        )
+        params = checked.params
+        if isinstance(body, ChatCompletionRequest):
+            params = self.parsers.for_chat(body, params)
         if model in self.limits.lora_adapters:  # the request runs on that adapter
             params = msgspec.structs.replace(params, lora=model)
+        encode: Callable[..., list[int]] = chat_prompt_ids
+        if isinstance(body, CompletionRequest):
+            encode = completion_prompt_ids
         size = prompt_chars(body)
         if size is not None and size <= INLINE_PROMPT_CHARS:
-            ids = truncate_prompt(prompt_ids(body), body, self.context_length())
+            ids = encode(body, self.tokenizer, self.limits)
         else:  # chat template + tokenizing of a long prompt: off the loop
-            ids = truncate_prompt(await self.intake.off_loop(prompt_ids, body), body, self.context_length())
+            ids = await self.intake.off_loop(encode, body, self.tokenizer, self.limits)
+        ids = truncate_prompt(ids, body, self.context_length())
         echo = None
-        chat = self.chat_shape(body) if isinstance(body, ChatCompletionRequest) else {}
-        if checked.echo and isinstance(body, CompletionRequest):  # with return_token_ids: the ids, not the text
-            echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
-        elif isinstance(body, ChatCompletionRequest) and body.echo:
-            echo = chat_echo_text(body, chat["role"])
-        if isinstance(body, ChatCompletionRequest) and body.return_prompt_text:
-            chat["prompt_text"] = await self.intake.off_loop(chat_prompt_text, body, self.tokenizer, self.limits)
+        chat: dict[str, Any] = {}
+        if isinstance(body, CompletionRequest):
+            if checked.echo:  # with return_token_ids: the ids, not the text
+                echo = "" if body.return_token_ids else await self.intake.off_loop(echo_text, body, ids, self.tokenizer)
+        else:
+            chat = self.chat_shape(body)
+            if body.echo:
+                echo = chat_echo_text(body, chat["role"])
+            if body.return_prompt_text:
+                chat["prompt_text"] = await self.intake.off_loop(chat_prompt_text, body, self.tokenizer, self.limits)
         if self.intake.config.log_requests:
             log_request(rid, params, ids, self.intake.config.max_log_len)
         reasoning_tokens = isinstance(body, ChatCompletionRequest) and self.intake.config.reasoning_tokens_details
@@ -302,7 +288,8 @@ class Generation:
             **chat,
         )  # fmt: skip
         choices = self._submit(ids, params, checked, rid, wakeup)
-        return Prepared(body, choices, formatter, checked, ids, params, echo)
+        echo_k = body.logprobs if echo is not None and isinstance(body, CompletionRequest) else None
+        return Prepared(choices, formatter, ids, params.sampling.prompt_logprobs, echo_k)
 
     def _count(self, request: Request, choices: Choices) -> None:
         request.state.stream = choices  # for the access log and the TTFT / latency metrics (request_log.py)
@@ -313,7 +300,6 @@ class Generation:
         request: Request,
         choices: Choices,
         formatter: Formatter | BatchFormatter,
-        include_usage: bool,
         log: OutputLog | None = None,
     ) -> Response:
         """`log`: the output log that sees every piece (the bus intake then writes none: sse_direct)."""
@@ -323,7 +309,7 @@ class Generation:
         writer = edge.connection_writer(request.scope) if log is None else None
         if writer is not None and not _attach_sinks(choices, formatter, writer):
             writer = None
-        events = self._events(choices, formatter, include_usage, writer, log)
+        events = self._events(choices, formatter, writer, log)
         return sse.EventStreamResponse(events, lambda: self._release(choices), writer=writer, watch=watch)
 
     def chat_shape(self, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -388,7 +374,6 @@ class Generation:
         self,
         choices: Choices,
         formatter: Formatter | BatchFormatter,
-        include_usage: bool,
         writer: ConnectionWriter | None,
         log: OutputLog | None = None,
     ) -> AsyncIterator[bytes]:
@@ -444,7 +429,7 @@ class Generation:
             if failure is not None:
                 self._release(choices)  # one choice failed: the whole request ends with its error (as vLLM)
                 ready.append(framing.error_event(failure))
-            elif include_usage:
+            elif formatter.include_usage:
                 await self._cached_tokens(choices)
                 ready.append(framing.event(formatter.usage_chunk(choices)))
             if failure is None and log is not None:
@@ -458,28 +443,20 @@ class Generation:
             metrics.sse_closed()
             self.open_event_streams -= 1
 
-    async def _collect(
-        self,
-        request: Request,
-        choices: Choices,
-        formatter: Formatter,
-        prompt_ids: list[int],
-        prompt_k: int | None,
-        echo_k: int | None = None,
-    ) -> Response:
-        """The whole response; `prompt_k`: the prompt logprobs asked (of choice 0's engine request), rendered here;
-        `echo_k`: the logprobs of an echoed completion, whose entries then start with the prompt's."""
+    async def _collect(self, request: Request, prepared: Prepared) -> Response:
+        """The whole answer of one prompt's request."""
+        choices, formatter, prompt_ids, prompt_k = prepared.choices, prepared.formatter, prepared.ids, prepared.prompt_k
         watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
-        pieces: list[list[str | ParsedOutput]] = [[] for _ in choices.streams]
-        logprobs: list[list[LogprobText]] = [[] for _ in choices.streams]
-        token_ids: list[list[int]] = [[] for _ in choices.streams]
+        collected = Collected(
+            [[] for _ in choices.streams], [[] for _ in choices.streams], [[] for _ in choices.streams]
+        )
         prompt_logprobs: PromptLogprobs | None = None
         try:
             while True:
                 for index, news, _ in await choices.changes():
-                    pieces[index].append(news)
-                    logprobs[index] += choices.streams[index].take_logprobs()
-                    token_ids[index] += choices.streams[index].take_token_ids()
+                    collected.pieces[index].append(news)
+                    collected.logprobs[index] += choices.streams[index].take_logprobs()
+                    collected.token_ids[index] += choices.streams[index].take_token_ids()
                 if choices.finished:
                     break
             await self._cached_tokens(choices)
@@ -492,21 +469,20 @@ class Generation:
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        shown = None
         if prompt_logprobs is not None and prompt_k is not None:
             try:
-                shown = await self.intake.off_loop(
+                shown = collected.prompt_logprobs = await self.intake.off_loop(
                     render_prompt_logprobs, prompt_logprobs, prompt_ids, prompt_k, self.tokenizer
                 )
             except PromptLogprobsError as exc:
                 return error_response(
                     APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
                 )
-            if echo_k is not None and isinstance(formatter, CompletionFormatter):
+            if prepared.echo_k is not None and isinstance(formatter, CompletionFormatter):
                 formatter.echoed_logprobs = await self.intake.off_loop(
-                    echo_logprobs, prompt_ids, shown, echo_k, self.tokenizer
+                    echo_logprobs, prompt_ids, shown, prepared.echo_k, self.tokenizer
                 )
-        return Response(formatter.whole(pieces, choices, logprobs, token_ids, shown), media_type=JSON)
+        return Response(formatter.whole(collected, choices), media_type=JSON)
 
     def _abort_disconnected(self, choices: Choices) -> None:
         error = APIError(499, "the client closed the connection", code="disconnected")

@@ -196,10 +196,7 @@ class TopLogprobOut(msgspec.Struct):
     bytes: list[int]
 
 
-class TokenLogprobOut(msgspec.Struct):
-    token: str
-    logprob: float | None
-    bytes: list[int]
+class TokenLogprobOut(TopLogprobOut):
     top_logprobs: list[TopLogprobOut]
 
 

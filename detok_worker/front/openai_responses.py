@@ -23,8 +23,9 @@ import msgspec
 from detok_worker.front.choices import Choices
 from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
+from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, BlockFormatter
+from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter
 from detok_worker.front.sse import named_event, named_events_framing
 from detok_worker.front.validation import decode_json
 
@@ -132,11 +133,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": role, "content": text})
         elif kind == "function_call":
-            call = {
-                "id": str(item.get("call_id", "")),
-                "type": "function",
-                "function": {"name": str(item.get("name", "")), "arguments": str(item.get("arguments", ""))},
-            }
+            call = tool_call(str(item.get("call_id", "")), str(item.get("name", "")), str(item.get("arguments", "")))
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -169,14 +166,7 @@ def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise bad_request(f"unknown tool fields {sorted(unknown)}", f"tools[{index}]")
-        function: dict[str, Any] = {
-            "name": tool.get("name"),
-            "description": tool.get("description"),
-            "parameters": tool.get("parameters"),
-        }
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), tool.get("strict")))
     return out
 
 
@@ -351,24 +341,13 @@ class ResponsesFormatter(BlockFormatter):
 
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         output = self.blocks - 1
-        if kind == REASONING:
-            item: dict[str, Any] = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
-            part: dict[str, Any] | None = {"type": "reasoning_text", "text": ""}
-        elif kind == TEXT:
-            item = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "content": []}
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        else:
-            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name}
-            item["arguments"], part = "", None
+        item = _item(kind, name, call_id)
         self._items.append(item)
-        events = [
-            self._event(
-                "response.output_item.added", {"output_index": output, "item": {**item, "status": "in_progress"}}
-            )
-        ]
-        if part is not None:
+        added = {"output_index": output, "item": {**item, "status": "in_progress"}}
+        events = [self._event("response.output_item.added", added)]
+        if kind != TOOL_CALL:
             where = {"item_id": item["id"], "output_index": output, "content_index": 0}
-            events.append(self._event("response.content_part.added", {**where, "part": part}))
+            events.append(self._event("response.content_part.added", {**where, "part": _part(kind, "")}))
         return events
 
     def _added(self, kind: str, text: str) -> bytes:
@@ -381,20 +360,18 @@ class ResponsesFormatter(BlockFormatter):
 
     def _closed(self, kind: str) -> list[bytes]:
         item, text = self._items[-1], self.block_text
+        _complete(item, kind, text)
         where = {"item_id": item["id"], "output_index": self.blocks - 1}
         if kind == TOOL_CALL:
-            item["arguments"] = text
             events = [
                 self._event("response.function_call_arguments.done", {**where, "arguments": text, "name": item["name"]})
             ]
         else:
             done = "response.reasoning_text.done" if kind == REASONING else "response.output_text.done"
-            part = {"type": "reasoning_text", "text": text} if kind == REASONING else _output_text(text)
-            item["content"] = [part]
             extra = {} if kind == REASONING else {"logprobs": []}
             events = [
                 self._event(done, {**where, "content_index": 0, "text": text, **extra}),
-                self._event("response.content_part.done", {**where, "content_index": 0, "part": part}),
+                self._event("response.content_part.done", {**where, "content_index": 0, "part": item["content"][0]}),
             ]
         item["status"] = "completed"
         events.append(self._event("response.output_item.done", {"output_index": self.blocks - 1, "item": item}))
@@ -409,33 +386,14 @@ class ResponsesFormatter(BlockFormatter):
         self._keep(response)
         return self._event("response.completed", {"response": response})
 
-    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
-        output: list[dict[str, Any]] = []
-        if reasoning:
-            part = {"type": "reasoning_text", "text": reasoning}
-            output.append({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [part]})
-        if content:
-            output.append(
-                {
-                    "type": "message",
-                    "id": f"msg_{uuid.uuid4().hex}",
-                    "role": "assistant",
-                    "content": [_output_text(content)],
-                }
-            )
-        for call_id, name, arguments in calls:
-            output.append(
-                {
-                    "type": "function_call",
-                    "id": f"fc_{uuid.uuid4().hex}",
-                    "call_id": call_id,
-                    "name": name,
-                    "arguments": arguments,
-                }
-            )
-        for item in output:
-            if item["type"] != "reasoning":  # a whole answer's reasoning item has no status (vLLM's server)
+    def _answer(self, stream: RequestStream, blocks: list[Block]) -> bytes:
+        output = []
+        for kind, text, name, call_id in blocks:
+            item = _item(kind, name, call_id)
+            _complete(item, kind, text)
+            if kind != REASONING:  # a whole answer's reasoning item has no status (vLLM's server)
                 item["status"] = "completed"
+            output.append(item)
         response = self._response(stream, output, self._status(stream))
         self._keep(response)
         return msgspec.json.encode(response)
@@ -452,13 +410,30 @@ class ResponsesFormatter(BlockFormatter):
             elif item["type"] == "message":
                 answer["content"] = item["content"][0]["text"] if item["content"] else ""
             else:
-                call = {"name": item["name"], "arguments": item["arguments"]}
-                answer.setdefault("tool_calls", []).append(
-                    {"id": item["call_id"], "type": "function", "function": call}
-                )
+                answer.setdefault("tool_calls", []).append(tool_call(item["call_id"], item["name"], item["arguments"]))
         conversation = [*self.conversation, answer]
         self.store.put(self.rid, StoredResponse(msgspec.json.encode(response), conversation))
 
 
-def _output_text(text: str) -> dict[str, Any]:
+def _item(kind: str, name: str = "", call_id: str = "") -> dict[str, Any]:
+    """An output item as it opens: a reasoning item, a message, or a function call (`name`, `call_id`)."""
+    if kind == REASONING:
+        return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": []}
+    if kind == TEXT:
+        return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant", "content": []}
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name, "arguments": ""}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    """The content part of a reasoning item or a message."""
+    if kind == REASONING:
+        return {"type": "reasoning_text", "text": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _complete(item: dict[str, Any], kind: str, text: str) -> None:
+    """An item with its whole text: a function call's arguments, else its one content part."""
+    if kind == TOOL_CALL:
+        item["arguments"] = text
+    else:
+        item["content"] = [_part(kind, text)]

@@ -38,22 +38,22 @@ def _json(schema: dict[str, Any], description: str = "JSON") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _generation(request: str, response: str, chunk: str, summary: str, error: str = "ErrorBody") -> dict[str, Any]:
-    responses: dict[str, Any] = {
-        "200": {
-            "description": "the completion (JSON), or a text/event-stream of chunks when stream is true",
-            "content": {
-                "application/json": {"schema": _ref(response)},
-                "text/event-stream": {"schema": {"type": "string", "description": f"data: <{chunk}> events"}},
-            },
-        }
+def _post(summary: str, request: str, ok: dict[str, Any], error: str = "ErrorBody") -> dict[str, Any]:
+    """A POST path item: its JSON body `request`, its 200 answer `ok`, an `error` body for each error status."""
+    responses = {"200": ok, **{status: _json(_ref(error), "error") for status in _ERROR_STATUSES}}
+    body = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+    return {"post": {"summary": summary, "requestBody": body, "responses": responses}}
+
+
+def _streamed(schema: dict[str, Any], events: str) -> dict[str, Any]:
+    """A generation's 200: a JSON body, or (stream) a text/event-stream of `events`."""
+    return {
+        "description": "the answer (JSON), or a text/event-stream of its events when stream is true",
+        "content": {
+            "application/json": {"schema": schema},
+            "text/event-stream": {"schema": {"type": "string", "description": events}},
+        },
     }
-    responses.update({status: _json(_ref(error), "error") for status in _ERROR_STATUSES})
-    return {"post": {"summary": summary, "requestBody": _body(request), "responses": responses}}
-
-
-def _body(request: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
 
 
 @cache
@@ -79,41 +79,31 @@ def openapi_document(title: str) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": title, "version": "1"},
         "paths": {
-            "/v1/completions": _generation(
-                "CompletionRequest", "CompletionResponse", "CompletionResponse", "text completion"
+            "/v1/completions": _post(
+                "text completion",
+                "CompletionRequest",
+                _streamed(_ref("CompletionResponse"), "data: <CompletionResponse>"),
             ),
-            "/v1/chat/completions": _generation(
-                "ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk", "chat completion"
+            "/v1/chat/completions": _post(
+                "chat completion",
+                "ChatCompletionRequest",
+                _streamed(_ref("ChatCompletionResponse"), "data: <ChatCompletionChunk>"),
             ),
-            "/v1/responses": {
-                "post": {
-                    "summary": "OpenAI's Responses API",
-                    "requestBody": _body("ResponsesRequest"),
-                    "responses": {
-                        "200": {
-                            "description": "the response (JSON), or a text/event-stream of its events (stream)",
-                            "content": {
-                                "application/json": {"schema": plain_json},
-                                "text/event-stream": {"schema": {"type": "string"}},
-                            },
-                        },
-                        **{status: _json(_ref("ErrorBody"), "error") for status in _ERROR_STATUSES},
-                    },
-                }
-            },
-            "/v1/messages": _generation(
-                "MessagesRequest", "MessageBody", "Anthropic's", "Anthropic's Messages API", "AnthropicErrorBody"
+            "/v1/responses": _post(
+                "OpenAI's Responses API", "ResponsesRequest", _streamed(plain_json, "OpenAI's Responses events")
             ),
-            "/v1/messages/count_tokens": {
-                "post": {
-                    "summary": "a Messages request's prompt tokens",
-                    "requestBody": _body("CountTokensRequest"),
-                    "responses": {
-                        "200": _json(_ref("CountTokensResponse")),
-                        **{status: _json(_ref("AnthropicErrorBody"), "error") for status in _ERROR_STATUSES},
-                    },
-                }
-            },
+            "/v1/messages": _post(
+                "Anthropic's Messages API",
+                "MessagesRequest",
+                _streamed(_ref("MessageBody"), "Anthropic's Messages events"),
+                "AnthropicErrorBody",
+            ),
+            "/v1/messages/count_tokens": _post(
+                "a Messages request's prompt tokens",
+                "CountTokensRequest",
+                _json(_ref("CountTokensResponse")),
+                "AnthropicErrorBody",
+            ),
             "/v1/models": {"get": {"summary": "served models", "responses": {"200": _json(_ref("ModelList"))}}},
             "/health": {
                 "get": {"summary": "readiness", "responses": {"200": _json(plain_json), "503": _json(plain_json)}}

@@ -64,6 +64,7 @@ class BatchFormatter:
         for formatter in formatters[1:]:
             formatter.created = formatters[0].created
         self.token_ids: TokenIds | None = formatters[0].token_ids
+        self.include_usage = formatters[0].include_usage
 
     def _of(self, index: int) -> CompletionFormatter:
         return self.formatters[index // self.per_prompt]

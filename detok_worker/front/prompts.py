@@ -181,10 +181,23 @@ def _template_kwargs(request: ChatCompletionRequest, defaults: Mapping[str, Any]
     return kwargs
 
 
+def function_tool(name: Any, description: Any, parameters: Any, strict: Any = None) -> dict[str, Any]:
+    """A function tool in vLLM's server's shape (its request model dumped): `{"type", "function": {"name",
+    "description", "parameters", "strict"}}` in that order, strict only when given."""
+    function = {"name": name, "description": description, "parameters": parameters}
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function}
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """An assistant message's tool call, as a chat request gives it (its arguments: JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools as the chat template sees them, in vLLM's server's shape (its request model dumped): a function
-    tool is `{"type", "function": {"name", "description", "parameters", "strict"}}` in that order, description and
-    parameters null when not given, strict only when given, other fields dropped; other tools as given."""
+    """The tools as the chat template sees them: a function tool as `function_tool` shapes it (description and
+    parameters null when not given, other fields dropped); other tools as given."""
     if tools is None:
         return None
     shaped = []
@@ -193,10 +206,8 @@ def template_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] |
         if tool.get("type", "function") != "function" or not isinstance(function, dict):
             shaped.append(tool)
             continue
-        fields = {name: function.get(name) for name in ("name", "description", "parameters")}
-        if function.get("strict") is not None:
-            fields["strict"] = function["strict"]
-        shaped.append({"type": "function", "function": fields})
+        fields = (function.get(name) for name in ("name", "description", "parameters", "strict"))
+        shaped.append(function_tool(*fields))
     return shaped
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 from detok_worker.bus.messages import (
@@ -27,6 +28,7 @@ class TextSink(Protocol):
         ...
 
 
+@dataclass(slots=True, eq=False)
 class RequestStream:
     """One request's text as it arrives, and how it ended. Only the event loop thread touches it.
 
@@ -34,80 +36,46 @@ class RequestStream:
     buffer is empty and the sink takes it; the rest is buffered as before and the handler is woken. Without one,
     every delta wakes the handler."""
 
-    __slots__ = (
-        "rid",
-        "prompt_tokens",
-        "deadline",
-        "reassembly",
-        "pending_chars",
-        "n_tokens",
-        "finish",
-        "stop_reason",
-        "failure",
-        "done",
-        "_pieces",
-        "_parsed",
-        "parsed_reassembly",
-        "tool_calls_seen",
-        "reasoning_tokens",
-        "_stop_rules",
-        "_wakeup",
-        "_logprobs",
-        "logprob_entries",
-        "_token_ids",
-        "token_id_entries",
-        "first_output_at",
-        "first_output_tokens",
-        "ended_at",
-        "answered",
-        "refused",
-        "sink",
-        "prompt_logprobs",
-        "cached_tokens",
-    )
+    rid: str
+    prompt_tokens: int
+    deadline: float
+    stop_rules: StopRules
+    parsed: InitVar[bool] = False  # a request with parsers: its news are channels (reasoning, content, tool calls)
+    # the n choices of one HTTP request share one event: their handler waits for news from any of them
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    reassembly: DeltaReassembly = field(default_factory=DeltaReassembly, init=False)
+    pending_chars: int = field(default=0, init=False)  # accepted but not yet taken by the handler
+    n_tokens: int = field(default=0, init=False)
+    finish: str | None = field(default=None, init=False)
+    stop_reason: str | int | None = field(default=None, init=False)
+    failure: APIError | None = field(default=None, init=False)
+    done: bool = field(default=False, init=False)
+    _pieces: list[str] = field(default_factory=list, init=False)
+    _parsed: ParsedOutput | None = field(default=None, init=False)  # a parsed request's news not taken yet
+    parsed_reassembly: ParsedReassembly | None = field(default=None, init=False)
+    tool_calls_seen: bool = field(default=False, init=False)
+    reasoning_tokens: int = field(default=0, init=False)  # as vLLM counts them (ParsedDelta.reasoning_tokens)
+    _logprobs: list[LogprobText] = field(default_factory=list, init=False)  # entries not yet taken by the handler
+    # how many were accepted (by token index: re-sent ones dropped)
+    logprob_entries: TokenEntries = field(default_factory=TokenEntries, init=False)
+    _token_ids: list[int] = field(default_factory=list, init=False)  # output ids not taken yet (return_token_ids)
+    token_id_entries: TokenEntries = field(default_factory=TokenEntries, init=False)
+    # for TTFT and inter-token latency (time.monotonic(); 0.0 = not yet): two clock reads per request
+    first_output_at: float = field(default=0.0, init=False)
+    first_output_tokens: int = field(default=0, init=False)
+    ended_at: float = field(default=0.0, init=False)
+    answered: bool = field(default=False, init=False)  # a delta came (from its worker: the request was admitted)
+    # the engine refused it at admission (its failure is the response's status)
+    refused: bool = field(default=False, init=False)
+    sink: TextSink | None = field(default=None, init=False)
+    prompt_logprobs: PromptLogprobs | None = field(default=None, init=False)  # from the engine, when asked
+    # of the prompt: (held by the engine's prefix cache, written to it by the prefill), with report_cached
+    cached_tokens: tuple[int, int] | None = field(default=None, init=False)
 
-    def __init__(
-        self,
-        rid: str,
-        prompt_tokens: int,
-        deadline: float,
-        stop_rules: StopRules,
-        parsed: bool = False,
-        wakeup: asyncio.Event | None = None,
-    ) -> None:
-        self.rid = rid
-        self.prompt_tokens = prompt_tokens
-        self.deadline = deadline
-        self.reassembly = DeltaReassembly()
-        self.pending_chars = 0  # accepted but not yet taken by the handler
-        self.n_tokens = 0
-        self.finish: str | None = None
-        self.stop_reason: str | int | None = None
-        self.failure: APIError | None = None
-        self.done = False
-        self._pieces: list[str] = []
-        # a request with parsers: its news are channels (reasoning, content, tool calls), not plain text
-        self._parsed: ParsedOutput | None = ParsedOutput() if parsed else None
-        self.parsed_reassembly: ParsedReassembly | None = ParsedReassembly() if parsed else None
-        self.tool_calls_seen = False
-        self.reasoning_tokens = 0  # as vLLM counts them (ParsedDelta.reasoning_tokens)
-        self._stop_rules = stop_rules
-        # the n choices of one HTTP request share one event: their handler waits for news from any of them
-        self._wakeup = wakeup or asyncio.Event()
-        self._logprobs: list[LogprobText] = []  # entries not yet taken by the handler
-        self.logprob_entries = TokenEntries()  # how many were accepted (by token index: re-sent ones dropped)
-        self._token_ids: list[int] = []  # output ids not yet taken by the handler (return_token_ids)
-        self.token_id_entries = TokenEntries()
-        # for TTFT and inter-token latency (time.monotonic(); 0.0 = not yet): two clock reads per request
-        self.first_output_at = 0.0
-        self.first_output_tokens = 0
-        self.ended_at = 0.0
-        self.answered = False  # a delta came (from its worker: the request was admitted)
-        self.refused = False  # the engine refused it at admission (its failure is the response's status)
-        self.sink: TextSink | None = None
-        self.prompt_logprobs: PromptLogprobs | None = None  # from the engine, for a request that asked
-        # of the prompt: (held by the engine's prefix cache, written to it by the prefill), with report_cached
-        self.cached_tokens: tuple[int, int] | None = None
+    def __post_init__(self, parsed: bool) -> None:
+        if parsed:
+            self._parsed = ParsedOutput()
+            self.parsed_reassembly = ParsedReassembly()
 
     def accept_text(self, offset: int, text: str, n_tokens: int) -> str | None:
         """`accept` for a plain delta read from a TextBatch's columns (text only), without making a TextDelta."""
@@ -120,7 +88,7 @@ class RequestStream:
             return None
         self._count_tokens(n_tokens)
         if self._take_plain(fresh) or self.sink is None:
-            self._wakeup.set()
+            self.wakeup.set()
         return fresh
 
     def accept(self, delta: TextDelta) -> str | None:
@@ -150,9 +118,9 @@ class RequestStream:
                 self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
             else:
                 self.finish = delta.finish
-                self.stop_reason = self._stop_rules.client_stop_reason(delta.stop_reason)
+                self.stop_reason = self.stop_rules.client_stop_reason(delta.stop_reason)
             self.done = True
-        self._wakeup.set()
+        self.wakeup.set()
         return text
 
     def _count_tokens(self, n_tokens: int) -> None:
@@ -239,11 +207,7 @@ class RequestStream:
             if self._parsed is not None:
                 self._parsed = ParsedOutput()
             self.pending_chars = 0
-        self._wakeup.set()
-
-    @property
-    def wakeup(self) -> asyncio.Event:
-        return self._wakeup
+        self.wakeup.set()
 
     @property
     def started(self) -> bool:

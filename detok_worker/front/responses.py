@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -34,7 +35,7 @@ from detok_worker.front.openai_api import (
 )
 from detok_worker.front.prompt_logprobs import after_echo
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.parse.base import ParsedOutput
+from detok_worker.parse.base import ParsedOutput, ToolCallPiece
 from detok_worker.parse.registry import NAMED_CALL, REQUIRED_CALLS
 
 FINISH_TOOL_CALLS = "tool_calls"
@@ -55,24 +56,6 @@ class ChunkTemplate:
 
     def fill(self, text: str) -> bytes:
         return self.prefix + _encode(text) + self.suffix
-
-
-class ChunkTemplates:
-    """One ChunkTemplate per choice index, made on first use by `encode_with_mark(index, stream)` (a text chunk
-    whose text is _TEXT_MARK). Only for chunks whose other fields do not change (no running usage)."""
-
-    def __init__(self, encode_with_mark: Callable[[int, RequestStream], bytes]) -> None:
-        self._encode_with_mark = encode_with_mark
-        self._by_index: dict[int, ChunkTemplate] = {}
-
-    def fill(self, index: int, text: str, stream: RequestStream) -> bytes:
-        return self.template(index, stream).fill(text)
-
-    def template(self, index: int, stream: RequestStream) -> ChunkTemplate:
-        template = self._by_index.get(index)
-        if template is None:
-            template = self._by_index[index] = ChunkTemplate(self._encode_with_mark(index, stream))
-        return template
 
 
 def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
@@ -159,24 +142,17 @@ class CompletionLogprobsBuilder:
 
 class ChunkUsage:
     """What a streamed chunk carries as `usage`: absent; null (include_usage: OpenAI puts "usage": null on
-    every chunk and the totals on one last chunk); or (continuous_usage_stats) the choice's running counts."""
+    every chunk and the totals on one last chunk); or (continuous_usage_stats) the choice's running counts.
+    `reasoning`: usage with the reasoning tokens (a chat answer, front.reasoning_tokens_details)."""
 
     def __init__(self, include_usage: bool, continuous: bool, reasoning: bool = False) -> None:
-        """`reasoning`: usage with the reasoning tokens (a chat answer, front.reasoning_tokens_details)."""
-        self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
-        self._continuous = continuous
+        self.include_usage = include_usage
+        self.continuous = continuous
         self.reasoning = reasoning
-
-    @property
-    def continuous(self) -> bool:
-        return self._continuous
-
-    @property
-    def include_usage(self) -> bool:
-        return self._fixed is None
+        self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
 
     def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
-        return usage_of(stream, self.reasoning) if self._continuous else self._fixed
+        return usage_of(stream, self.reasoning) if self.continuous else self._fixed
 
 
 class TokenIds:
@@ -192,6 +168,17 @@ class TokenIds:
             return msgspec.UNSET
         self._shown.add(index)
         return self.prompt_ids
+
+
+@dataclass(slots=True)
+class Collected:
+    """A whole answer's parts per choice (its news, logprob entries and output ids), and the prompt's logprobs
+    (vLLM's, when asked)."""
+
+    pieces: list[list[News]]
+    logprobs: list[list[LogprobText]]
+    token_ids: list[list[int]]
+    prompt_logprobs: PromptLogprobsOut | None = None
 
 
 class FormatterBase:
@@ -219,23 +206,24 @@ class FormatterBase:
         self.model = model
         self.created = int(time.time())
         self._usage = usage
+        self.include_usage = usage.include_usage  # the stream ends with a usage chunk
         self._echo = echo
         self._with_logprobs = logprobs
         self.token_ids = token_ids
         self.tokens_as_ids = tokens_as_ids  # logprob tokens as "token_id:<id>" (return_tokens_as_token_ids)
         self.fingerprint: str | msgspec.UnsetType = fingerprint or msgspec.UNSET
         # on the last chunk of each choice, unless a usage chunk ends the stream
-        self._last_fingerprint = msgspec.UNSET if usage.include_usage else self.fingerprint
+        self._last_fingerprint = msgspec.UNSET if self.include_usage else self.fingerprint
         # a plain text chunk has nothing per chunk but its text: it is filled into a template
         self._templated = not logprobs and not usage.continuous and token_ids is None
-        self._text_templates = ChunkTemplates(self._text_chunk_with_mark)
+        self._text_templates: dict[int, ChunkTemplate] = {}  # by choice index, made on first use
 
     def text_chunk(
         self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
     ) -> bytes:
         """A chunk of a choice's news, with the logprob entries and output ids that came with it."""
         if self._templated and isinstance(text, str):
-            return self._text_templates.fill(index, text, stream)
+            return self._text_template(index, stream).fill(text)
         return self._text_chunk(index, text, stream, logprobs, token_ids)
 
     def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
@@ -243,8 +231,15 @@ class FormatterBase:
         carry nothing but plain text (no parsers, logprobs, token ids or running usage); else None."""
         if not self._templated or stream.parsed_reassembly is not None:
             return None
-        template = self._text_templates.template(index, stream)
+        template = self._text_template(index, stream)
         return b"data: " + template.prefix, template.suffix + b"\n\n"
+
+    def _text_template(self, index: int, stream: RequestStream) -> ChunkTemplate:
+        """Choice `index`'s text chunk around its text: only for chunks whose other fields do not change."""
+        template = self._text_templates.get(index)
+        if template is None:
+            template = self._text_templates[index] = ChunkTemplate(self._text_chunk_with_mark(index, stream))
+        return template
 
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         raise NotImplementedError
@@ -305,25 +300,18 @@ class CompletionFormatter(FormatterBase):
             CompletionResponse(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
         )
 
-    def whole(
-        self,
-        pieces: list[list[str | ParsedOutput]],
-        choices: Choices,
-        logprobs: list[list[LogprobText]] | None = None,
-        token_ids: list[list[int]] | None = None,
-        prompt_logprobs: PromptLogprobsOut | None = None,
-    ) -> bytes:
-        """The whole body; `prompt_logprobs` (vLLM's, when asked) go on every choice (one prompt), as vLLM's."""
+    def whole(self, collected: Collected, choices: Choices) -> bytes:
+        """The whole body; the prompt logprobs go on every choice (one prompt), as vLLM's."""
         out = []
         for index, stream in enumerate(choices.streams):
-            text = (self._echo or "") + "".join(piece for piece in pieces[index] if isinstance(piece, str))
-            entries = self._logprobs_of(index, logprobs[index] if logprobs else None)
+            text = (self._echo or "") + "".join(piece for piece in collected.pieces[index] if isinstance(piece, str))
+            entries = self._logprobs_of(index, collected.logprobs[index])
             if self.echoed_logprobs is not None and entries is not None:
                 entries = after_echo(self.echoed_logprobs, entries)
             choice = CompletionChoice(index, text, stream.finish, stream.stop_reason, entries)
-            if prompt_logprobs is not None:
-                choice.prompt_logprobs = prompt_logprobs
-            out.append(self._with_ids(choice, token_ids[index] if token_ids else None))
+            if collected.prompt_logprobs is not None:
+                choice.prompt_logprobs = collected.prompt_logprobs
+            out.append(self._with_ids(choice, collected.token_ids[index]))
         response = CompletionResponse(self.rid, self.created, self.model, out, choices.usage())
         response.system_fingerprint = self.fingerprint
         return _encode(response)
@@ -406,7 +394,7 @@ class ChatFormatter(FormatterBase):
             setattr(delta, self.reasoning_field, text.reasoning)
         if text.content:
             delta.content = text.content
-        pieces = text.tool_calls if self.parallel_tool_calls else [p for p in text.tool_calls if p.index == 0]
+        pieces = self._kept(text.tool_calls)
         if pieces:
             delta.tool_calls = [
                 self._tool_call_piece(index, piece.index, piece.name, piece.arguments, piece.id) for piece in pieces
@@ -446,23 +434,16 @@ class ChatFormatter(FormatterBase):
             ChatCompletionChunk(self.rid, self.created, self.model, [], usage, system_fingerprint=self.fingerprint)
         )
 
-    def whole(
-        self,
-        pieces: list[list[str | ParsedOutput]],
-        choices: Choices,
-        logprobs: list[list[LogprobText]] | None = None,
-        token_ids: list[list[int]] | None = None,
-        prompt_logprobs: PromptLogprobsOut | None = None,
-    ) -> bytes:
-        """The whole body; `prompt_logprobs` (vLLM's, when asked) on the response, as vLLM's."""
+    def whole(self, collected: Collected, choices: Choices) -> bytes:
+        """The whole body; the prompt logprobs on the response, as vLLM's."""
         out = [
             ChatChoice(
                 index,
-                self._message(index, pieces[index], stream),
+                self._message(index, collected.pieces[index], stream),
                 self._finish_reason(stream),
                 stream.stop_reason,
-                self._logprobs_of(logprobs[index] if logprobs else None),
-                self._ids_of(token_ids[index] if token_ids else None),
+                self._logprobs_of(collected.logprobs[index]),
+                self._ids_of(collected.token_ids[index]),
             )
             for index, stream in enumerate(choices.streams)
         ]
@@ -472,36 +453,44 @@ class ChatFormatter(FormatterBase):
         response.prompt_text = self.prompt_text
         if self.token_ids is not None:
             response.prompt_token_ids = self.token_ids.prompt_ids
-        if prompt_logprobs is not None:
-            response.prompt_logprobs = prompt_logprobs
+        if collected.prompt_logprobs is not None:
+            response.prompt_logprobs = collected.prompt_logprobs
         return _encode(response)
 
-    def _message(self, choice: int, pieces: list[str | ParsedOutput], stream: RequestStream) -> ChatMessageOut:
-        if stream.parsed_reassembly is None:
-            return ChatMessageOut((self._echo or "") + "".join(p for p in pieces if isinstance(p, str)), self.role)
+    def _kept(self, calls: list[ToolCallPiece]) -> list[ToolCallPiece]:
+        """The tool calls (or pieces of them) an answer shows: the first only without parallel_tool_calls."""
+        return calls if self.parallel_tool_calls else [call for call in calls if call.index == 0]
+
+    def _whole_calls(self, choice: int, pieces: list[News]) -> tuple[ParsedOutput, list[tuple[str, str, str]]]:
+        """A whole answer's channels summed (plain text as content), and (id, name, arguments) of each call shown."""
         total = ParsedOutput()
         for piece in pieces:
-            if isinstance(piece, ParsedOutput):
-                total.extend(piece)
+            total.extend(ParsedOutput(content=piece) if isinstance(piece, str) else piece)
         calls = [
-            ToolCallOut(
-                FunctionCallOut(call.name, self._whole_arguments(call.arguments)),
-                id=self._tool_call_id(choice, call.index, call.id),
-                type="function",
-            )
-            for call in total.tool_calls
-            if self.parallel_tool_calls or call.index == 0
+            (self._tool_call_id(choice, call.index, call.id), call.name, self._whole_arguments(call.arguments))
+            for call in self._kept(total.tool_calls)
         ]
+        return total, calls
+
+    def _message(self, choice: int, pieces: list[News], stream: RequestStream) -> ChatMessageOut:
+        if stream.parsed_reassembly is None:
+            return ChatMessageOut((self._echo or "") + "".join(p for p in pieces if isinstance(p, str)), self.role)
+        total, calls = self._whole_calls(choice, pieces)
         content = (self._echo or "") + total.content if self._echo or total.content else None
         if content is None and self.forced_calls:
             content = ""
-        message = ChatMessageOut(content, self.role, tool_calls=calls)
+        shown = [
+            ToolCallOut(FunctionCallOut(name, arguments), id=call_id, type="function")
+            for call_id, name, arguments in calls
+        ]
+        message = ChatMessageOut(content, self.role, tool_calls=shown)
         if self.reasoning_field:
             setattr(message, self.reasoning_field, total.reasoning or None)
         return message
 
 
 REASONING, TEXT, TOOL_CALL = "reasoning", "text", "tool_call"  # the kinds of a BlockFormatter's blocks
+Block = tuple[str, str, str, str]  # a whole answer's block: (kind, text or arguments, tool name, tool call id)
 
 
 class BlockFormatter(ChatFormatter):
@@ -532,8 +521,8 @@ class BlockFormatter(ChatFormatter):
     def _closed(self, kind: str) -> list[bytes]:
         raise NotImplementedError
 
-    def _answer(self, stream: RequestStream, reasoning: str, content: str, calls: list[tuple[str, str, str]]) -> bytes:
-        """The whole answer; `calls`: (id, name, arguments) of each tool call."""
+    def _answer(self, stream: RequestStream, blocks: list[Block]) -> bytes:
+        """The whole answer from its blocks: the reasoning, the text (each when there is some), each tool call."""
         raise NotImplementedError
 
     def _open(self, kind: str, name: str = "", call_id: str = "") -> list[bytes]:
@@ -556,17 +545,12 @@ class BlockFormatter(ChatFormatter):
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         events: list[bytes] = []
         parsed = ParsedOutput(content=text) if isinstance(text, str) else text
-        if parsed.reasoning and self.reasoning_field:
-            if self.block != REASONING:
-                events += self._open(REASONING)
-            events.append(self._add(REASONING, parsed.reasoning))
-        if parsed.content:
-            if self.block != TEXT:
-                events += self._open(TEXT)
-            events.append(self._add(TEXT, parsed.content))
-        for piece in parsed.tool_calls:
-            if not self.parallel_tool_calls and piece.index != 0:
-                continue
+        for kind, news in ((REASONING, self._reasoning(parsed)), (TEXT, parsed.content)):
+            if news:
+                if self.block != kind:
+                    events += self._open(kind)
+                events.append(self._add(kind, news))
+        for piece in self._kept(parsed.tool_calls):
             if piece.name:
                 events += self._open(TOOL_CALL, piece.name, self._tool_call_id(index, piece.index, piece.id))
                 self._call = piece.index
@@ -578,24 +562,17 @@ class BlockFormatter(ChatFormatter):
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
         return b"".join(self._close())
 
-    def whole(
-        self,
-        pieces: list[list[str | ParsedOutput]],
-        choices: Choices,
-        logprobs: list[list[LogprobText]] | None = None,
-        token_ids: list[list[int]] | None = None,
-        prompt_logprobs: PromptLogprobsOut | None = None,
-    ) -> bytes:
-        total = ParsedOutput()
-        for piece in pieces[0]:
-            total.extend(ParsedOutput(content=piece) if isinstance(piece, str) else piece)
-        calls = [
-            (self._tool_call_id(0, call.index, call.id), call.name, self._whole_arguments(call.arguments))
-            for call in total.tool_calls
-            if self.parallel_tool_calls or call.index == 0
+    def _reasoning(self, parsed: ParsedOutput) -> str:
+        """The reasoning the answer shows (none when the request asked include_reasoning false)."""
+        return parsed.reasoning if self.reasoning_field else ""
+
+    def whole(self, collected: Collected, choices: Choices) -> bytes:
+        total, calls = self._whole_calls(0, collected.pieces[0])
+        blocks = [
+            (kind, text, "", "") for kind, text in ((REASONING, self._reasoning(total)), (TEXT, total.content)) if text
         ]
-        reasoning = total.reasoning if self.reasoning_field else ""
-        return self._answer(choices.streams[0], reasoning, total.content, calls)
+        blocks += [(TOOL_CALL, arguments, name, call_id) for call_id, name, arguments in calls]
+        return self._answer(choices.streams[0], blocks)
 
 
 Formatter = CompletionFormatter | ChatFormatter

@@ -76,17 +76,9 @@ def tokenize(
     max_model_len: int | None,
 ) -> TokenizeResponse:
     if isinstance(request, TokenizeChatRequest):
-        chat = ChatCompletionRequest(
-            messages=request.messages,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            add_special_tokens=request.add_special_tokens,
-            tools=request.tools,
-            documents=request.documents,
-            chat_template_kwargs=request.chat_template_kwargs,
-            reasoning_effort=request.reasoning_effort,
-        )
-        ids = chat_prompt_ids(chat, tokenizer, limits)
+        fields = msgspec.structs.asdict(request)  # a chat request's fields, by the same names
+        del fields["return_token_strs"]
+        ids = chat_prompt_ids(ChatCompletionRequest(**fields), tokenizer, limits)
     else:
         check_prompt_chars(len(request.prompt), limits, "prompt")
         ids = encode_text(tokenizer, request.prompt, request.add_special_tokens is not False, "prompt")

@@ -145,21 +145,21 @@ def decode_json(decoder: msgspec.json.Decoder, body: bytes):  # type: ignore[no-
         raise bad_request("the request body is nested too deeply", code="invalid_json") from exc
 
 
-_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]*)`(?: - at `\$\.([^`\[]*))?")
-_MISSING_FIELD = re.compile(r"missing required field `([^`]*)`(?: - at `\$\.([^`\[]*))?")
+# a msgspec message naming a field -> the code of its error; the path of its parent where nested
+_NAMED_FIELD = (
+    (re.compile(r"unknown field `([^`]*)`(?: - at `\$\.([^`\[]*))?"), "unknown_parameter"),
+    (re.compile(r"missing required field `([^`]*)`(?: - at `\$\.([^`\[]*))?"), "missing_required_parameter"),
+)
 _FIELD_PATH = re.compile(r" - at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _invalid_field(message: str) -> tuple[str | None, str]:
-    """The request field a msgspec validation message is about (unknown fields: their dotted name)."""
-    unknown = _UNKNOWN_FIELD.search(message)
-    if unknown is not None:
-        name, parent = unknown.groups()
-        return (f"{parent}.{name}" if parent else name), "unknown_parameter"
-    missing = _MISSING_FIELD.search(message)
-    if missing is not None:
-        name, parent = missing.groups()
-        return (f"{parent}.{name}" if parent else name), "missing_required_parameter"
+    """The request field a msgspec validation message is about (unknown and missing fields: their dotted name)."""
+    for pattern, code in _NAMED_FIELD:
+        named = pattern.search(message)
+        if named is not None:
+            name, parent = named.groups()
+            return (f"{parent}.{name}" if parent else name), code
     path = _FIELD_PATH.search(message)
     return (path.group(1) if path else None), "invalid_type"
 
@@ -233,27 +233,17 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "best_of": other_than(None, 1),
     "use_beam_search": truthy,
     "length_penalty": other_than(None, 1, 1.0),
-    "guided_decoding_backend": is_set,
-    "guided_whitespace_pattern": is_set,
-    "logits_processors": is_set,
-    "kv_transfer_params": is_set,
+    **dict.fromkeys(
+        ("guided_decoding_backend", "guided_whitespace_pattern", "logits_processors", "kv_transfer_params"), is_set
+    ),
 }
-_REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "suffix": is_set,
-    "prompt_embeds": is_set,
-}
+_REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = dict.fromkeys(("suffix", "prompt_embeds"), is_set)
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
-    "chat_template": is_set,
-    "audio": is_set,
-    "functions": is_set,
-    "function_call": is_set,
-    "prediction": is_set,
-    "moderation": is_set,
-    "prompt_cache_options": is_set,
-    "prompt_cache_retention": is_set,
-    "verbosity": is_set,
-    "web_search_options": is_set,
-    "mm_processor_kwargs": is_set,
+    **dict.fromkeys(
+        ("chat_template", "audio", "functions", "function_call", "prediction", "moderation", "prompt_cache_options"),
+        is_set,
+    ),
+    **dict.fromkeys(("prompt_cache_retention", "verbosity", "web_search_options", "mm_processor_kwargs"), is_set),
     "store": truthy,
     "service_tier": other_than(None, "auto", "default"),
     "modalities": other_than(None, ["text"]),
