@@ -21,7 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage, trailing_space
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -73,57 +73,43 @@ class ThinkStage(TextStage):
         self.trim = trim
         self._reasoning_markers = (*self.ends, *implicit_ends, *(self.starts if absorb else ()))
         self._content_markers = (*(self.ends if absorb else ()), *(self.starts if reopen else ()))
-        self._held = ""
         self._space = ""  # trim: the reasoning's whitespace not yet followed by more reasoning
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
         state = self.state
         if state is ThinkState.CONTENT and not self._content_markers:
-            out.content += text
-            return
-        buffer = self._held + text
-        self._held = ""
+            out.content += buffer
+            return ""
         if state is ThinkState.OPENING_TO_CONTENT or state is ThinkState.OPENING_TO_REASONING:
             if any(len(buffer) < len(start) and start.startswith(buffer) for start in self.starts):
                 self._held = buffer
-                return
+                return ""
             opening = next((start for start in self.starts if buffer.startswith(start)), "")
-            if opening:
-                buffer = buffer[len(opening) :]
-            elif state is ThinkState.OPENING_TO_CONTENT:
+            if not opening and state is ThinkState.OPENING_TO_CONTENT:
                 self.state = ThinkState.CONTENT
                 out.content += buffer
-                return
+                return ""
             self.state = ThinkState.REASONING
-        while buffer:
-            if self.state is ThinkState.REASONING:
-                before, marker, rest = split_before_marker(buffer, self._reasoning_markers)
-                self._reason(before, out)
-                if marker in self.ends or marker in self.implicit_ends:
-                    self.state = ThinkState.CONTENT
-                    if marker in self.implicit_ends:
-                        out.content += marker
-                    if not self._content_markers:
-                        out.content += rest
-                        return
-            else:  # content, dropping end markers (absorb) and reasoning again at start markers (reopen)
-                before, marker, rest = split_before_marker(buffer, self._content_markers)
-                out.content += before
-                if marker in self.starts:
-                    self.state = ThinkState.REASONING
-            if not marker:
-                self._held = rest
-                return
-            buffer = rest
+            return buffer[len(opening) :]
+        if state is ThinkState.REASONING:
+            before, marker, rest = self._cut(buffer, self._reasoning_markers)
+            self._reason(before, out)
+            if marker in self.ends or marker in self.implicit_ends:
+                self.state = ThinkState.CONTENT
+                if marker in self.implicit_ends:
+                    out.content += marker
+            return rest
+        # content, dropping end markers (absorb) and reasoning again at start markers (reopen)
+        before, marker, rest = self._cut(buffer, self._content_markers)
+        out.content += before
+        if marker in self.starts:
+            self.state = ThinkState.REASONING
+        return rest
 
     def _reason(self, text: str, out: ParsedOutput) -> None:
-        if not self.trim:
-            out.reasoning += text
-            return
-        text = self._space + text
-        kept = text.rstrip()
-        out.reasoning += kept
-        self._space = text[len(kept) :]
+        if self.trim:
+            text, self._space = trailing_space(self._space, text)
+        out.reasoning += text
 
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""

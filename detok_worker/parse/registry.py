@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
+from detok_worker.parse.base import OutputParser, TextStage
 from detok_worker.parse.harmony import HarmonyStage
 from detok_worker.parse.reasoning import (
     THINK_END,
@@ -202,28 +202,6 @@ def resolve(configured: str, token_to_id: Callable[[str], int | None], *, tools:
     return "" if configured == "none" else configured
 
 
-class StagedParser(OutputParser):
-    def __init__(self, stages: list[TextStage]) -> None:
-        self._stages = stages
-
-    def feed(self, text: str) -> ParsedOutput:
-        return self._run(text, final=False)
-
-    def finish(self) -> ParsedOutput:
-        return self._run("", final=True)
-
-    def _run(self, text: str, *, final: bool) -> ParsedOutput:
-        out = ParsedOutput()
-        for stage in self._stages:
-            if stage is not self._stages[0]:  # the previous stage's content is this stage's input
-                text, out.content = out.content, ""
-            if text:
-                stage.feed(text, out)
-            if final:
-                stage.finish(out)
-        return out
-
-
 def create_parser(
     reasoning: str, tool_calls: str, prompt_tail_text: str = "", tool_function: str = "", tool_types: str = ""
 ) -> OutputParser | None:
@@ -232,7 +210,7 @@ def create_parser(
     for an unknown name or tool types that do not decode."""
     check_names(reasoning, tool_calls)
     if reasoning == HARMONY or tool_calls == HARMONY:
-        return StagedParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
+        return OutputParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
     stages: list[TextStage] = []
     if reasoning:
         stages.append(REASONING_PARSERS[reasoning](prompt_tail_text))
@@ -248,7 +226,7 @@ def create_parser(
         stages.append(SCHEMA_TOOL_CALL_PARSERS[tool_calls](tools))
     elif tool_calls:
         stages.append(TOOL_CALL_PARSERS[tool_calls]())
-    return StagedParser(stages) if stages else None
+    return OutputParser(stages) if stages else None
 
 
 def reasoning_token_count(reasoning: str, token_to_id: Callable[[str], int | None]) -> ReasoningTokenCount | None:
