@@ -17,7 +17,7 @@ content.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -163,20 +163,13 @@ class ReasoningTokenCount:
 
     __slots__ = ("start_id", "end_ids", "tool_call_ids", "pairs", "markers", "depth", "in_tool_call", "count")
 
-    def __init__(
-        self,
-        start_id: int,
-        end_ids: Collection[int],
-        *,
-        pairs: bool = False,
-        tool_call_ids: tuple[int, ...] = (),
-        aside_ids: Collection[int] = (),
-    ) -> None:
-        self.start_id = start_id
-        self.end_ids = frozenset(end_ids)
-        self.tool_call_ids = tool_call_ids
-        self.pairs = pairs
-        self.markers = frozenset({start_id, *end_ids, *tool_call_ids, *aside_ids})
+    def __init__(self, markers: CountedMarkers, ids: Mapping[str, int]) -> None:
+        """`ids`: the token id of each of `markers`."""
+        self.start_id = ids[markers.start]
+        self.end_ids = frozenset(ids[end] for end in markers.ends)
+        self.tool_call_ids = tuple(ids[marker] for marker in markers.tool_call or ())
+        self.pairs = pairs = markers.pairs
+        self.markers = frozenset(ids.values())
         # pairs: the markers' nesting depth; else 1 while the output reasons, 0 once it ended
         self.depth = 0 if pairs else 1
         self.in_tool_call = False

@@ -97,30 +97,22 @@ COUNTED_REASONING: dict[str, CountedMarkers | None] = {
 COUNTED_REASONING["deepseek_v3"] = COUNTED_REASONING["deepseek_r1"]
 
 
-def _enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
-    """vLLM's qwen3: thinking unless `enable_thinking` is given and false."""
-    return bool(template_kwargs.get("enable_thinking", True))
-
-
 def _thinking_or_enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
     """vLLM's glm45 and kimi_k2: thinking unless `thinking` or `enable_thinking` is given, and then if one is true."""
     given = [template_kwargs.get(key) for key in ("thinking", "enable_thinking")]
     return all(value is None for value in given) or any(bool(value) for value in given)
 
 
-def _thinking_asked(template_kwargs: Mapping[str, Any]) -> bool:
-    """vLLM's deepseek_v3: thinking only when `thinking` or `enable_thinking` is true."""
-    return bool(template_kwargs.get("thinking")) or bool(template_kwargs.get("enable_thinking"))
-
-
 # reasoning parsers that a chat's template arguments turn off (vLLM's parser of that family reads them from the
 # request's chat_template_kwargs) -> whether the arguments leave thinking on; with thinking off the whole output is
 # content
 THINKING_SWITCHED: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "qwen3_vllm": _enable_thinking,
+    # vLLM's qwen3: thinking unless `enable_thinking` is given and false
+    "qwen3_vllm": lambda kwargs: bool(kwargs.get("enable_thinking", True)),
     "glm45": _thinking_or_enable_thinking,
     "kimi_k2": _thinking_or_enable_thinking,
-    "deepseek_v3": _thinking_asked,
+    # vLLM's deepseek_v3: thinking only when `thinking` or `enable_thinking` is true
+    "deepseek_v3": lambda kwargs: bool(kwargs.get("thinking")) or bool(kwargs.get("enable_thinking")),
 }
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls(TOOL_CALL_BEGIN, TOOL_CALL_END),
@@ -235,14 +227,6 @@ def reasoning_token_count(reasoning: str, token_to_id: Callable[[str], int | Non
     markers = COUNTED_REASONING.get(reasoning)
     if markers is None:
         return None
-    ids: list[int] = []
-    tool_call = markers.tool_call or ()
-    for marker in (markers.start, *markers.ends, *tool_call, *markers.aside):
-        token_id = token_to_id(marker)
-        if token_id is None:
-            return None
-        ids.append(token_id)
-    ends, rest = ids[1 : 1 + len(markers.ends)], ids[1 + len(markers.ends) :]
-    return ReasoningTokenCount(
-        ids[0], ends, pairs=markers.pairs, tool_call_ids=tuple(rest[: len(tool_call)]), aside_ids=rest[len(tool_call) :]
-    )
+    marked = (markers.start, *markers.ends, *(markers.tool_call or ()), *markers.aside)
+    ids = {marker: token_id for marker in marked if (token_id := token_to_id(marker)) is not None}
+    return ReasoningTokenCount(markers, ids) if len(ids) == len(set(marked)) else None
