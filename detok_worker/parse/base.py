@@ -69,11 +69,19 @@ class TextStage(ABC):
         raise NotImplementedError
 
     def _cut(self, buffer: str, markers: Sequence[str]) -> tuple[str, str, str]:
-        """`split_before_marker`, holding back the suffix that may become a marker when none is there."""
-        before, marker, rest = split_before_marker(buffer, markers)
-        if not marker:
-            self._held, rest = rest, ""
-        return before, marker, rest
+        """(text before the first marker, the marker, the rest) when a marker is in `buffer` (the earliest, the
+        longest on a tie); otherwise (the text that is certainly not part of a marker, "", "") and the suffix that
+        may still become one is held back."""
+        at, marker = -1, ""
+        for candidate in markers:
+            found = buffer.find(candidate)
+            if found >= 0 and (at < 0 or found < at or (found == at and len(candidate) > len(marker))):
+                at, marker = found, candidate
+        if at >= 0:
+            return buffer[:at], marker, buffer[at + len(marker) :]
+        kept = len(buffer) - held_suffix_len(buffer, markers)
+        self._held = buffer[kept:]
+        return buffer[:kept], "", ""
 
     @abstractmethod
     def finish(self, out: ParsedOutput) -> None:
@@ -107,9 +115,6 @@ class OutputParser:
         return out
 
 
-# Finding markers (like `<think>` or `<tool_call>`) in streamed text, holding back what may be the start of one.
-
-
 def held_suffix_len(text: str, markers: Sequence[str]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
     best = 0
@@ -119,27 +124,6 @@ def held_suffix_len(text: str, markers: Sequence[str]) -> int:
                 best = size
                 break
     return best
-
-
-def find_first(text: str, markers: Sequence[str], start: int = 0) -> tuple[int, str]:
-    """The earliest occurrence of any marker in text[start:] (the longest marker on a tie): (index, marker), or
-    (-1, "")."""
-    found, which = -1, ""
-    for marker in markers:
-        at = text.find(marker, start)
-        if at >= 0 and (found < 0 or at < found or (at == found and len(marker) > len(which))):
-            found, which = at, marker
-    return found, which
-
-
-def split_before_marker(buffer: str, markers: Sequence[str]) -> tuple[str, str, str]:
-    """(text before the first marker, the marker, the rest) when a marker is in `buffer`; otherwise
-    (the text that is certainly not part of a marker, "", the held-back suffix)."""
-    at, marker = find_first(buffer, markers)
-    if at >= 0:
-        return buffer[:at], marker, buffer[at + len(marker) :]
-    hold = held_suffix_len(buffer, markers)
-    return buffer[: len(buffer) - hold], "", buffer[len(buffer) - hold :]
 
 
 def trailing_space(held: str, text: str) -> tuple[str, str]:

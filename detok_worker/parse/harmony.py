@@ -71,5 +71,5 @@ class HarmonyStage(TextStage):
         held, self._held = self._held, ""
         if self._in_body:
             self._emit(held, out)
-        elif CHANNEL not in held and "<|" not in held:
+        elif "<|" not in held:
             out.content += held  # not harmony at all: plain text

@@ -2,17 +2,13 @@
 families mark it (Granite's phrases, MiniMax-M2's content with the marker put back).
 
 States: OPENING (the output may start with the start marker: hold while it could), REASONING (until the end
-marker), CONTENT (everything after; never scanned again). Where a request starts is decided once, from the end of
-its prompt (`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block
-(Qwen3's `enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's
-default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
-template pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's qwen3 parser (`qwen3_vllm`, what
-`--reasoning-parser qwen3` means on `--source vllm`) reads no prompt: it reasons from the first character (thinking
-off, the request's `enable_thinking: false`, it is not run at all: `THINKING_SWITCHED`), and drops
-a start marker inside the reasoning and an end marker in the content. vLLM 0.32's glm45, kimi_k2 and minimax_m2
-parsers (its parser engine) read the same way, and besides: the reasoning's trailing whitespace is dropped, the
-family's tool-call marker ends the reasoning too (and is content), and glm45 reasons again at a start marker in the
-content.
+marker), CONTENT (everything after). Where a request starts is decided once, from the end of its prompt
+(`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block (Qwen3's
+`enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's default:
+Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its template
+pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's parsers (qwen3 as `qwen3_vllm`, glm45,
+kimi_k2, minimax_m2) read no prompt: they reason from the first character, with the rules of `ThinkStage`'s options
+(thinking off by the request's template arguments, they are not run at all: `THINKING_SWITCHED`).
 """
 
 from __future__ import annotations
