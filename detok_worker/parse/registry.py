@@ -120,10 +120,7 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "llama3_json": Llama3JsonCalls,
     "mistral": MistralCalls,
     "deepseek_v31": lambda: DelimitedCalls(
-        "<｜tool▁calls▁begin｜>",
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁sep｜>",
-        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
     ),
     HARMONY: lambda: HarmonyStage(reasoning=False),
     "kimi_k2": lambda: DelimitedCalls(

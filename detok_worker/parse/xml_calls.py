@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, trailing_space
 from detok_worker.parse.tool_types import ToolTypes, is_text, loaded_value_json, value_json
 
 _NOT_PATTERN_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # str.isspace() counts them; the patterns' \s (regex) does not
@@ -585,13 +585,10 @@ class XmlCalls(TextStage):
     def _content(self, text: str, out: ParsedOutput) -> None:
         if self._calls:
             return  # once a call stands, the content is the text before the first call
-        body = text.rstrip()
-        if not body:
-            self._space += text
-            return
-        out.content += self._space + body
-        self._space = text[len(body) :]
-        self._wrote = True
+        kept, self._space = trailing_space(self._space, text)
+        if kept:
+            out.content += kept
+            self._wrote = True
 
     def _named(self, out: ParsedOutput) -> None:
         """The call's name is complete: the call stands if it has one the request allows."""
