@@ -18,9 +18,8 @@ from collections.abc import Callable
 from enum import Enum
 
 from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, trailing_space
-from detok_worker.parse.json_call import JsonCallScanner
+from detok_worker.parse.json_call import JSON_SPACE, JsonCallScanner
 
-_SPACE = " \t\r\n"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 _MAX_NAME_CHARS = 64  # OpenAI's limit on a function name; a longer word after `[TOOL_CALLS]` is no call
 _KIMI_CALL_ID = re.compile(r".+:\d+")  # the start of a Kimi-K2 call header, its call id: `functions.NAME:IDX`
@@ -94,7 +93,7 @@ class _JsonCallsStage(TextStage):
         opens a call next, or if `closer` ends the calls (after a call); any other character ends the calls, and
         the markup read since the last call is content with it."""
         char = buffer[0]
-        if char in _SPACE or (char == separator and self._group_calls and not self._separated):
+        if char in JSON_SPACE or (char == separator and self._group_calls and not self._separated):
             self._separated = self._separated or char == separator
             self._unnamed += char
             return buffer[1:]
@@ -153,7 +152,7 @@ class TaggedJsonCalls(_JsonCallsStage):
             return self._feed_call(buffer, out)
         before, marker, rest = self._cut(buffer, (self.close_marker, self.open_marker))
         if not self._text_after_call:
-            before = before.lstrip(_SPACE)
+            before = before.lstrip(JSON_SPACE)
         if before:
             out.content += before
             self._text_after_call = True
@@ -247,7 +246,7 @@ class MistralCalls(_JsonCallsStage):
     def _arguments_start(self, buffer: str, out: ParsedOutput) -> str:
         """v11, after `[ARGS]`: an object makes the call (its name is known now); anything else makes none."""
         char = buffer[0]
-        if char in _SPACE:
+        if char in JSON_SPACE:
             self._unnamed += char
             return buffer[1:]
         if char != "{":
@@ -418,7 +417,7 @@ class _OutputCalls(_JsonCallsStage):
 
     def _opening(self, buffer: str, out: ParsedOutput) -> str:
         """The output's leading whitespace and OPENER: kept (in `_unnamed`) until a call is named."""
-        stripped = buffer.lstrip(_SPACE)
+        stripped = buffer.lstrip(JSON_SPACE)
         self._unnamed += buffer[: len(buffer) - len(stripped)]
         if len(stripped) < len(self.OPENER) and self.OPENER.startswith(stripped):
             self._held = stripped  # it may still become the opener
