@@ -58,15 +58,13 @@ class ParserChoice:
             check_names(reasoning, tool_calls)
         except ParserError as exc:
             raise ConfigError(f"front.reasoning_parser / front.tool_call_parser: {exc}") from exc
-        forced_calls = config.front.tool_call_parser not in ("", "none")
-        parser_reads_forced = config.front.tool_choice_grammar == "tool_parser"
         return cls(
             reasoning,
             tool_calls,
-            forced_calls,
-            parser_reads_forced,
-            config.front.tools_need_parser,
-            dict(config.front.chat_template_kwargs),
+            forced_calls=config.front.tool_call_parser not in ("", "none"),
+            parser_reads_forced=config.front.tool_choice_grammar == "tool_parser",
+            tools_need_parser=config.front.tools_need_parser,
+            template_kwargs=dict(config.front.chat_template_kwargs),
         )
 
     def forced_shape(self, body: ChatCompletionRequest) -> str:
@@ -78,11 +76,6 @@ class ParserChoice:
         if choice == "required":
             return REQUIRED_CALLS
         return NAMED_CALL if isinstance(choice, dict) else ""
-
-    def thinking(self, body: ChatCompletionRequest, reasoning: str) -> bool:
-        """Whether the chat's template arguments (the request's over the server's) leave thinking on, as vLLM's
-        parser of that family (a parser in THINKING_SWITCHED) reads them."""
-        return THINKING_SWITCHED[reasoning](merged_template_kwargs(body, self.template_kwargs))
 
     def for_chat(self, body: ChatCompletionRequest, params: RequestParams) -> RequestParams:
         """The request's params with its parsers named; a request with tools that no parser reads is refused where
@@ -98,7 +91,9 @@ class ParserChoice:
             raise bad_request(message, "tool_choice")
         forced = "" if self.parser_reads_forced else self.forced_shape(body)
         reasoning = self.reasoning
-        if reasoning in THINKING_SWITCHED and not self.thinking(body, reasoning):
+        # the chat's template arguments (the request's over the server's) may turn thinking off
+        switch = THINKING_SWITCHED.get(reasoning)
+        if switch is not None and not switch(merged_template_kwargs(body, self.template_kwargs)):
             reasoning = ""
         function = str((body.tool_choice.get("function") or {}).get("name") or "") if forced == NAMED_CALL else ""
         tool_calls = forced or (self.tool_calls if body.tools and body.tool_choice != "none" else "")

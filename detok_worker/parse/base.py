@@ -51,34 +51,68 @@ class ParsedOutput:
         return bool(self.content or self.reasoning or self.tool_calls)
 
 
-class OutputParser(ABC):
-    """An incremental parser of one request's output text."""
-
-    @abstractmethod
-    def feed(self, text: str) -> ParsedOutput:
-        """Take the next piece of output text; return what it makes certain."""
-
-    @abstractmethod
-    def finish(self) -> ParsedOutput:
-        """The output ended: release what was held back (a partial marker is plain text after all)."""
-
-
 class TextStage(ABC):
     """A stage that turns incoming text into content + its own channel (reasoning or tool calls).
 
-    A parser for one request chains a reasoning stage and a tool stage: the reasoning stage's content is the tool
-    stage's input."""
+    A stage that scans for markers keeps the text it holds back in `_held` and reads the rest in `_step`s."""
 
-    @abstractmethod
+    _held = ""
+
     def feed(self, text: str, out: ParsedOutput) -> None:
         """Add what `text` makes certain to `out`."""
+        buffer, self._held = self._held + text, ""
+        while buffer:
+            buffer = self._step(buffer, out)
+
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        """Read the start of `buffer`; return the rest ("" once all is read or held)."""
+        raise NotImplementedError
+
+    def _cut(self, buffer: str, markers: Sequence[str]) -> tuple[str, str, str]:
+        """(text before the first marker, the marker, the rest) when a marker is in `buffer` (the earliest, the
+        longest on a tie); otherwise (the text that is certainly not part of a marker, "", "") and the suffix that
+        may still become one is held back."""
+        at, marker = -1, ""
+        for candidate in markers:
+            found = buffer.find(candidate)
+            if found >= 0 and (at < 0 or found < at or (found == at and len(candidate) > len(marker))):
+                at, marker = found, candidate
+        if at >= 0:
+            return buffer[:at], marker, buffer[at + len(marker) :]
+        kept = len(buffer) - held_suffix_len(buffer, markers)
+        self._held = buffer[kept:]
+        return buffer[:kept], "", ""
 
     @abstractmethod
     def finish(self, out: ParsedOutput) -> None:
-        """Add what was held back to `out`."""
+        """Add what was held back to `out` (a partial marker is plain text after all)."""
 
 
-# Finding markers (like `<think>` or `<tool_call>`) in streamed text, holding back what may be the start of one.
+class OutputParser:
+    """An incremental parser of one request's output text: a chain of stages, each taking the previous one's
+    content as its input (a reasoning stage, then a tool-call stage)."""
+
+    def __init__(self, stages: list[TextStage]) -> None:
+        self._stages = stages
+
+    def feed(self, text: str) -> ParsedOutput:
+        """Take the next piece of output text; return what it makes certain."""
+        return self._run(text, final=False)
+
+    def finish(self) -> ParsedOutput:
+        """The output ended: release what was held back."""
+        return self._run("", final=True)
+
+    def _run(self, text: str, *, final: bool) -> ParsedOutput:
+        out = ParsedOutput()
+        for stage in self._stages:
+            if stage is not self._stages[0]:
+                text, out.content = out.content, ""
+            if text:
+                stage.feed(text, out)
+            if final:
+                stage.finish(out)
+        return out
 
 
 def held_suffix_len(text: str, markers: Sequence[str]) -> int:
@@ -92,22 +126,8 @@ def held_suffix_len(text: str, markers: Sequence[str]) -> int:
     return best
 
 
-def find_first(text: str, markers: Sequence[str], start: int = 0) -> tuple[int, str]:
-    """The earliest occurrence of any marker in text[start:] (the longest marker on a tie): (index, marker), or
-    (-1, "")."""
-    found, which = -1, ""
-    for marker in markers:
-        at = text.find(marker, start)
-        if at >= 0 and (found < 0 or at < found or (at == found and len(marker) > len(which))):
-            found, which = at, marker
-    return found, which
-
-
-def split_before_marker(buffer: str, markers: Sequence[str]) -> tuple[str, str, str]:
-    """(text before the first marker, the marker, the rest) when a marker is in `buffer`; otherwise
-    (the text that is certainly not part of a marker, "", the held-back suffix)."""
-    at, marker = find_first(buffer, markers)
-    if at >= 0:
-        return buffer[:at], marker, buffer[at + len(marker) :]
-    hold = held_suffix_len(buffer, markers)
-    return buffer[: len(buffer) - hold], "", buffer[len(buffer) - hold :]
+def trailing_space(held: str, text: str) -> tuple[str, str]:
+    """`held + text` without its trailing whitespace, and that whitespace (held until more text follows it)."""
+    text = held + text
+    kept = text.rstrip()
+    return kept, text[len(kept) :]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage
 
 MESSAGE = "<|message|>"
 CHANNEL = "<|channel|>"
@@ -25,32 +25,25 @@ class HarmonyStage(TextStage):
     def __init__(self, *, reasoning: bool = True, tools: bool = True) -> None:
         self.reasoning = reasoning
         self.tools = tools
-        self._in_body = False
-        self._held = ""  # the header so far, or the end of a body that may start a marker
+        self._in_body = False  # else `_held` is the header so far
         self._route = "content"  # where the current body goes: "content", "reasoning" or "tool"
         self._calls = 0
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
-        buffer = self._held + text
-        self._held = ""
-        while buffer:
-            if not self._in_body:
-                at = buffer.find(MESSAGE)
-                if at < 0:
-                    self._held = buffer
-                    return
-                self._open_body(buffer[:at], out)
-                buffer = buffer[at + len(MESSAGE) :]
-                continue
-            body, marker, rest = split_before_marker(buffer, BODY_ENDS)
-            self._emit(body, out)
-            if not marker:
-                self._held = rest
-                return
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        if not self._in_body:
+            at = buffer.find(MESSAGE)
+            if at < 0:
+                self._held = buffer
+                return ""
+            self._open_body(buffer[:at], out)
+            return buffer[at + len(MESSAGE) :]
+        body, marker, rest = self._cut(buffer, BODY_ENDS)
+        self._emit(body, out)
+        if marker:
             self._in_body = False
             if self._route == "tool":
                 self._calls += 1
-            buffer = rest if marker not in ("<|start|>", CHANNEL) else marker + rest
+        return marker + rest if marker in ("<|start|>", CHANNEL) else rest
 
     def _open_body(self, header: str, out: ParsedOutput) -> None:
         channel = _CHANNEL_NAME.search(header)
@@ -78,5 +71,5 @@ class HarmonyStage(TextStage):
         held, self._held = self._held, ""
         if self._in_body:
             self._emit(held, out)
-        elif CHANNEL not in held and "<|" not in held:
+        elif "<|" not in held:
             out.content += held  # not harmony at all: plain text

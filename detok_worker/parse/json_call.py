@@ -14,7 +14,7 @@ from detok_worker.parse.base import ParsedOutput
 
 NAME_KEYS = frozenset({"name"})
 ARGUMENT_KEYS = frozenset({"arguments", "parameters"})
-_SPACE = " \t\r\n"
+JSON_SPACE = " \t\r\n"  # the whitespace JSON allows between tokens
 
 
 class _At(Enum):
@@ -105,7 +105,7 @@ class JsonCallScanner:
                     return
                 self._value = ""
                 self._at = _At.BEFORE_COLON
-        elif char in _SPACE:
+        elif char in JSON_SPACE:
             return
         elif at is _At.BEFORE_OBJECT:
             self._at = _At.BEFORE_KEY if char == "{" else _At.BROKEN
@@ -136,7 +136,7 @@ class JsonCallScanner:
         """One character of a value: strings, nesting, and the end of a bare value (number, true, null)."""
         if self._in_string:
             self._string_char(char)
-        elif self._depth == 0 and self._value_chars and (char in _SPACE or char in ",}"):
+        elif self._depth == 0 and self._value_chars and (char in JSON_SPACE or char in ",}"):
             self._end_value()  # a bare value ends at the first character that is not part of it
             self._step(char, args)
             return

@@ -2,26 +2,22 @@
 families mark it (Granite's phrases, MiniMax-M2's content with the marker put back).
 
 States: OPENING (the output may start with the start marker: hold while it could), REASONING (until the end
-marker), CONTENT (everything after; never scanned again). Where a request starts is decided once, from the end of
-its prompt (`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block
-(Qwen3's `enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's
-default: Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its
-template pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's qwen3 parser (`qwen3_vllm`, what
-`--reasoning-parser qwen3` means on `--source vllm`) reads no prompt: it reasons from the first character (thinking
-off, the request's `enable_thinking: false`, it is not run at all: `THINKING_SWITCHED`), and drops
-a start marker inside the reasoning and an end marker in the content. vLLM 0.32's glm45, kimi_k2 and minimax_m2
-parsers (its parser engine) read the same way, and besides: the reasoning's trailing whitespace is dropped, the
-family's tool-call marker ends the reasoning too (and is content), and glm45 reasons again at a start marker in the
-content.
+marker), CONTENT (everything after). Where a request starts is decided once, from the end of its prompt
+(`initial_state`): a template that pre-fills `<think>` starts in REASONING, one that closes the block (Qwen3's
+`enable_thinking: false` renders `<think>\n\n</think>\n\n`) starts in CONTENT, otherwise the family's default:
+Qwen3 reasons only when the output opens with `<think>`; DeepSeek-R1 reasons from the first character (its template
+pre-fills the marker, and the model may or may not repeat it). vLLM 0.32's parsers (qwen3 as `qwen3_vllm`, glm45,
+kimi_k2, minimax_m2) read no prompt: they reason from the first character, with the rules of `ThinkStage`'s options
+(thinking off by the request's template arguments, they are not run at all: `THINKING_SWITCHED`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage, split_before_marker
+from detok_worker.parse.base import ParsedOutput, TextStage, trailing_space
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -73,57 +69,43 @@ class ThinkStage(TextStage):
         self.trim = trim
         self._reasoning_markers = (*self.ends, *implicit_ends, *(self.starts if absorb else ()))
         self._content_markers = (*(self.ends if absorb else ()), *(self.starts if reopen else ()))
-        self._held = ""
         self._space = ""  # trim: the reasoning's whitespace not yet followed by more reasoning
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
         state = self.state
         if state is ThinkState.CONTENT and not self._content_markers:
-            out.content += text
-            return
-        buffer = self._held + text
-        self._held = ""
+            out.content += buffer
+            return ""
         if state is ThinkState.OPENING_TO_CONTENT or state is ThinkState.OPENING_TO_REASONING:
             if any(len(buffer) < len(start) and start.startswith(buffer) for start in self.starts):
                 self._held = buffer
-                return
+                return ""
             opening = next((start for start in self.starts if buffer.startswith(start)), "")
-            if opening:
-                buffer = buffer[len(opening) :]
-            elif state is ThinkState.OPENING_TO_CONTENT:
+            if not opening and state is ThinkState.OPENING_TO_CONTENT:
                 self.state = ThinkState.CONTENT
                 out.content += buffer
-                return
+                return ""
             self.state = ThinkState.REASONING
-        while buffer:
-            if self.state is ThinkState.REASONING:
-                before, marker, rest = split_before_marker(buffer, self._reasoning_markers)
-                self._reason(before, out)
-                if marker in self.ends or marker in self.implicit_ends:
-                    self.state = ThinkState.CONTENT
-                    if marker in self.implicit_ends:
-                        out.content += marker
-                    if not self._content_markers:
-                        out.content += rest
-                        return
-            else:  # content, dropping end markers (absorb) and reasoning again at start markers (reopen)
-                before, marker, rest = split_before_marker(buffer, self._content_markers)
-                out.content += before
-                if marker in self.starts:
-                    self.state = ThinkState.REASONING
-            if not marker:
-                self._held = rest
-                return
-            buffer = rest
+            return buffer[len(opening) :]
+        if state is ThinkState.REASONING:
+            before, marker, rest = self._cut(buffer, self._reasoning_markers)
+            self._reason(before, out)
+            if marker in self.ends or marker in self.implicit_ends:
+                self.state = ThinkState.CONTENT
+                if marker in self.implicit_ends:
+                    out.content += marker
+            return rest
+        # content, dropping end markers (absorb) and reasoning again at start markers (reopen)
+        before, marker, rest = self._cut(buffer, self._content_markers)
+        out.content += before
+        if marker in self.starts:
+            self.state = ThinkState.REASONING
+        return rest
 
     def _reason(self, text: str, out: ParsedOutput) -> None:
-        if not self.trim:
-            out.reasoning += text
-            return
-        text = self._space + text
-        kept = text.rstrip()
-        out.reasoning += kept
-        self._space = text[len(kept) :]
+        if self.trim:
+            text, self._space = trailing_space(self._space, text)
+        out.reasoning += text
 
     def finish(self, out: ParsedOutput) -> None:
         held, self._held = self._held, ""
@@ -177,20 +159,13 @@ class ReasoningTokenCount:
 
     __slots__ = ("start_id", "end_ids", "tool_call_ids", "pairs", "markers", "depth", "in_tool_call", "count")
 
-    def __init__(
-        self,
-        start_id: int,
-        end_ids: Collection[int],
-        *,
-        pairs: bool = False,
-        tool_call_ids: tuple[int, ...] = (),
-        aside_ids: Collection[int] = (),
-    ) -> None:
-        self.start_id = start_id
-        self.end_ids = frozenset(end_ids)
-        self.tool_call_ids = tool_call_ids
-        self.pairs = pairs
-        self.markers = frozenset({start_id, *end_ids, *tool_call_ids, *aside_ids})
+    def __init__(self, markers: CountedMarkers, ids: Mapping[str, int]) -> None:
+        """`ids`: the token id of each of `markers`."""
+        self.start_id = ids[markers.start]
+        self.end_ids = frozenset(ids[end] for end in markers.ends)
+        self.tool_call_ids = tuple(ids[marker] for marker in markers.tool_call or ())
+        self.pairs = pairs = markers.pairs
+        self.markers = frozenset(ids.values())
         # pairs: the markers' nesting depth; else 1 while the output reasons, 0 once it ended
         self.depth = 0 if pairs else 1
         self.in_tool_call = False

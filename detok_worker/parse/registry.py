@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from detok_worker.parse.base import OutputParser, ParsedOutput, TextStage
+from detok_worker.parse.base import OutputParser, TextStage
 from detok_worker.parse.harmony import HarmonyStage
 from detok_worker.parse.reasoning import (
     THINK_END,
@@ -97,30 +97,22 @@ COUNTED_REASONING: dict[str, CountedMarkers | None] = {
 COUNTED_REASONING["deepseek_v3"] = COUNTED_REASONING["deepseek_r1"]
 
 
-def _enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
-    """vLLM's qwen3: thinking unless `enable_thinking` is given and false."""
-    return bool(template_kwargs.get("enable_thinking", True))
-
-
 def _thinking_or_enable_thinking(template_kwargs: Mapping[str, Any]) -> bool:
     """vLLM's glm45 and kimi_k2: thinking unless `thinking` or `enable_thinking` is given, and then if one is true."""
     given = [template_kwargs.get(key) for key in ("thinking", "enable_thinking")]
     return all(value is None for value in given) or any(bool(value) for value in given)
 
 
-def _thinking_asked(template_kwargs: Mapping[str, Any]) -> bool:
-    """vLLM's deepseek_v3: thinking only when `thinking` or `enable_thinking` is true."""
-    return bool(template_kwargs.get("thinking")) or bool(template_kwargs.get("enable_thinking"))
-
-
 # reasoning parsers that a chat's template arguments turn off (vLLM's parser of that family reads them from the
 # request's chat_template_kwargs) -> whether the arguments leave thinking on; with thinking off the whole output is
 # content
 THINKING_SWITCHED: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "qwen3_vllm": _enable_thinking,
+    # vLLM's qwen3: thinking unless `enable_thinking` is given and false
+    "qwen3_vllm": lambda kwargs: bool(kwargs.get("enable_thinking", True)),
     "glm45": _thinking_or_enable_thinking,
     "kimi_k2": _thinking_or_enable_thinking,
-    "deepseek_v3": _thinking_asked,
+    # vLLM's deepseek_v3: thinking only when `thinking` or `enable_thinking` is true
+    "deepseek_v3": lambda kwargs: bool(kwargs.get("thinking")) or bool(kwargs.get("enable_thinking")),
 }
 TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "hermes": lambda: TaggedJsonCalls(TOOL_CALL_BEGIN, TOOL_CALL_END),
@@ -128,10 +120,7 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], TextStage]] = {
     "llama3_json": Llama3JsonCalls,
     "mistral": MistralCalls,
     "deepseek_v31": lambda: DelimitedCalls(
-        "<｜tool▁calls▁begin｜>",
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁sep｜>",
-        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
     ),
     HARMONY: lambda: HarmonyStage(reasoning=False),
     "kimi_k2": lambda: DelimitedCalls(
@@ -202,28 +191,6 @@ def resolve(configured: str, token_to_id: Callable[[str], int | None], *, tools:
     return "" if configured == "none" else configured
 
 
-class StagedParser(OutputParser):
-    def __init__(self, stages: list[TextStage]) -> None:
-        self._stages = stages
-
-    def feed(self, text: str) -> ParsedOutput:
-        return self._run(text, final=False)
-
-    def finish(self) -> ParsedOutput:
-        return self._run("", final=True)
-
-    def _run(self, text: str, *, final: bool) -> ParsedOutput:
-        out = ParsedOutput()
-        for stage in self._stages:
-            if stage is not self._stages[0]:  # the previous stage's content is this stage's input
-                text, out.content = out.content, ""
-            if text:
-                stage.feed(text, out)
-            if final:
-                stage.finish(out)
-        return out
-
-
 def create_parser(
     reasoning: str, tool_calls: str, prompt_tail_text: str = "", tool_function: str = "", tool_types: str = ""
 ) -> OutputParser | None:
@@ -232,7 +199,7 @@ def create_parser(
     for an unknown name or tool types that do not decode."""
     check_names(reasoning, tool_calls)
     if reasoning == HARMONY or tool_calls == HARMONY:
-        return StagedParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
+        return OutputParser([HarmonyStage(reasoning=reasoning == HARMONY, tools=tool_calls == HARMONY)])
     stages: list[TextStage] = []
     if reasoning:
         stages.append(REASONING_PARSERS[reasoning](prompt_tail_text))
@@ -248,7 +215,7 @@ def create_parser(
         stages.append(SCHEMA_TOOL_CALL_PARSERS[tool_calls](tools))
     elif tool_calls:
         stages.append(TOOL_CALL_PARSERS[tool_calls]())
-    return StagedParser(stages) if stages else None
+    return OutputParser(stages) if stages else None
 
 
 def reasoning_token_count(reasoning: str, token_to_id: Callable[[str], int | None]) -> ReasoningTokenCount | None:
@@ -257,14 +224,6 @@ def reasoning_token_count(reasoning: str, token_to_id: Callable[[str], int | Non
     markers = COUNTED_REASONING.get(reasoning)
     if markers is None:
         return None
-    ids: list[int] = []
-    tool_call = markers.tool_call or ()
-    for marker in (markers.start, *markers.ends, *tool_call, *markers.aside):
-        token_id = token_to_id(marker)
-        if token_id is None:
-            return None
-        ids.append(token_id)
-    ends, rest = ids[1 : 1 + len(markers.ends)], ids[1 + len(markers.ends) :]
-    return ReasoningTokenCount(
-        ids[0], ends, pairs=markers.pairs, tool_call_ids=tuple(rest[: len(tool_call)]), aside_ids=rest[len(tool_call) :]
-    )
+    marked = (markers.start, *markers.ends, *(markers.tool_call or ()), *markers.aside)
+    ids = {marker: token_id for marker in marked if (token_id := token_to_id(marker)) is not None}
+    return ReasoningTokenCount(markers, ids) if len(ids) == len(set(marked)) else None

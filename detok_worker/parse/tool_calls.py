@@ -17,10 +17,9 @@ import re
 from collections.abc import Callable
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, split_before_marker
-from detok_worker.parse.json_call import JsonCallScanner
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, trailing_space
+from detok_worker.parse.json_call import JSON_SPACE, JsonCallScanner
 
-_SPACE = " \t\r\n"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 _MAX_NAME_CHARS = 64  # OpenAI's limit on a function name; a longer word after `[TOOL_CALLS]` is no call
 _KIMI_CALL_ID = re.compile(r".+:\d+")  # the start of a Kimi-K2 call header, its call id: `functions.NAME:IDX`
@@ -43,7 +42,6 @@ class _JsonCallsStage(TextStage):
 
     def __init__(self, start: _In = _In.TEXT) -> None:
         self._in = start
-        self._held = ""
         self._calls = 0
         self._group_calls = 0  # calls since the opening marker (llama3: in the output)
         self._separated = False  # a separator was read since the last call
@@ -95,7 +93,7 @@ class _JsonCallsStage(TextStage):
         opens a call next, or if `closer` ends the calls (after a call); any other character ends the calls, and
         the markup read since the last call is content with it."""
         char = buffer[0]
-        if char in _SPACE or (char == separator and self._group_calls and not self._separated):
+        if char in JSON_SPACE or (char == separator and self._group_calls and not self._separated):
             self._separated = self._separated or char == separator
             self._unnamed += char
             return buffer[1:]
@@ -143,35 +141,26 @@ class TaggedJsonCalls(_JsonCallsStage):
     def _after_unnamed(self) -> _In:
         return _In.TEXT  # the closing marker of a call that was none is content too
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
-        buffer = self._held + text
-        self._held = ""
-        while buffer:
-            if self._in is _In.TEXT:
-                before, marker, rest = split_before_marker(buffer, (self.open_marker,))
-                out.content += before
-                if not marker:
-                    self._held = rest
-                    return
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        if self._in is _In.TEXT:
+            before, marker, rest = self._cut(buffer, (self.open_marker,))
+            out.content += before
+            if marker:
                 self._open_call(marker)
-                buffer = rest
-            elif self._in is _In.CALL:
-                buffer = self._feed_call(buffer, out)
-            else:
-                before, marker, rest = split_before_marker(buffer, (self.close_marker, self.open_marker))
-                if not self._text_after_call:
-                    before = before.lstrip(_SPACE)
-                if before:
-                    out.content += before
-                    self._text_after_call = True
-                if not marker:
-                    self._held = rest
-                    return
-                if marker == self.open_marker:
-                    self._open_call(marker)
-                else:
-                    self._in = _In.TEXT
-                buffer = rest
+            return rest
+        if self._in is _In.CALL:
+            return self._feed_call(buffer, out)
+        before, marker, rest = self._cut(buffer, (self.close_marker, self.open_marker))
+        if not self._text_after_call:
+            before = before.lstrip(JSON_SPACE)
+        if before:
+            out.content += before
+            self._text_after_call = True
+        if marker == self.open_marker:
+            self._open_call(marker)
+        elif marker:
+            self._in = _In.TEXT
+        return rest
 
 
 class MistralCalls(_JsonCallsStage):
@@ -200,27 +189,21 @@ class MistralCalls(_JsonCallsStage):
     def _after_call(self, broken: bool) -> _In:
         return _In.TEXT if self._name_first else super()._after_call(broken)  # v11: one call per marker
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
-        buffer = self._held + text
-        self._held = ""
-        while buffer:
-            if self._in is _In.TEXT:
-                before, marker, rest = split_before_marker(buffer, (self.MARKER,))
-                out.content += before
-                if not marker:
-                    self._held = rest
-                    return
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        if self._in is _In.TEXT:
+            before, marker, rest = self._cut(buffer, (self.MARKER,))
+            out.content += before
+            if marker:
                 self._in, self._in_array, self._name_first, self._unnamed = _In.AFTER_CALL, False, False, marker
                 self._group_calls, self._separated = 0, False
-                buffer = rest
-            elif self._in is _In.CALL:
-                buffer = self._feed_call(buffer, out)
-            elif self._in is _In.NAME or self._in is _In.CALL_ID:
-                buffer = self._name_or_call_id(buffer, out)
-            elif self._in is _In.ARGS:
-                buffer = self._arguments_start(buffer, out)
-            else:
-                buffer = self._after_marker_or_call(buffer, out)
+            return rest
+        if self._in is _In.CALL:
+            return self._feed_call(buffer, out)
+        if self._in is _In.NAME or self._in is _In.CALL_ID:
+            return self._name_or_call_id(buffer, out)
+        if self._in is _In.ARGS:
+            return self._arguments_start(buffer, out)
+        return self._after_marker_or_call(buffer, out)
 
     def _after_marker_or_call(self, buffer: str, out: ParsedOutput) -> str:
         if not self._in_array and not self._group_calls:  # right after the marker: which format
@@ -263,7 +246,7 @@ class MistralCalls(_JsonCallsStage):
     def _arguments_start(self, buffer: str, out: ParsedOutput) -> str:
         """v11, after `[ARGS]`: an object makes the call (its name is known now); anything else makes none."""
         char = buffer[0]
-        if char in _SPACE:
+        if char in JSON_SPACE:
             self._unnamed += char
             return buffer[1:]
         if char != "{":
@@ -314,7 +297,6 @@ class DelimitedCalls(TextStage):
         self._arguments_end = (call_end, calls_end) if calls_end else (call_end,)
         self._call_name = call_name
         self._in = _Delimited.TEXT
-        self._held = ""
         self._name = ""
         self._named = False  # the call being read names a function (else its arguments are markup)
         self._argued = False  # the call's arguments have begun (engine: past their leading whitespace)
@@ -323,43 +305,31 @@ class DelimitedCalls(TextStage):
         self._content_begun = False
         self._calls = 0
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
-        buffer = self._held + text
-        self._held = ""
-        while buffer:
-            if self._in is _Delimited.TEXT:
-                before, marker, buffer = split_before_marker(buffer, (self._begin,))
-                self._content(before, out)
-                if not marker:
-                    self._held = buffer
-                    return
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        if self._in is _Delimited.TEXT:
+            before, marker, rest = self._cut(buffer, (self._begin,))
+            self._content(before, out)
+            if marker:
                 self._in = _Delimited.SECTION
-            elif self._in is _Delimited.SECTION:
-                _, marker, buffer = split_before_marker(buffer, (self._call_begin,))
-                if not marker:
-                    self._held = buffer
-                    return
-                self._in, self._name = _Delimited.NAME, ""
-                self._blank = ""  # a call follows: content that is only whitespace is none
-            elif self._in is _Delimited.NAME:
-                before, marker, buffer = split_before_marker(buffer, self._name_markers)
-                self._name += before
-                if not marker:
-                    self._held = buffer
-                    return
-                if marker == self._name_end:
-                    self._open_call(out)
-                    self._in = _Delimited.ARGUMENTS
-                else:  # no arguments marker: not a call
-                    self._in = _Delimited.SECTION
-            else:
-                before, marker, buffer = split_before_marker(buffer, self._arguments_end)
-                self._argue(before, out)
-                if not marker:
-                    self._held = buffer
-                    return
+        elif self._in is _Delimited.SECTION:
+            _, marker, rest = self._cut(buffer, (self._call_begin,))
+            if marker:  # a call follows: content that is only whitespace is none
+                self._in, self._name, self._blank = _Delimited.NAME, "", ""
+        elif self._in is _Delimited.NAME:
+            before, marker, rest = self._cut(buffer, self._name_markers)
+            self._name += before
+            if marker == self._name_end:
+                self._open_call(out)
+                self._in = _Delimited.ARGUMENTS
+            elif marker:  # no arguments marker: not a call
+                self._in = _Delimited.SECTION
+        else:
+            before, marker, rest = self._cut(buffer, self._arguments_end)
+            self._argue(before, out)
+            if marker:
                 self._close_call(out)
                 self._in = _Delimited.SECTION
+        return rest
 
     def _content(self, text: str, out: ParsedOutput) -> None:
         if self._engine and not self._content_begun:
@@ -380,12 +350,7 @@ class DelimitedCalls(TextStage):
         if not (self._named and text):
             return
         if self._engine:
-            if not self._argued:
-                text = text.lstrip()
-            text = self._space + text
-            kept = text.rstrip()
-            self._space = text[len(kept) :]
-            text = kept
+            text, self._space = trailing_space(self._space, text if self._argued else text.lstrip())
         if text:
             self._argued = True
             out.add_tool(self._calls, arguments=text)
@@ -429,30 +394,43 @@ def kimi_call_name(header: str) -> tuple[str, str] | None:
 
 class _OutputCalls(_JsonCallsStage):
     """Calls that make the whole output, with no marker around each: the output's opening (`_opening`) shows
-    whether it is calls; between calls, whitespace and one SEPARATOR are markup, and CLOSER ends them."""
+    whether it is calls: leading whitespace, then OPENER (optional unless OPENER_REQUIRED); between calls,
+    whitespace and one SEPARATOR are markup, and CLOSER ends them."""
 
+    OPENER = ""
+    OPENER_REQUIRED = False
     SEPARATOR = ""
     CLOSER = ""
 
     def __init__(self) -> None:
         super().__init__(_In.START)
 
-    def feed(self, text: str, out: ParsedOutput) -> None:
-        buffer = self._held + text
-        self._held = ""
-        while buffer:
-            if self._in is _In.TEXT:
-                out.content += buffer
-                return
-            if self._in is _In.CALL:
-                buffer = self._feed_call(buffer, out)
-            elif self._in is _In.START:
-                buffer = self._opening(buffer, out)
-            else:
-                buffer = self._between_calls(buffer, out, self.SEPARATOR, self.CLOSER)
+    def _step(self, buffer: str, out: ParsedOutput) -> str:
+        if self._in is _In.TEXT:
+            out.content += buffer
+            return ""
+        if self._in is _In.CALL:
+            return self._feed_call(buffer, out)
+        if self._in is _In.START:
+            return self._opening(buffer, out)
+        return self._between_calls(buffer, out, self.SEPARATOR, self.CLOSER)
 
     def _opening(self, buffer: str, out: ParsedOutput) -> str:
-        raise NotImplementedError
+        """The output's leading whitespace and OPENER: kept (in `_unnamed`) until a call is named."""
+        stripped = buffer.lstrip(JSON_SPACE)
+        self._unnamed += buffer[: len(buffer) - len(stripped)]
+        if len(stripped) < len(self.OPENER) and self.OPENER.startswith(stripped):
+            self._held = stripped  # it may still become the opener
+            return ""
+        if stripped.startswith(self.OPENER):
+            self._unnamed += self.OPENER
+            self._in = _In.AFTER_CALL
+            return stripped[len(self.OPENER) :]
+        if self.OPENER_REQUIRED:
+            self._not_a_call(out)
+        else:
+            self._in = _In.AFTER_CALL
+        return stripped
 
 
 class Llama3JsonCalls(_OutputCalls):
@@ -461,21 +439,8 @@ class Llama3JsonCalls(_OutputCalls):
     output is content (the tag included, as vLLM keeps an output whose calls do not parse). Text after the calls
     that is not such markup ends them and is content from the last call on (a `;` included)."""
 
-    TAG = "<|python_tag|>"
+    OPENER = "<|python_tag|>"
     SEPARATOR = ";"
-
-    def _opening(self, buffer: str, out: ParsedOutput) -> str:
-        """The output's leading whitespace and `<|python_tag|>`: kept (in `_unnamed`) until a call is named."""
-        stripped = buffer.lstrip(_SPACE)
-        self._unnamed += buffer[: len(buffer) - len(stripped)]
-        if self.TAG.startswith(stripped) and len(stripped) < len(self.TAG):
-            self._held = stripped  # it may still become the tag
-            return ""
-        self._in = _In.AFTER_CALL
-        if stripped.startswith(self.TAG):
-            self._unnamed += self.TAG
-            return stripped[len(self.TAG) :]
-        return stripped
 
 
 class RequiredCalls(_OutputCalls):
@@ -484,20 +449,10 @@ class RequiredCalls(_OutputCalls):
     (vLLM streams them so). Whitespace and "," between the calls and the array's brackets are markup; an output
     that is no such array is content, as is text after the array."""
 
+    OPENER = "["
+    OPENER_REQUIRED = True
     SEPARATOR = ","
     CLOSER = "]"
-
-    def _opening(self, buffer: str, out: ParsedOutput) -> str:
-        stripped = buffer.lstrip(_SPACE)
-        self._unnamed += buffer[: len(buffer) - len(stripped)]
-        if not stripped:
-            return ""
-        if stripped[0] != "[":
-            self._not_a_call(out)
-            return stripped
-        self._unnamed += "["
-        self._in = _In.AFTER_CALL
-        return stripped[1:]
 
 
 class NamedCall(TextStage):

@@ -30,6 +30,8 @@ _TYPE_ALIASES = {
     "float": "number", "float32": "number", "float64": "number", "double": "number",
     "bool": "boolean", "dict": "object", "arr": "array", "list": "array", "sequence": "array",
 }  # fmt: skip
+# the type name of a decoded JSON value (an object for the rest)
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
 _TEXT = ("string",)
 _UNTYPED: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 _DECODE_TYPES = msgspec.json.Decoder(dict[str, dict[str, list[str]]])
@@ -48,26 +50,12 @@ def _schema_types(schema: Any) -> set[str]:
         types.update(name for name in declared if isinstance(name, str))
     values = schema.get("enum")
     if isinstance(values, list):
-        types.update(_json_type(value) for value in values)
+        types.update(_JSON_TYPES.get(type(value), "object") for value in values)
     for choice in ("anyOf", "oneOf", "allOf"):
         if isinstance(schema.get(choice), list):
             for option in schema[choice]:
                 types |= _schema_types(option)
     return types or {"string"}
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def _preferred(types: set[str]) -> list[str]:

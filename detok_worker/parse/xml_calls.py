@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len
+from detok_worker.parse.base import ParsedOutput, TextStage, held_suffix_len, trailing_space
 from detok_worker.parse.tool_types import ToolTypes, is_text, loaded_value_json, value_json
 
 _NOT_PATTERN_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # str.isspace() counts them; the patterns' \s (regex) does not
@@ -201,6 +201,8 @@ class _TaggedParameters(_ParameterReader):
 
     OPENING: tuple[str, ...] = ()
     CLOSING: tuple[str, ...] = _PARAMETER_CLOSE
+    KEEPS_EMPTY_KEY = False  # else a parameter with an empty key is read and dropped
+    _loaded = False  # the value is JSON where it parses as such, else text (`_Arguments.start`)
 
     def _scan(self, text: str, *, final: bool) -> str:
         at = 0
@@ -218,7 +220,11 @@ class _TaggedParameters(_ParameterReader):
             start = text.find("<", at)
             if start < 0:
                 return ""
-            status, key, after = self._opening(text, start, final=final)
+            status, end = _match(text, start, self.OPENING)
+            key, after = "", 0
+            if status is _Match.FULL:
+                status, key, after = self._key(text, end, final=final)
+            status = _decided(status, final=final)
             if status is _Match.PARTIAL:
                 return text[start:]
             if status is _Match.NONE:
@@ -245,11 +251,13 @@ class _TaggedParameters(_ParameterReader):
         return -1, -1
 
     @abstractmethod
-    def _opening(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
-        """The opening tag at `at`: (FULL, its key, where the value starts), PARTIAL or NONE."""
+    def _key(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
+        """The rest of the opening tag from `at` (after OPENING): (FULL, its key, where the value starts), PARTIAL
+        or NONE."""
 
     def _start(self, key: str) -> None:
-        self.arguments.start(key)
+        if key or self.KEEPS_EMPTY_KEY:
+            self.arguments.start(key, loaded=self._loaded)
         self._in_value = True
 
 
@@ -258,20 +266,18 @@ class _Qwen3Parameters(_TaggedParameters):
     one line break at each end."""
 
     OPENING = ("<", "", "parameter", "", "=")
+    KEEPS_EMPTY_KEY = True
 
     def __init__(self, arguments: _Arguments) -> None:
         super().__init__(arguments)
         self._first = True  # no character of the value seen yet
         self._newline = False  # a line break at the value's end so far, held
 
-    def _opening(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
-        status, end = _match(text, at, self.OPENING)
-        if status is not _Match.FULL:
-            return _decided(status, final=final), "", 0
-        start = _skip_space(text, end)
+    def _key(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
+        start = _skip_space(text, at)
         close = text.find(">", start)
         if close < 0:
-            return _decided(_Match.PARTIAL, final=final), "", 0
+            return _Match.PARTIAL, "", 0
         return _Match.FULL, text[start:close], close + 1
 
     def _start(self, key: str) -> None:
@@ -291,15 +297,12 @@ class _Qwen3Parameters(_TaggedParameters):
 
 class _MinimaxParameters(_TaggedParameters):
     """`<parameter name="KEY">VALUE</parameter>`: the key in double or single quotes, or bare (no whitespace or
-    ">"), stripped (a parameter with an empty key is read and dropped); the value as written."""
+    ">"), stripped; the value as written."""
 
     OPENING = ("<", "", "parameter", " ", "name", "", "=")
 
-    def _opening(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
-        status, end = _match(text, at, self.OPENING)
-        if status is not _Match.FULL:
-            return _decided(status, final=final), "", 0
-        start = _skip_space(text, end)
+    def _key(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
+        start = _skip_space(text, at)
         for quote in ('"', "'"):
             if not text.startswith(quote, start):
                 continue
@@ -314,46 +317,37 @@ class _MinimaxParameters(_TaggedParameters):
             end += 1
         after = _skip_space(text, end)
         if after == len(text):
-            return _decided(_Match.PARTIAL, final=final), "", 0
+            return _Match.PARTIAL, "", 0
         if end == start or text[after] != ">":
             return _Match.NONE, "", 0
         return _Match.FULL, text[start:end].strip(), after + 1
-
-    def _start(self, key: str) -> None:
-        if key:
-            self.arguments.start(key)
-        self._in_value = True
 
 
 _DSML = "｜DSML｜"
 
 
 class _DsmlParameters(_TaggedParameters):
-    """`<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`: the key in double quotes (a
-    parameter with an empty key is read and dropped), the `string` attribute optional; with "true" the value is
-    text, else JSON where it parses as such (then text); either way its schema type converts it then."""
+    """`<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`: the key in double quotes, the
+    `string` attribute optional; with "true" the value is text, else JSON where it parses as such (then text);
+    either way its schema type converts it then."""
 
     OPENING = (f"<{_DSML}parameter", " ", "name=")
     CLOSING = (f"</{_DSML}parameter>",)
 
-    def __init__(self, arguments: _Arguments) -> None:
-        super().__init__(arguments)
-        self._text_value = False  # the opening read last says string="true"
-
-    def _opening(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
-        status, end = _match(text, at, (*self.OPENING, '"'))
+    def _key(self, text: str, at: int, *, final: bool) -> tuple[_Match, str, int]:
+        status, end = _match(text, at, ('"',))
         close = text.find('"', end) if status is _Match.FULL else -1
         if status is _Match.FULL and close < 0:
             status = _Match.PARTIAL
         if status is not _Match.FULL:
-            return _decided(status, final=final), "", 0
+            return status, "", 0
         key = text[end:close]
         attribute, after = _match(text, close + 1, (" ", 'string="'))
         value_end = text.find('"', after) if attribute is _Match.FULL else -1
         if attribute is _Match.FULL and value_end >= 0:
             tag_end, gt = _match(text, value_end + 1, ("", ">"))
             if tag_end is _Match.FULL:
-                self._text_value = text[after:value_end] == "true"
+                self._loaded = text[after:value_end] != "true"
                 return _Match.FULL, key, gt
             attribute = tag_end
         elif attribute is _Match.FULL:
@@ -361,13 +355,8 @@ class _DsmlParameters(_TaggedParameters):
         if attribute is _Match.PARTIAL and not final:
             return _Match.PARTIAL, "", 0
         tag_end, gt = _match(text, close + 1, ("", ">"))
-        self._text_value = False
-        return _decided(tag_end, final=final), key, gt
-
-    def _start(self, key: str) -> None:
-        if key:
-            self.arguments.start(key, loaded=not self._text_value)
-        self._in_value = True
+        self._loaded = True
+        return tag_end, key, gt
 
 
 class _GlmParameters(_ParameterReader):
@@ -596,13 +585,10 @@ class XmlCalls(TextStage):
     def _content(self, text: str, out: ParsedOutput) -> None:
         if self._calls:
             return  # once a call stands, the content is the text before the first call
-        body = text.rstrip()
-        if not body:
-            self._space += text
-            return
-        out.content += self._space + body
-        self._space = text[len(body) :]
-        self._wrote = True
+        kept, self._space = trailing_space(self._space, text)
+        if kept:
+            out.content += kept
+            self._wrote = True
 
     def _named(self, out: ParsedOutput) -> None:
         """The call's name is complete: the call stands if it has one the request allows."""
