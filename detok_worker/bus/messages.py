@@ -457,6 +457,9 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     lora_adapters: dict[str, str] | None = None
     # workers the engine declared lost since it started (silent, unanswered, unreachable, restarted; not Goodbye)
     lost_workers: int = 0
+    # the request fields (bus/request_fields.py names) this engine does not pass on: the fronts refuse a request
+    # that sets one (a 400 naming it) instead of accepting what the engine would ignore
+    refused_fields: list[str] = msgspec.field(default_factory=list)
 
 
 class AdapterAnswer(msgspec.Struct, tag="adapter_answer", array_like=True, gc=False):

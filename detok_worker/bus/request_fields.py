@@ -3,8 +3,9 @@ travels on the bus and which engines take it. The front's checks (front/sampling
 (engine/grpc_sampling.py) and the vLLM mapper (engine/vllm_requests.py) loop over `FIELDS`.
 
 A field's `name` is vLLM's (its SamplingParams keyword, or the engine core request's) and the bus field's; `param`
-is the client's where it differs. A field the gRPC API has no field for is taken by the vllm engine source only:
-the front refuses it (a 400 naming it) for any other source, and the gRPC mapper refuses it too.
+is the client's where it differs. Each engine says which fields it does not pass on (EngineStats.refused_fields:
+vLLM's engine core takes every one; the gRPC API and detok's own engines lack those with no gRPC field,
+`GRPC_REFUSED`); the fronts refuse a request that sets one (a 400 naming it), and the gRPC mapper refuses them too.
 
 Adding a sampling field that vLLM's SamplingParams takes: its row here, the bus field (`SamplingParams` in
 bus/messages.py, last, with a default) and the request struct's field (front/openai_api.py).
@@ -62,10 +63,6 @@ class RequestField:
     @property
     def client_name(self) -> str:
         return self.param or self.name
-
-    def taken_by(self, engine_source: str) -> bool:
-        """Whether requests that set it can be served by `engine_source` (engine.source)."""
-        return self.grpc is not None or engine_source == VLLM_SOURCE
 
     def value_of(self, params: Any) -> Any:
         """Its value in a RequestParams."""
@@ -167,9 +164,10 @@ SAMPLING_FIELDS = tuple(field for field in FIELDS if not field.on_request)
 # the sampling fields whose table check is the whole story: the front sets them in one loop
 SAMPLING_CHECKED = tuple(field for field in SAMPLING_FIELDS if not field.front_own)
 REQUEST_FIELDS = tuple(field for field in FIELDS if field.on_request)
-# what a gRPC engine cannot take: the mapper refuses a request that sets one, naming it; the front refuses them for
-# any engine source but vllm
+# what a gRPC engine cannot take: the mapper refuses a request that sets one, naming it; an engine but vLLM's
+# announces them as refused (EngineLink's default), and the fronts refuse them
 GRPC_REFUSED = tuple(field for field in FIELDS if field.grpc is None)
+GRPC_REFUSED_NAMES = tuple(field.name for field in GRPC_REFUSED)
 GRPC_FLOATS = tuple(field.name for field in FIELDS if field.grpc == GRPC_BY_NAME)
 # what the vLLM mapper passes on by name: (field, whether unset takes the generation config's value)
 VLLM_PASSED = tuple((field, field.vllm == VLLM_DEFAULTED) for field in SAMPLING_FIELDS if field.vllm != VLLM_OWN)

@@ -49,6 +49,7 @@ from detok_worker.bus.messages import (
     Submit,
     TokenLogprob,
 )
+from detok_worker.bus.request_fields import FIELD_BY_NAME, GRPC_REFUSED_NAMES
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
@@ -90,6 +91,7 @@ class EngineLink:
         max_model_len: int = 0,
         engine_version: str = "",
         system_fingerprint: str = "",
+        refused_fields: Iterable[str] = GRPC_REFUSED_NAMES,
     ) -> None:
         """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
@@ -98,7 +100,9 @@ class EngineLink:
         set); "" = the engine names none. `max_model_len`: the engine's context length (0: not known), which the
         fronts report (/v1/models, /tokenize) unless front.max_model_len is set. `engine_version`: the real
         engine's version, reported by the fronts' /version; `system_fingerprint`: the engine's, which the fronts'
-        responses carry ("" = none)."""
+        responses carry ("" = none). `refused_fields`: the request fields (bus/request_fields.py names) the engine
+        does not pass on, which the fronts refuse; by default those the gRPC API has no field for (vLLM's engine
+        core takes them all)."""
         engine = config.engine
         self.config = config
         self.served_model_name = served_model_name
@@ -106,6 +110,8 @@ class EngineLink:
         self.engine_version = engine_version
         self.system_fingerprint = system_fingerprint
         self.vocab_size = vocab_size
+        refused = set(refused_fields)
+        self.refused_fields = [name for name in FIELD_BY_NAME if name in refused]  # the table's order
         # the LoRA adapters the engine has loaded, name -> path, for the fronts (EngineStats); None: it loads none
         self.lora_adapters: dict[str, str] | None = None
         self.scheduler = Scheduler(
@@ -328,6 +334,7 @@ class EngineLink:
             vocab_size=self.vocab_size,
             system_fingerprint=self.system_fingerprint,
             lora_adapters=self.lora_adapters,
+            refused_fields=self.refused_fields,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -83,6 +83,9 @@ class Dispatcher:
         self.engine_version = ""  # the real engine's version, once its EngineStats gave one
         self.system_fingerprint = ""  # the real engine's system_fingerprint, once its EngineStats gave one
         self.engine_vocab_size = 0  # the model's vocabulary size, once its EngineStats gave one
+        # the request fields the engine does not pass on (its EngineStats), in the table's order: requests that
+        # set one are refused. Before its first stats a request is refused anyway (the engine is not reachable)
+        self.engine_refuses: tuple[str, ...] = ()
         self.engine_max_model_len = 0  # the engine's context length, once its EngineStats reported one
         # the LoRA adapters served as models, name -> path: front.lora_adapters, then the engine's table once it
         # reports one (adapters it loads and unloads at run time); updated in place (Limits holds a view of it)
@@ -302,6 +305,7 @@ class Dispatcher:
             self._workers[message.worker] = (message, time.monotonic())
         elif isinstance(message, EngineStats):
             self._engine = (message, time.monotonic())
+            self.engine_refuses = tuple(message.refused_fields)
             if message.served_model_name:
                 self.engine_model_name = message.served_model_name
             if message.max_model_len:

@@ -183,7 +183,7 @@ class Generation:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
         self.intake.authorize(request)
         body = with_vllm_headers(
-            decode(await self.intake.read_body(request)), request.headers, self.limits.engine_source
+            decode(await self.intake.read_body(request)), request.headers, self.dispatcher.engine_refuses
         )
         rid = request_rid(request, id_kind, body.request_id)
         prompts = batch_prompts(body) if isinstance(body, CompletionRequest) else None
@@ -249,7 +249,9 @@ class Generation:
         """Check a request of one prompt, tokenize it, shape its answer and submit its choices (rids from `rid`, the
         answer's id `response_id`, their streams woken by `wakeup`); nothing is submitted when a check fails."""
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
-        checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size)
+        checked = check_generation(
+            body, self.limits, self.dispatcher.engine_vocab_size, self.dispatcher.engine_refuses
+        )
         params = checked.params
         if isinstance(body, ChatCompletionRequest):
             params = self.parsers.for_chat(body, params)

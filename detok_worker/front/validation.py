@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from types import MappingProxyType
@@ -17,7 +17,6 @@ import msgspec
 from detok_worker.bus.messages import DetokParams, RequestParams
 from detok_worker.bus.request_fields import (
     FIELD_BY_NAME,
-    GRPC_REFUSED,
     INT64_MAX,
     REQUEST_FIELDS,
     VLLM_SOURCE,
@@ -62,7 +61,7 @@ class Limits:
     force_include_usage: bool = False  # front.force_include_usage
     exclude_tools_when_tool_choice_none: bool = False  # front.exclude_tools_when_tool_choice_none
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    engine_source: str = ""  # engine.source: which request fields the engine can honour (RequestField.taken_by)
+    engine_source: str = ""  # engine.source: named when a request sets a field the engine does not pass on
     prompt_tokens_details: bool = False  # front.prompt_tokens_details: the engine reports cached prompt tokens
     tool_parser_grammar: bool = False  # front.tool_choice_grammar = "tool_parser": the engine builds it
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
@@ -187,17 +186,17 @@ def check_model(requested: str | None, limits: Limits, engine_model_name: str = 
     return served
 
 
-def with_vllm_headers(body: R, headers: Mapping[str, str], engine_source: str) -> R:
+def with_vllm_headers(body: R, headers: Mapping[str, str], engine_refuses: Collection[str] = ()) -> R:
     """vLLM's headers: an integer in X-Vllm-Priority is the request's priority, in place of the body's (then
     checked as the body's would be; anything else in it is passed over, as vLLM does); X-Session-ID is the
-    session_id of a request that gives none, for an engine source that honours it (a hint, not a field: elsewhere
-    it is passed over)."""
+    session_id of a request that gives none, for an engine that takes it (a hint, not a field: an engine that
+    refuses session_id (`engine_refuses`, EngineStats.refused_fields) passes it over)."""
     header = headers.get(PRIORITY_HEADER)
     if header is not None:
         with contextlib.suppress(ValueError):
             body = msgspec.structs.replace(body, priority=int(header))
     session = headers.get(SESSION_HEADER)
-    if session and body.session_id is None and takes(engine_source, "session_id"):
+    if session and body.session_id is None and "session_id" not in engine_refuses:
         body = msgspec.structs.replace(body, session_id=session)
     return body
 
@@ -250,36 +249,31 @@ _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
 }
 
 
-# every field _check_unsupported looks at, per request type: all of them null (their default) asks nothing refused
+# every field the server refuses, per request type: all of them null (their default) asks nothing refused
 _CHECKED_FIELDS = {
-    request_type: attrgetter(
-        *_REFUSED,
-        *own,
-        *(row.client_name for row in GRPC_REFUSED if row.client_name in request_type.__struct_fields__),
-    )
+    request_type: attrgetter(*_REFUSED, *own)
     for request_type, own in ((CompletionRequest, _REFUSED_COMPLETION), (ChatCompletionRequest, _REFUSED_CHAT))
 }
 
 
-def takes(engine_source: str, name: str) -> bool:
-    """Whether `engine_source` passes the table's field `name` on to its engine."""
-    return FIELD_BY_NAME[name].taken_by(engine_source)
-
-
-def _check_unsupported(request: CompletionRequest | ChatCompletionRequest, engine_source: str) -> None:
+def _check_unsupported(
+    request: CompletionRequest | ChatCompletionRequest, engine_source: str, engine_refuses: Collection[str]
+) -> None:
     fields = _CHECKED_FIELDS.get(type(request))
-    if fields is not None and all(value is None for value in fields(request)):
-        return  # the usual request: one C call instead of a predicate per field
-    own = _REFUSED_COMPLETION if isinstance(request, CompletionRequest) else _REFUSED_CHAT
-    for name, refused in (*_REFUSED.items(), *own.items()):
-        if refused(getattr(request, name)):
-            raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
-    for engine_field in GRPC_REFUSED:  # only the vllm engine source passes them on
+    if fields is None or any(value is not None for value in fields(request)):  # the usual request: all null
+        own = _REFUSED_COMPLETION if isinstance(request, CompletionRequest) else _REFUSED_CHAT
+        for name, refused in (*_REFUSED.items(), *own.items()):
+            if refused(getattr(request, name)):
+                raise bad_request(f"{name} is not supported by this server", name, code="unsupported_parameter")
+    for refused_name in engine_refuses:
+        engine_field = FIELD_BY_NAME.get(refused_name)
+        if engine_field is None:
+            continue  # a field this front does not know: no request of its sets it
         name = engine_field.client_name
-        if not engine_field.taken_by(engine_source) and engine_field.asks(getattr(request, name, None)):
+        if engine_field.asks(getattr(request, name, None)):
             message = (
-                f"{name} is honoured only by the {VLLM_SOURCE!r} engine source (detok serve --source "
-                f"{VLLM_SOURCE}); this server's engine source is {engine_source!r}"
+                f"{name} is not passed on by this server's engine (engine source {engine_source!r}); the "
+                f"{VLLM_SOURCE!r} engine source honours it (detok serve --source {VLLM_SOURCE})"
             )
             raise bad_request(message, name, code="unsupported_parameter")
 
@@ -329,19 +323,23 @@ class CheckedParams:
 
 
 def check_generation(
-    request: CompletionRequest | ChatCompletionRequest, limits: Limits, model_vocab_size: int = 0
+    request: CompletionRequest | ChatCompletionRequest,
+    limits: Limits,
+    model_vocab_size: int = 0,
+    engine_refuses: Collection[str] = (),
 ) -> CheckedParams:
     """Validate everything but the prompt; build the engine's RequestParams. `model_vocab_size`: the model's
-    vocabulary size where the engine reported one larger than the tokenizer's (its ids may be sampled)."""
+    vocabulary size where the engine reported one larger than the tokenizer's (its ids may be sampled);
+    `engine_refuses`: the request fields the engine does not pass on (EngineStats.refused_fields)."""
     n = _check_n(request, limits)
     if request.stream_options is not None and not request.stream:
         raise bad_request("stream_options can only be set when stream is true", "stream_options")
-    _check_unsupported(request, limits.engine_source)
+    _check_unsupported(request, limits.engine_source, engine_refuses)
     truncate = request.truncate_prompt_tokens
     if truncate is not None and truncate < 1 and truncate != -1:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1", "truncate_prompt_tokens")
     vocab_size = max(limits.vocab_size, model_vocab_size)
-    scores_prompts = takes(limits.engine_source, "prompt_logprobs")
+    scores_prompts = "prompt_logprobs" not in engine_refuses
     sampling = sampling_params(request, vocab_size, scores_prompts, limits.tool_parser_grammar)
     override = request.max_completion_tokens if isinstance(request, ChatCompletionRequest) else None
     echo = isinstance(request, CompletionRequest) and bool(request.echo)

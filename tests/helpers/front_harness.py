@@ -30,6 +30,7 @@ from detok_worker.bus.messages import (
     TextDelta,
     WorkerStats,
 )
+from detok_worker.bus.request_fields import GRPC_REFUSED_NAMES, VLLM_SOURCE
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig, load_config
 from detok_worker.front.app import create_app
@@ -163,6 +164,9 @@ class PlayedEngine:
     engine_version: str = ""  # the EngineStats' (a real engine's version)
     vocab_size: int = 0  # the EngineStats' (the model's vocabulary size)
     system_fingerprint: str = ""  # the EngineStats' (a real engine's system_fingerprint)
+    # the EngineStats' request fields the engine does not pass on; None: what detok's engine of config.engine.source
+    # announces (none for vllm, else those the gRPC API lacks)
+    refused_fields: tuple[str, ...] | None = None
     cached_tokens: tuple[int, int] = (5, 2)  # the PromptCached a request with report_cached gets
     prompt_plan: Callable[[Submit], PromptLogprobs | None] = played_prompt_logprobs
     # the EngineStats' LoRA adapters (None: the engine reports none), and the answer to an adapter call (None: no
@@ -226,9 +230,15 @@ class PlayedEngine:
                         vocab_size=self.vocab_size,
                         system_fingerprint=self.system_fingerprint,
                         lora_adapters=self.lora_adapters,
+                        refused_fields=self._refused_fields(),
                     )
                     push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))
+
+    def _refused_fields(self) -> list[str]:
+        if self.refused_fields is not None:
+            return list(self.refused_fields)
+        return [] if self.config.engine.source == VLLM_SOURCE else list(GRPC_REFUSED_NAMES)
 
     def _on_message(self, message: object, push: zmq.Socket[Any]) -> None:
         if isinstance(message, Submit):
@@ -292,10 +302,13 @@ class FrontUnderTest:
 
 
 @contextlib.contextmanager
-def running_front(tokenizer: Any, *, send_stats: bool = True, **overrides: Any) -> Iterator[FrontUnderTest]:
-    """A front (real app, real uvicorn) wired to a played engine over real ipc sockets."""
+def running_front(
+    tokenizer: Any, *, send_stats: bool = True, refused_fields: tuple[str, ...] | None = None, **overrides: Any
+) -> Iterator[FrontUnderTest]:
+    """A front (real app, real uvicorn) wired to a played engine over real ipc sockets (`refused_fields`:
+    PlayedEngine's)."""
     with front_config(**overrides) as config:
-        engine = PlayedEngine(config, plan=lambda submit: [], send_stats=send_stats)
+        engine = PlayedEngine(config, plan=lambda submit: [], send_stats=send_stats, refused_fields=refused_fields)
         with FrontServer(config, tokenizer) as server, engine:
             under_test = FrontUnderTest(server, engine, tokenizer)
             under_test.set_plan(under_test.echo_plan)

@@ -333,6 +333,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 system_fingerprint=build_system_fingerprint(vllm_config, args.fingerprint_mode, args.fingerprint_value)
                 or "",
                 max_model_len=model_config.max_model_len,
+                refused_fields=(),  # vLLM's engine core takes every request field
             )
             log.info(
                 "engine: vLLM engine core for %s (served as %s) ready in %.1f s",

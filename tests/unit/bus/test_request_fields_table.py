@@ -4,7 +4,7 @@ field and a request field, and every bus sampling field is a row or set by the f
 from __future__ import annotations
 
 from detok_worker.bus.messages import RequestParams, SamplingParams
-from detok_worker.bus.request_fields import FIELDS, GRPC_REFUSED, VLLM_SOURCE
+from detok_worker.bus.request_fields import FIELDS
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
 
 NOT_IN_THE_TABLE = {"n", "constraint"}  # the front fans n out; the constraint has sources of its own
@@ -23,8 +23,6 @@ def test_every_bus_sampling_field_is_in_the_table() -> None:
     assert set(SamplingParams.__struct_fields__) == rows | NOT_IN_THE_TABLE
 
 
-def test_a_field_the_grpc_api_cannot_carry_is_the_vllm_sources_only() -> None:
+def test_the_defaults_ask_the_engine_nothing() -> None:
     for field in FIELDS:
-        assert field.taken_by(VLLM_SOURCE)
-        assert field.taken_by("grpc") == (field not in GRPC_REFUSED)
-        assert not field.asks(field.value_of(RequestParams(max_tokens=1))), field  # the defaults ask nothing
+        assert not field.asks(field.value_of(RequestParams(max_tokens=1))), field

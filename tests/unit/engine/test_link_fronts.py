@@ -13,7 +13,17 @@ import zmq
 from helpers.bus_peers import bus_config, short_runtime_dir
 
 from detok_worker.bus.codec import encode, front_decoder
-from detok_worker.bus.messages import Abort, Delivered, FrontHello, PromptLogprobs, Reject, RequestParams, Submit
+from detok_worker.bus.messages import (
+    Abort,
+    Delivered,
+    EngineStats,
+    FrontHello,
+    PromptLogprobs,
+    Reject,
+    RequestParams,
+    Submit,
+)
+from detok_worker.bus.request_fields import FIELDS
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.engine.link import EngineLink
 
@@ -146,3 +156,27 @@ def test_deferred_submits_come_back_first_and_an_abort_meanwhile_withdraws_one()
                 assert link.scheduler.aborted == 1 and link.scheduler.live_rids == 1
             finally:
                 link.close()
+
+
+def test_the_engines_stats_announce_the_request_fields_it_does_not_pass_on() -> None:
+    """By default an engine takes the fields the gRPC API carries; a source that takes others says so (vLLM's
+    engine core: all of them). The names go out in the table's order, whatever order they were given in."""
+    with short_runtime_dir() as runtime_dir:
+        config = bus_config(runtime_dir, **{"engine.stats_interval_s": 0.05})
+        for given, announced in (
+            (None, [field.name for field in FIELDS if field.grpc is None]),
+            ((), []),
+            (("session_id", "temperature"), ["temperature", "session_id"]),
+        ):
+            with BusSockets(config) as fronts:
+                pull = fronts.front_pull(0)
+                link = EngineLink(config) if given is None else EngineLink(config, refused_fields=given)
+                try:
+                    deadline = time.monotonic() + 5
+                    stats: list[EngineStats] = []
+                    while not stats and time.monotonic() < deadline:
+                        link.poll(0.02)
+                        stats = messages_at(pull, EngineStats)
+                    assert stats and stats[-1].refused_fields == announced
+                finally:
+                    link.close()

@@ -563,6 +563,30 @@ def test_engine_field_defaults_are_accepted_on_any_engine_source(front: FrontUnd
     assert "token_ids" not in response.json()["choices"][0]
 
 
+def test_the_front_refuses_what_its_engine_announces_it_does_not_pass_on(recording: RecordingTokenizer) -> None:
+    """The engine's EngineStats say which fields it does not pass on, whatever engine.source the front was given:
+    an engine that takes every field gets bad_words and the X-Session-ID header on a corpus-configured front; one
+    that refuses temperature has it refused on a vllm-configured one."""
+    body = {**BASELINE["completions"], "bad_words": ["x"]}
+    with running_front(recording, refused_fields=()) as open_front:
+        response, submit = post(open_front, "/v1/completions", body)
+        assert response.status_code == 200, response.text
+        assert submit is not None and submit.params.sampling.bad_words == ["x"]
+        response = httpx.post(
+            f"{open_front.url}/v1/completions", json=BASELINE["completions"], headers={"X-Session-ID": "s1"}
+        )
+        assert response.status_code == 200 and open_front.engine.submits.get(timeout=5).params.session_id == "s1"
+    overrides = {"engine.source": "vllm", "engine.model": "qwen3-tiny"}
+    with running_front(recording, refused_fields=("temperature",), **overrides) as narrow_front:
+        response, _ = post(narrow_front, "/v1/completions", {**BASELINE["completions"], "temperature": 0.5})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("temperature", "unsupported_parameter")
+        assert "'vllm'" in error["message"]
+        response, submit = post(narrow_front, "/v1/completions", body)
+        assert response.status_code == 200 and submit is not None and submit.params.sampling.bad_words == ["x"]
+
+
 def test_spaces_between_special_tokens_needs_a_tokenizer_that_knows_its_added_tokens() -> None:
     """vLLM's rule for it reads the tokenizer's added tokens (a Hugging Face tokenizer's); with special tokens skipped
     it changes nothing, so any tokenizer takes it then."""
