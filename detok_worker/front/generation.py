@@ -249,9 +249,7 @@ class Generation:
         """Check a request of one prompt, tokenize it, shape its answer and submit its choices (rids from `rid`, the
         answer's id `response_id`, their streams woken by `wakeup`); nothing is submitted when a check fails."""
         model = check_model(body.model, self.limits, self.dispatcher.engine_model_name)
-        checked = check_generation(
-            body, self.limits, self.dispatcher.engine_vocab_size, self.dispatcher.engine_refuses
-        )
+        checked = check_generation(body, self.limits, self.dispatcher.engine_vocab_size, self.dispatcher.engine_refuses)
         params = checked.params
         if isinstance(body, ChatCompletionRequest):
             params = self.parsers.for_chat(body, params)
