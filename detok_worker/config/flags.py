@@ -161,6 +161,28 @@ def add_worker_count_flag(parser: argparse.ArgumentParser) -> None:
     add_override_flag(parser, "--workers", "worker.count", "number of detok worker processes", type=int)
 
 
+AddFlags = Callable[[argparse.ArgumentParser], None]
+# what `detok serve` takes, and the commands that run or show the same service
+SERVICE_FLAGS: tuple[AddFlags, ...] = (add_config_flags, add_worker_count_flag, add_front_flags, add_engine_flags)
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    handler: Callable[..., int],
+    help: str,
+    *flags: AddFlags,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """Register a sub-command that runs `handler(args, config)` and takes the flag groups `flags` (each
+    add_config_flags or one that adds it, then a role's); `kwargs` go to add_parser (the description: `help`)."""
+    parser = commands.add_parser(name, help=help, **{"description": help, **kwargs})
+    parser.set_defaults(handler=handler)
+    for add in flags:
+        add(parser)
+    return parser
+
+
 def parse_set_value(text: str) -> Any:
     """A --set value: a TOML literal (number, bool, quoted string, array) if it parses as one, else the raw string.
     A bare value with '#' is a string: TOML would read '123#x' as the number 123 and a comment (a CURVE key can
