@@ -65,10 +65,9 @@ def cmd_synth(args: argparse.Namespace, config: DetokConfig) -> int:
 def cmd_inspect(args: argparse.Namespace, config: DetokConfig) -> int:
     from detok_worker.tokenizer import load_configured_tokenizer
     from detok_worker.trace.format import export_jsonl, read_trace
-    from detok_worker.trace.summary import trace_summary
 
     trace = read_trace(args.trace_file)
-    summary = trace_summary(trace)
+    summary = trace.summary()
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
