@@ -175,6 +175,10 @@ def child_argv(role: str, config_path: Path, worker_id: str | None = None) -> li
     return argv
 
 
+def _ipc_paths(endpoints: list[str]) -> list[Path]:
+    return [Path(endpoint[len("ipc://") :]) for endpoint in endpoints if endpoint.startswith("ipc://")]
+
+
 def worker_id(slot: int) -> str:
     return f"{socket.gethostname().split('.')[0] or 'host'}-w{slot}"
 
@@ -334,10 +338,10 @@ class Supervisor:
     def _fronts_bound(self) -> bool:
         """Every front has bound its bus PULL (it is in its lifespan startup, about to accept); checked for ipc
         endpoints only, and only with several fronts (one front answering /health is the whole service)."""
-        if self.config.front.processes == 1:
+        processes = self.config.front.processes
+        if processes == 1:
             return True
-        endpoints = front_endpoints(resolve_endpoints(self.config), self.config.front.processes)
-        return all(Path(e[len("ipc://") :]).exists() for e in endpoints if e.startswith("ipc://"))
+        return all(path.exists() for path in _ipc_paths(front_endpoints(resolve_endpoints(self.config), processes)))
 
     def supervise(self) -> int:
         """Restart dead workers until a stop signal (EXIT 0) or the death of the engine or front (EXIT_FAILED)."""
@@ -468,12 +472,9 @@ class Supervisor:
             return
         endpoints = resolve_endpoints(self.config)
         fronts = front_endpoints(endpoints, self.config.front.processes)
-        for endpoint in (endpoints.engine, endpoints.workers, *fronts):
-            if endpoint.startswith("ipc://"):
-                with contextlib.suppress(OSError):
-                    Path(endpoint[len("ipc://") :]).unlink()
-        with contextlib.suppress(OSError):
-            (self.runtime_dir / CONFIG_FILE).unlink()
+        for path in [*_ipc_paths([endpoints.engine, endpoints.workers, *fronts]), self.runtime_dir / CONFIG_FILE]:
+            with contextlib.suppress(OSError):
+                path.unlink()
         shutil.rmtree(self.runtime_dir / METRICS_SUBDIR, ignore_errors=True)
 
     def close(self) -> None:

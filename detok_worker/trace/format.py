@@ -258,8 +258,9 @@ def write_trace(path: str | Path, trace: Trace) -> None:
     for order, request in enumerate(trace.requests):
         arrival = TraceRequest(request.t_ns, request.rid, request.prompt_ids, request.params)
         events.append((request.t_ns, order, arrival))
-        for t_ns, ids in _group_by_time(request.output_ids, request.token_times_ns):
-            events.append((t_ns, order, TraceTokens(t_ns, request.rid, ids)))
+        timed = zip(request.token_times_ns, request.output_ids, strict=True)  # one time per output id
+        for t_ns, step in itertools.groupby(timed, key=lambda pair: pair[0]):
+            events.append((t_ns, order, TraceTokens(t_ns, request.rid, [token for _, token in step])))
         if request.finish is not None:
             last = request.token_times_ns[-1] if request.token_times_ns else request.t_ns
             events.append((last, order, TraceTokens(last, request.rid, [], request.finish)))
@@ -267,14 +268,6 @@ def write_trace(path: str | Path, trace: Trace) -> None:
     with TraceWriter(path, trace.header) as writer:
         for _, _, record in events:
             writer.write(record)
-
-
-def _group_by_time(ids: list[int], times: list[int]) -> Iterator[tuple[int, list[int]]]:
-    start = 0
-    for index in range(1, len(ids) + 1):
-        if index == len(ids) or times[index] != times[start]:
-            yield times[start], ids[start:index]
-            start = index
 
 
 def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = None) -> None:

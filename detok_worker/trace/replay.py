@@ -31,14 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def request_json(request: CollectedRequest) -> dict[str, object]:
-    return {
-        "rid": request.rid,
-        "text": request.text,
-        "n_tokens": request.n_tokens,
-        "finish": request.finish,
-        "stop_reason": request.stop_reason,
-        "error": request.error,
-    }
+    return {name: getattr(request, name) for name in ("rid", "text", "n_tokens", "finish", "stop_reason", "error")}
 
 
 @dataclass
