@@ -113,6 +113,11 @@ class HeldFamily(Generic[HeldT]):
             child.flush()
 
 
+def _holders(owner: object) -> list[_Held]:
+    """The held values among `owner`'s attributes: what its flush() writes."""
+    return [value for value in vars(owner).values() if isinstance(value, (HeldCounter, HeldHistogram, HeldFamily))]
+
+
 class WorkerMetrics:
     """What a worker records: batch() once per TokenBatch (four histogram observations, held in plain ints), and
     sync() once per stats interval, which writes them and copies the worker's own cumulative counts (WorkerState
@@ -197,17 +202,7 @@ class FrontMetrics:
         self._ttft = HeldFamily(m.ttft_seconds, HeldHistogram)
         self._itl = HeldFamily(m.itl_seconds, HeldHistogram)
         self._bus_latency = HeldHistogram(m.bus_latency)
-        self._held: list[_Held] = [
-            self._requests,
-            self._aborted,
-            self._responses,
-            self._request_seconds,
-            self._ttft,
-            self._itl,
-            self._bus_latency,
-            self.front_chars,
-            self.front_tokens,
-        ]
+        self._held = _holders(self)
         for cause in ABORT_CAUSES:  # exported as 0 from the start, so rate() and alerts see every cause
             self._aborted.labels(cause)
 
@@ -271,6 +266,7 @@ class InstrumentedTokenizer(TokenizerWrapper):
         self._decode = HeldHistogram(m.decode_seconds.labels(kind, "decode"))
         self._tokens = HeldHistogram(m.tokens_per_encode.labels(kind))
         self._chars = HeldHistogram(m.chars_per_encode.labels(kind))
+        self._histograms = _holders(self)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         with self._timed(self._encode):
@@ -311,12 +307,5 @@ class InstrumentedTokenizer(TokenizerWrapper):
 
     def flush(self) -> None:
         with self._lock:
-            for histogram in (
-                self._encode,
-                self._encode_batch,
-                self._template,
-                self._decode,
-                self._tokens,
-                self._chars,
-            ):
+            for histogram in self._histograms:
                 histogram.flush()
