@@ -39,10 +39,6 @@ def _tokenizer_for(args: argparse.Namespace, config: DetokConfig) -> Tokenizer:
     return create_tokenizer(spec, backend=args.backend, chat_template=template, revision=args.revision)
 
 
-def _read_text(value: str | None, stdin: TextIO) -> str:
-    return stdin.read() if value in (None, "-") else value
-
-
 def parse_ids(text: str) -> list[int]:
     """Ids from "1 2 3", "1,2,3" or "[1, 2, 3]"."""
     stripped = text.strip()
@@ -59,7 +55,7 @@ def parse_ids(text: str) -> list[int]:
 
 def cmd_tokenize(args: argparse.Namespace, config: DetokConfig, out: TextIO = sys.stdout) -> int:
     tokenizer = _tokenizer_for(args, config)
-    text = _read_text(args.text, sys.stdin)
+    text = sys.stdin.read() if args.text in (None, "-") else args.text
     encoding = tokenizer.encode(text, add_special_tokens=args.add_special_tokens)
     tokens = [tokenizer.id_to_token(i) for i in encoding.ids]
     if args.json:

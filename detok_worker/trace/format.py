@@ -294,8 +294,8 @@ def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = N
 def _params_to_json(params: RequestParams) -> dict[str, Any]:
     """Flat JSON of a request's parameters (generation fields, then the detok ones), for people."""
     named = _named(params)
-    generation = {name: value for name, value in named.items() if name != "detok"}
-    return {**generation, **named["detok"]}
+    detok = named.pop("detok")
+    return {**named, **detok}
 
 
 def _named(value: Any) -> Any:
