@@ -47,7 +47,7 @@ from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import VLLM_FLAGS_APPLIED_ENV, vllm_flags_digest
 from detok_worker.errors import OperatorError
-from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
+from detok_worker.metrics import METRICS_SUBDIR, child_env, cleanup_metrics_dir, mark_process_dead, prepare_metrics_dir
 from detok_worker.process.runtime import PARENT_PID_ENV, Wakeup
 
 # the supervisor's own health probe of its front: the certificate names the served host, not the loopback address
@@ -475,7 +475,7 @@ class Supervisor:
         for path in [*_ipc_paths([endpoints.engine, endpoints.workers, *fronts]), self.runtime_dir / CONFIG_FILE]:
             with contextlib.suppress(OSError):
                 path.unlink()
-        shutil.rmtree(self.runtime_dir / METRICS_SUBDIR, ignore_errors=True)
+        cleanup_metrics_dir(self.runtime_dir / METRICS_SUBDIR)
 
     def close(self) -> None:
         self.stop_children()
