@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from detok_worker.config.flags import add_command
+from detok_worker.errors import OperatorError
+
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench_scripts"  # bench/, shipped as package data
 SCENARIOS = {
     "core": ("bench_core.py", "streaming core: fast/generic path vs tokenizers, SGLang-style, naive; stop strings"),
@@ -27,38 +30,23 @@ SCENARIOS = {
 }
 
 
-class BenchUnavailableError(RuntimeError):
-    """bench/ is not there (an installed package without the source checkout)."""
-
-
-def script_path(scenario: str) -> Path:
-    path = BENCH_DIR / SCENARIOS[scenario][0]
-    if not path.is_file():
-        raise BenchUnavailableError(f"{path} not found: `detok bench` runs from a source checkout of detok")
-    return path
-
-
 def cmd_bench(args: argparse.Namespace, config: object) -> int:
-    try:
-        argv = [sys.executable, str(script_path(args.scenario)), *args.script_args]
-    except BenchUnavailableError as exc:
-        print(f"detok bench: {exc}", file=sys.stderr)
-        return 1
-    try:
-        return subprocess.call(argv)
-    except KeyboardInterrupt:
-        return 130
+    path = BENCH_DIR / SCENARIOS[args.scenario][0]
+    if not path.is_file():
+        raise OperatorError(f"{path} not found: `detok bench` runs from a source checkout of detok")
+    return subprocess.call([sys.executable, str(path), *args.script_args])
 
 
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
     """Register `detok bench` on the `detok` sub-command parser."""
     listing = "\n".join(f"  {name:<13} {help_text}" for name, (_, help_text) in SCENARIOS.items())
-    bench = commands.add_parser(
+    bench = add_command(
+        commands,
         "bench",
-        help="run a benchmark scenario (bench/ scripts)",
+        cmd_bench,
+        "run a benchmark scenario (bench/ scripts)",
         description=f"{__doc__}\n\nscenarios:\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.set_defaults(handler=cmd_bench)
     bench.add_argument("scenario", choices=sorted(SCENARIOS), metavar="SCENARIO", help="one of the scenarios below")
     bench.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script")

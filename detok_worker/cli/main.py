@@ -18,7 +18,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from detok_worker.cli.bench import add_bench_command
 from detok_worker.cli.tokenizer import add_tokenizer_commands
@@ -26,12 +26,13 @@ from detok_worker.cli.trace import add_trace_commands
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import (
     ENGINE_ARGS_DEST,
+    SERVICE_FLAGS,
     VLLM_FLAGS_APPLIED_ENV,
+    add_command,
     add_config_flags,
     add_engine_flags,
     add_engine_server_flags,
     add_front_flags,
-    add_worker_count_flag,
     run_with_config,
     split_engine_args,
     vllm_flags_digest,
@@ -110,46 +111,37 @@ def cmd_config(args: argparse.Namespace, config: DetokConfig) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="detok", description="Exact streaming detokenizer service for LLM serving.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, handler: Callable[..., int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    serve = command("serve", cmd_serve, "run front + engine + N detok workers, supervised")
-    add_config_flags(serve)
-    add_worker_count_flag(serve)
-    add_front_flags(serve)
-    add_engine_flags(serve)
+    serve = add_command(
+        commands, "serve", cmd_serve, "run front + engine + N detok workers, supervised", *SERVICE_FLAGS
+    )
     serve.add_argument("--startup-timeout", type=float, default=60.0, metavar="S", help="seconds to wait for /health")
-
-    worker = command("worker", cmd_worker, "run one detok worker (connects to the engine and the front)")
-    add_config_flags(worker)
+    worker = add_command(
+        commands, "worker", cmd_worker, "run one detok worker (connects to the engine and the front)", add_config_flags
+    )
     worker.add_argument("--id", default=None, help="worker id (default: HOSTNAME-PID); unique per live worker")
-
-    front = command("front", cmd_front, "run the OpenAI-compatible HTTP front")
-    add_config_flags(front)
-    add_front_flags(front)
+    front = add_command(
+        commands, "front", cmd_front, "run the OpenAI-compatible HTTP front", add_config_flags, add_front_flags
+    )
     front.add_argument(
         "--index", type=int, default=0, help="which of the front.processes front processes this is (0 .. N-1)"
     )
-
-    engine = command("engine", run_engine_command, "run the engine (a local source, the gRPC gateway or vLLM's engine)")
-    add_engine_command_flags(engine)
-
-    engine_server = command(
-        "engine-server", cmd_engine_server, "serve the local token sources as a gRPC VllmEngine (tests, benches)"
+    add_command(
+        commands,
+        "engine",
+        run_engine_command,
+        "run the engine (a local source, the gRPC gateway or vLLM's engine)",
+        add_engine_command_flags,
     )
-    add_config_flags(engine_server)
-    add_engine_flags(engine_server)
-    add_engine_server_flags(engine_server)
-
-    config = command("config", cmd_config, "print the effective configuration as TOML")
-    add_config_flags(config)
-    add_worker_count_flag(config)
-    add_front_flags(config)
-    add_engine_flags(config)
-
+    add_command(
+        commands,
+        "engine-server",
+        cmd_engine_server,
+        "serve the local token sources as a gRPC VllmEngine (tests, benches)",
+        add_config_flags,
+        add_engine_flags,
+        add_engine_server_flags,
+    )
+    add_command(commands, "config", cmd_config, "print the effective configuration as TOML", *SERVICE_FLAGS)
     add_trace_commands(commands)
     add_tokenizer_commands(commands)
     add_bench_command(commands)

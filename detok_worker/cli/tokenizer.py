@@ -18,7 +18,7 @@ import sys
 from typing import Any, TextIO
 
 from detok_worker.config import DetokConfig
-from detok_worker.config.flags import add_config_flags
+from detok_worker.config.flags import add_command, add_config_flags
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError, is_int_id
 
 
@@ -39,10 +39,6 @@ def _tokenizer_for(args: argparse.Namespace, config: DetokConfig) -> Tokenizer:
     return create_tokenizer(spec, backend=args.backend, chat_template=template, revision=args.revision)
 
 
-def _read_text(value: str | None, stdin: TextIO) -> str:
-    return stdin.read() if value in (None, "-") else value
-
-
 def parse_ids(text: str) -> list[int]:
     """Ids from "1 2 3", "1,2,3" or "[1, 2, 3]"."""
     stripped = text.strip()
@@ -59,7 +55,7 @@ def parse_ids(text: str) -> list[int]:
 
 def cmd_tokenize(args: argparse.Namespace, config: DetokConfig, out: TextIO = sys.stdout) -> int:
     tokenizer = _tokenizer_for(args, config)
-    text = _read_text(args.text, sys.stdin)
+    text = sys.stdin.read() if args.text in (None, "-") else args.text
     encoding = tokenizer.encode(text, add_special_tokens=args.add_special_tokens)
     tokens = [tokenizer.id_to_token(i) for i in encoding.ids]
     if args.json:
@@ -127,24 +123,20 @@ def _add_tokenizer_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_tokenizer_commands(commands: argparse._SubParsersAction) -> None:
     """Register tokenize / detokenize / template on the `detok` sub-command parser."""
-    tokenize = commands.add_parser("tokenize", help="text -> token ids", description=cmd_tokenize.__doc__)
-    tokenize.set_defaults(handler=cmd_tokenize)
-    _add_tokenizer_flags(tokenize)
+    tokenize = add_command(commands, "tokenize", cmd_tokenize, "text -> token ids", _add_tokenizer_flags)
     tokenize.add_argument("text", nargs="?", help="the text (default or '-': stdin)")
     tokenize.add_argument("--add-special-tokens", action="store_true", help="add BOS/EOS as the tokenizer does")
     tokenize.add_argument("--tokens", action="store_true", help="one line per token: id, token, span, text")
     tokenize.add_argument("--json", action="store_true", help="ids, tokens, offsets and hash as JSON")
 
-    detokenize = commands.add_parser("detokenize", help="token ids -> text")
-    detokenize.set_defaults(handler=cmd_detokenize)
-    _add_tokenizer_flags(detokenize)
+    detokenize = add_command(commands, "detokenize", cmd_detokenize, "token ids -> text", _add_tokenizer_flags)
     detokenize.add_argument("ids", nargs="*", help="token ids (default: read from stdin)")
     detokenize.add_argument("--skip-special-tokens", action="store_true")
     detokenize.add_argument("--json", action="store_true", help="text and token strings as JSON")
 
-    template = commands.add_parser("template", help="render a chat template for a conversation")
-    template.set_defaults(handler=cmd_template)
-    _add_tokenizer_flags(template)
+    template = add_command(
+        commands, "template", cmd_template, "render a chat template for a conversation", _add_tokenizer_flags
+    )
     template.add_argument("messages", nargs="?", default="-", help="JSON file of messages (default: stdin)")
     template.add_argument("--chat-template", default=None, help="a .jinja/.json template instead of the tokenizer's")
     template.add_argument("--tools", default=None, metavar="FILE", help="JSON file with a list of tools")

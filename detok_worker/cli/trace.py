@@ -17,10 +17,13 @@ import sys
 from pathlib import Path
 
 from detok_worker.config import DetokConfig
-from detok_worker.config.flags import add_config_flags, add_engine_flags, add_front_flags, add_worker_count_flag
-
-# ---- synth -----------------------------------------------------------------------------------------
-
+from detok_worker.config.flags import (
+    SERVICE_FLAGS,
+    add_command,
+    add_config_flags,
+    add_engine_flags,
+    add_worker_count_flag,
+)
 
 # The trace, tokenizer and engine modules are imported by the commands that use them: every detok process
 # builds this parser, and most never run a trace command.
@@ -55,21 +58,16 @@ def cmd_synth(args: argparse.Namespace, config: DetokConfig) -> int:
         meta={"seed": str(args.seed), "rate": str(args.rate)},
     )
     write_trace(args.output, trace)
-    tokens = sum(len(r.output_ids) for r in trace.requests)
-    print(f"wrote {args.output}: {len(trace.requests)} requests, {tokens} output tokens")
+    print(f"wrote {args.output}: {len(trace.requests)} requests, {trace.total_output_tokens} output tokens")
     return 0
-
-
-# ---- inspect ---------------------------------------------------------------------------------------
 
 
 def cmd_inspect(args: argparse.Namespace, config: DetokConfig) -> int:
     from detok_worker.tokenizer import load_configured_tokenizer
     from detok_worker.trace.format import export_jsonl, read_trace
-    from detok_worker.trace.summary import trace_summary
 
     trace = read_trace(args.trace_file)
-    summary = trace_summary(trace)
+    summary = trace.summary()
     if args.json:
         print(json.dumps(summary, ensure_ascii=False))
     else:
@@ -80,9 +78,6 @@ def cmd_inspect(args: argparse.Namespace, config: DetokConfig) -> int:
         export_jsonl(trace, args.jsonl, load_configured_tokenizer(config))
         print(f"wrote {args.jsonl}", file=sys.stderr)
     return 0
-
-
-# ---- replay / record -------------------------------------------------------------------------------
 
 
 def cmd_replay(args: argparse.Namespace, config: DetokConfig) -> int:
@@ -115,9 +110,7 @@ def add_trace_commands(commands: argparse._SubParsersAction) -> None:
     )
     actions = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
 
-    synth = actions.add_parser("synth", help="text corpus or ShareGPT JSON -> trace")
-    synth.set_defaults(handler=cmd_synth)
-    add_config_flags(synth)
+    synth = add_command(actions, "synth", cmd_synth, "text corpus or ShareGPT JSON -> trace", add_config_flags)
     synth.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
     inputs = synth.add_mutually_exclusive_group()
     inputs.add_argument("--corpus", metavar="DIR", help="directory of *.txt passages (default: the shipped corpus)")
@@ -128,33 +121,33 @@ def add_trace_commands(commands: argparse._SubParsersAction) -> None:
     synth.add_argument("--itl-ms", type=float, default=20.0, help="time between a request's tokens")
     synth.add_argument("--seed", type=int, default=0)
 
-    inspect = actions.add_parser("inspect", help="header and statistics of a trace")
-    inspect.set_defaults(handler=cmd_inspect)
-    add_config_flags(inspect)
+    inspect = add_command(actions, "inspect", cmd_inspect, "header and statistics of a trace", add_config_flags)
     inspect.add_argument("trace_file", metavar="FILE")
     inspect.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     inspect.add_argument("--jsonl", metavar="OUT", help="also export the trace as JSON lines (with decoded texts)")
 
-    replay = actions.add_parser("replay", help="replay a trace through the engine stub and N workers (no HTTP)")
-    replay.set_defaults(handler=cmd_replay)
-    add_config_flags(replay)
-    add_worker_count_flag(replay)
-    add_engine_flags(replay)
+    replay = add_command(
+        actions,
+        "replay",
+        cmd_replay,
+        "replay a trace through the engine stub and N workers (no HTTP)",
+        add_config_flags,
+        add_worker_count_flag,
+        add_engine_flags,
+    )
     replay.add_argument("trace_file", metavar="FILE")
     replay.add_argument("--texts", action="store_true", help="print every request's final text")
     replay.add_argument("--json", action="store_true", help="print texts and summary as JSON")
     replay.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
 
-    record = actions.add_parser(
+    record = add_command(
+        actions,
         "record",
-        help="run the service and record the engine's bus traffic to a file",
+        cmd_record,
+        "run the service and record the engine's bus traffic to a file",
+        *SERVICE_FLAGS,
         description="Runs `detok serve` with the engine recording every request it takes and every token it emits. "
         "For processes started separately (e.g. the Procfile) start the engine with `detok engine --record FILE`.",
     )
-    record.set_defaults(handler=cmd_record)
-    add_config_flags(record)
-    add_worker_count_flag(record)
-    add_front_flags(record)
-    add_engine_flags(record)
     record.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
     record.add_argument("--startup-timeout", type=float, default=60.0, metavar="S")

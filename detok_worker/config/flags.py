@@ -14,13 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from detok_worker.config import ConfigError, DetokConfig, load_config
-from detok_worker.config.schema import ENGINE_SOURCES, LOG_FORMATS
+from detok_worker.config.schema import ENGINE_SOURCES, LOG_FORMATS, parse_set_value
 from detok_worker.errors import OperatorError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 # argparse dest prefix marking "this flag is the config key after the colon".
 _OVERRIDE = "override:"
@@ -35,6 +30,12 @@ def add_override_flag(group: argparse._ActionsContainer, flag: str, key: str, he
     group.add_argument(flag, dest=_OVERRIDE + key, default=None, help=help, **kwargs)
 
 
+def add_override_flags(group: argparse._ActionsContainer, *flags: tuple[str, str, str, dict[str, Any]]) -> None:
+    """add_override_flag for each (flag, key, help, keyword arguments)."""
+    for flag, key, help, kwargs in flags:
+        add_override_flag(group, flag, key, help, **kwargs)
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Flags every process has: config file, tokenizer, runtime dir, logging, and generic --set KEY=VALUE."""
     group = parser.add_argument_group("configuration")
@@ -47,38 +48,34 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="override any config key, e.g. --set engine.tokens_per_step=4 (VALUE is a TOML literal or a string)",
     )
-    add_override_flag(
-        group, "--tokenizer", "tokenizer.path", "tokenizer file or directory (default: the embedded Qwen3)"
+    add_override_flags(
+        group,
+        ("--tokenizer", "tokenizer.path", "tokenizer file or directory (default: the embedded Qwen3)", {}),
+        ("--runtime-dir", "bus.runtime_dir", "directory of the ipc sockets (must be private, mode 0700)", {}),
+        ("--log-format", "logging.format", "log line format", {"choices": LOG_FORMATS}),
+        ("--log-level", "logging.level", "log level (DEBUG, INFO, WARNING, ERROR)", {"type": str.upper}),
     )
-    add_override_flag(
-        group, "--runtime-dir", "bus.runtime_dir", "directory of the ipc sockets (must be private, mode 0700)"
-    )
-    add_override_flag(group, "--log-format", "logging.format", "log line format", choices=LOG_FORMATS)
-    add_override_flag(group, "--log-level", "logging.level", "log level (DEBUG, INFO, WARNING, ERROR)", type=str.upper)
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the engine stub (also accepted by `detok serve`, which passes them to its engine)."""
-    group = parser.add_argument_group("engine")
-    add_override_flag(group, "--source", "engine.source", "token source", choices=ENGINE_SOURCES)
-    add_override_flag(
-        group, "--engine-url", "engine.engine_url", "grpc://host:port of the gRPC engine (--source grpc)", metavar="URL"
-    )
-    add_override_flag(group, "--trace", "engine.trace", "trace file for --source trace", metavar="FILE")
-    add_override_flag(group, "--model", "engine.model", "GGUF model for --source llama-cpp", metavar="FILE")
-    add_override_flag(
-        group, "--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", type=float
-    )
-    add_override_flag(group, "--max-batch", "engine.max_batch", "max rids generating at once", type=int)
-    add_override_flag(
-        group, "--tokens-per-step", "engine.tokens_per_step", "ids per rid per step (k > 1: speculative)", type=int
-    )
-    add_override_flag(
-        group, "--replay-speed", "engine.replay_speed", "trace replay speed (1 = recorded, 0 = flat out)", type=float
-    )
-    add_override_flag(group, "--seed", "engine.seed", "seed of the corpus source", type=int)
-    add_override_flag(
-        group, "--record", "engine.record", "record requests and emitted tokens to this trace file", metavar="FILE"
+    add_override_flags(
+        parser.add_argument_group("engine"),
+        ("--source", "engine.source", "token source", {"choices": ENGINE_SOURCES}),
+        (
+            "--engine-url",
+            "engine.engine_url",
+            "grpc://host:port of the gRPC engine (--source grpc)",
+            {"metavar": "URL"},
+        ),
+        ("--trace", "engine.trace", "trace file for --source trace", {"metavar": "FILE"}),
+        ("--model", "engine.model", "GGUF model for --source llama-cpp", {"metavar": "FILE"}),
+        ("--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", {"type": float}),
+        ("--max-batch", "engine.max_batch", "max rids generating at once", {"type": int}),
+        ("--tokens-per-step", "engine.tokens_per_step", "ids per rid per step (k > 1: speculative)", {"type": int}),
+        ("--replay-speed", "engine.replay_speed", "trace replay speed (1 = recorded, 0 = flat out)", {"type": float}),
+        ("--seed", "engine.seed", "seed of the corpus source", {"type": int}),
+        ("--record", "engine.record", "record requests and emitted tokens to this trace file", {"metavar": "FILE"}),
     )
 
 
@@ -120,40 +117,37 @@ def vllm_flags_digest(config: DetokConfig) -> str:
 
 def add_front_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the HTTP front (also accepted by `detok serve`)."""
-    group = parser.add_argument_group("front")
-    add_override_flag(group, "--host", "front.host", "HTTP listen address")
-    add_override_flag(group, "--port", "front.port", "HTTP port (0 = pick a free one)", type=int)
-    add_override_flag(group, "--fronts", "front.processes", "front processes sharing the port (detok serve)", type=int)
-    add_override_flag(
-        group,
-        "--reasoning-parser",
-        "front.reasoning_parser",
-        "qwen3, deepseek_r1, deepseek_v3, gpt_oss, glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3, "
-        "granite, auto, none",
+    add_override_flags(
+        parser.add_argument_group("front"),
+        ("--host", "front.host", "HTTP listen address", {}),
+        ("--port", "front.port", "HTTP port (0 = pick a free one)", {"type": int}),
+        ("--fronts", "front.processes", "front processes sharing the port (detok serve)", {"type": int}),
+        (
+            "--reasoning-parser",
+            "front.reasoning_parser",
+            "qwen3, deepseek_r1, deepseek_v3, gpt_oss, glm45, kimi_k2, minimax_m2, minimax_m2_append_think, olmo3, "
+            "granite, auto, none",
+            {},
+        ),
+        (
+            "--tool-call-parser",
+            "front.tool_call_parser",
+            "hermes, qwen, llama3_json, mistral, deepseek_v31, qwen3_coder, glm45, glm47, minimax_m2, kimi_k2, gpt_oss,"
+            " deepseek_v32, auto, none",
+            {},
+        ),
     )
-    add_override_flag(
-        group,
-        "--tool-call-parser",
-        "front.tool_call_parser",
-        "hermes, qwen, llama3_json, mistral, deepseek_v31, qwen3_coder, glm45, glm47, minimax_m2, kimi_k2, gpt_oss,"
-        " deepseek_v32, auto, none",
-    )
-    cache = parser.add_argument_group("encode cache")
-    add_override_flag(
-        cache,
-        "--tokenizer-cache-enable-l0",
-        "tokenizer.cache.enable_l0",
-        "exact-match prompt cache",
-        action="store_true",
-    )
-    add_override_flag(
-        cache, "--tokenizer-cache-l0-max-entries", "tokenizer.cache.l0_max_entries", "L0 size (prompts)", type=int
-    )
-    add_override_flag(
-        cache, "--tokenizer-cache-enable-l1", "tokenizer.cache.enable_l1", "prefix cache", action="store_true"
-    )
-    add_override_flag(
-        cache, "--tokenizer-cache-l1-max-memory", "tokenizer.cache.l1_max_memory", "L1 size (bytes)", type=int
+    add_override_flags(
+        parser.add_argument_group("encode cache"),
+        (
+            "--tokenizer-cache-enable-l0",
+            "tokenizer.cache.enable_l0",
+            "exact-match prompt cache",
+            {"action": "store_true"},
+        ),
+        ("--tokenizer-cache-l0-max-entries", "tokenizer.cache.l0_max_entries", "L0 size (prompts)", {"type": int}),
+        ("--tokenizer-cache-enable-l1", "tokenizer.cache.enable_l1", "prefix cache", {"action": "store_true"}),
+        ("--tokenizer-cache-l1-max-memory", "tokenizer.cache.l1_max_memory", "L1 size (bytes)", {"type": int}),
     )
 
 
@@ -161,15 +155,26 @@ def add_worker_count_flag(parser: argparse.ArgumentParser) -> None:
     add_override_flag(parser, "--workers", "worker.count", "number of detok worker processes", type=int)
 
 
-def parse_set_value(text: str) -> Any:
-    """A --set value: a TOML literal (number, bool, quoted string, array) if it parses as one, else the raw string.
-    A bare value with '#' is a string: TOML would read '123#x' as the number 123 and a comment (a CURVE key can
-    look like that)."""
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-    return text if "#" in text and not isinstance(value, (str, list, dict)) else value
+AddFlags = Callable[[argparse.ArgumentParser], None]
+# what `detok serve` takes, and the commands that run or show the same service
+SERVICE_FLAGS: tuple[AddFlags, ...] = (add_config_flags, add_worker_count_flag, add_front_flags, add_engine_flags)
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    handler: Callable[..., int],
+    help: str,
+    *flags: AddFlags,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """Register a sub-command that runs `handler(args, config)` and takes the flag groups `flags` (each
+    add_config_flags or one that adds it, then a role's); `kwargs` go to add_parser (the description: `help`)."""
+    parser = commands.add_parser(name, help=help, **{"description": help, **kwargs})
+    parser.set_defaults(handler=handler)
+    for add in flags:
+        add(parser)
+    return parser
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -177,13 +182,14 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for entry in getattr(args, "set_overrides", None) or []:
         key, sep, value = entry.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError(f"--set expects KEY=VALUE, got {entry!r}")
-        overrides[key.strip()] = parse_set_value(value.strip())
-        if key.strip() in SECRET_KEYS:
+        overrides[key] = parse_set_value(value.strip())
+        if key in SECRET_KEYS:
             print(
-                f"detok: warning: --set {key.strip()}=... is readable by every local user in /proc/PID/cmdline; "
-                f"use {SECRET_KEYS[key.strip()]} instead",
+                f"detok: warning: --set {key}=... is readable by every local user in /proc/PID/cmdline; "
+                f"use {SECRET_KEYS[key]} instead",
                 file=sys.stderr,
             )
     for dest, value in vars(args).items():

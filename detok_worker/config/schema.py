@@ -343,6 +343,17 @@ def _check_relations(config: DetokConfig) -> None:
             raise ConfigError(message)
 
 
+def parse_set_value(text: str) -> Any:
+    """A --set value: a TOML literal (number, bool, quoted string, array) if it parses as one, else the raw string.
+    A bare value with '#' is a string: TOML would read '123#x' as the number 123 and a comment (a CURVE key can
+    look like that)."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    return text if "#" in text and not isinstance(value, (str, list, dict)) else value
+
+
 def config_to_toml(config: DetokConfig) -> str:
     """The full effective config as a TOML document that `load_config` reads back to an equal config."""
     header = "# effective detok configuration (every option, after files and flags)\n\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -26,142 +26,119 @@ class Metrics:
     """Every metric family, built once per process (see metrics())."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        kw: dict[str, Any] = {"registry": registry if registry is not None else REGISTRY}
+        registry = registry if registry is not None else REGISTRY
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
+        def gauge(name: str, doc: str, labels: Sequence[str], mode: str) -> Gauge:
+            return Gauge(name, doc, labels, multiprocess_mode=mode, registry=registry)
+
         tok_op = ["tokenizer", "operation"]
         tok_worker = ["tokenizer", "worker"]
-        self.encode_seconds = Histogram(
-            "detok_tokenizer_encode_duration_seconds",
-            "Prompt-side tokenizer calls",
-            tok_op,
-            buckets=_FAST_SECONDS,
-            **kw,
+        self.encode_seconds = histogram(
+            "detok_tokenizer_encode_duration_seconds", "Prompt-side tokenizer calls", tok_op, _FAST_SECONDS
         )
-        self.decode_seconds = Histogram(
+        self.decode_seconds = histogram(
             "detok_tokenizer_decode_duration_seconds",
             "Detokenization time: operation=stream_batch is one worker's decoding of one TokenBatch",
             tok_op,
-            buckets=_FAST_SECONDS,
-            **kw,
+            _FAST_SECONDS,
         )
-        self.tokens_per_encode = Histogram(
-            "detok_tokenizer_tokens_per_encode", "Tokens produced per encode call", ["tokenizer"], buckets=_SIZES, **kw
+        self.tokens_per_encode = histogram(
+            "detok_tokenizer_tokens_per_encode", "Tokens produced per encode call", ["tokenizer"], _SIZES
         )
-        self.chars_per_encode = Histogram(
-            "detok_tokenizer_chars_per_encode",
-            "Characters of input per encode call",
-            ["tokenizer"],
-            buckets=_SIZES,
-            **kw,
+        self.chars_per_encode = histogram(
+            "detok_tokenizer_chars_per_encode", "Characters of input per encode call", ["tokenizer"], _SIZES
         )
-        self.load_seconds = Histogram(
+        self.load_seconds = histogram(
             "detok_tokenizer_load_duration_seconds",
             "Tokenizer load time per process (including the streaming fast-path tables in workers)",
             ["tokenizer", "role"],
-            buckets=_LOAD_SECONDS,
-            **kw,
+            _LOAD_SECONDS,
         )
-        self.stream_tokens = Counter(
-            "detok_stream_tokens", "Output tokens consumed by request streams", tok_worker, **kw
-        )
-        self.stream_holds = Counter(
+        self.stream_tokens = counter("detok_stream_tokens", "Output tokens consumed by request streams", tok_worker)
+        self.stream_holds = counter(
             "detok_stream_holds",
             "Request steps that consumed tokens but released no text yet (an incomplete UTF-8 character, or text "
             "held back as a possible stop-string start)",
             tok_worker,
-            **kw,
         )
-        self.stops_detected = Counter(
+        self.stops_detected = counter(
             "detok_stop_sequences_detected",
             "Requests ended by a stop rule found in the worker (kind: string or token; EOS counts as a token)",
             [*tok_worker, "kind"],
-            **kw,
         )
-        self.tokens_in = Counter("detok_worker_tokens_in", "Token ids received by a worker", ["worker"], **kw)
-        self.chars_out = Counter("detok_worker_chars_out", "Characters of text sent by a worker", ["worker"], **kw)
-        self.unknown_ids = Counter(
+        self.tokens_in = counter("detok_worker_tokens_in", "Token ids received by a worker", ["worker"])
+        self.chars_out = counter("detok_worker_chars_out", "Characters of text sent by a worker", ["worker"])
+        self.unknown_ids = counter(
             "detok_worker_unknown_ids",
             "Token ids the tokenizer lacks that the engine's model can emit (below its vocabulary size), decoded as no "
             "text",
             ["worker"],
-            **kw,
         )
-        self.batch_rids = Histogram(
-            "detok_worker_batch_rids",
-            "Requests per TokenBatch (opens + token items)",
-            ["worker"],
-            buckets=_COUNTS,
-            **kw,
+        self.batch_rids = histogram(
+            "detok_worker_batch_rids", "Requests per TokenBatch (opens + token items)", ["worker"], _COUNTS
         )
-        self.batch_tokens = Histogram(
-            "detok_worker_batch_tokens", "Token ids per TokenBatch", ["worker"], buckets=_COUNTS, **kw
-        )
-        self.step_seconds = Histogram(
+        self.batch_tokens = histogram("detok_worker_batch_tokens", "Token ids per TokenBatch", ["worker"], _COUNTS)
+        self.step_seconds = histogram(
             "detok_worker_step_duration_seconds",
             "Worker time per TokenBatch: decode frame, detokenize, encode and send the TextBatch",
             ["worker"],
-            buckets=_FAST_SECONDS,
-            **kw,
+            _FAST_SECONDS,
         )
-        self.worker_restarts = Counter(
-            "detok_worker_restarts", "Worker processes restarted by the supervisor", ["worker"], **kw
+        self.worker_restarts = counter(
+            "detok_worker_restarts", "Worker processes restarted by the supervisor", ["worker"]
         )
-        self.live_rids = Gauge(
-            "detok_live_rids", "Live requests held by a process", ["role", "worker"], multiprocess_mode="livesum", **kw
+        self.live_rids = gauge("detok_live_rids", "Live requests held by a process", ["role", "worker"], "livesum")
+        self.bad_frames = counter(
+            "detok_bad_frames", "Bus frames and items counted as bad and skipped", ["role", "worker", "kind"]
         )
-        self.bad_frames = Counter(
-            "detok_bad_frames", "Bus frames and items counted as bad and skipped", ["role", "worker", "kind"], **kw
+        self.reopened = counter("detok_reopened_rids", "Requests re-opened on another worker after theirs was lost")
+        self.requests = counter(
+            "detok_requests", "Generation requests accepted by the front (endpoint: the route)", ["endpoint"]
         )
-        self.reopened = Counter(
-            "detok_reopened_rids", "Requests re-opened on another worker after theirs was lost", **kw
-        )
-        self.requests = Counter(
-            "detok_requests", "Generation requests accepted by the front (endpoint: the route)", ["endpoint"], **kw
-        )
-        self.aborted = Counter(
+        self.aborted = counter(
             "detok_aborted_requests",
             "Requests the front ended early (cause: client_disconnected, client_too_slow, timeout, shutdown)",
             ["cause"],
-            **kw,
         )
-        self.sse_clients = Gauge("detok_sse_clients", "Open SSE streams", multiprocess_mode="livesum", **kw)
-        self.front_tokens = Counter("detok_front_tokens", "Output tokens of requests that ended at the front", **kw)
-        self.front_chars = Counter("detok_front_chars", "Characters of text the front accepted from workers", **kw)
-        self.http_responses = Counter(
+        self.sse_clients = gauge("detok_sse_clients", "Open SSE streams", (), "livesum")
+        self.front_tokens = counter("detok_front_tokens", "Output tokens of requests that ended at the front")
+        self.front_chars = counter("detok_front_chars", "Characters of text the front accepted from workers")
+        self.http_responses = counter(
             "detok_http_responses",
             "HTTP responses of the front (endpoint: the route template, or 'unmatched'; status: the HTTP status)",
             ["endpoint", "status"],
-            **kw,
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = histogram(
             "detok_request_duration_seconds",
             "HTTP request arrival -> response end at the front (a stream: its last byte)",
             ["endpoint"],
-            buckets=_REQUEST_SECONDS,
-            **kw,
+            _REQUEST_SECONDS,
         )
-        self.ttft_seconds = Histogram(
+        self.ttft_seconds = histogram(
             "detok_time_to_first_token_seconds",
             "Generation requests: HTTP request arrival -> the first output delta at the front",
             ["endpoint"],
-            buckets=_TTFT_SECONDS,
-            **kw,
+            _TTFT_SECONDS,
         )
-        self.itl_seconds = Histogram(
+        self.itl_seconds = histogram(
             "detok_inter_token_latency_seconds",
             "Generation requests that finished with output after their first delta: the mean time per output "
             "token from the first delta to the last (one observation per request)",
             ["endpoint"],
-            buckets=_LATENCY_SECONDS,
-            **kw,
+            _LATENCY_SECONDS,
         )
-        self.draining = Gauge(
-            "detok_front_draining", "1 while the front drains (SIGTERM), else 0", multiprocess_mode="livemax", **kw
-        )
-        self.bus_latency = Histogram(
+        self.draining = gauge("detok_front_draining", "1 while the front drains (SIGTERM), else 0", (), "livemax")
+        self.bus_latency = histogram(
             "detok_bus_latency_seconds",
             "Engine-to-front latency of a TextBatch (TokenBatch sent by the engine -> TextBatch at the front)",
-            buckets=_LATENCY_SECONDS,
-            **kw,
+            (),
+            _LATENCY_SECONDS,
         )
 
     def family_names(self) -> frozenset[str]:

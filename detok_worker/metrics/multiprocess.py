@@ -16,11 +16,7 @@ from prometheus_client.multiprocess import mark_process_dead as _mark_process_de
 from detok_worker.metrics.families import RESTART_ENV, metrics
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
 METRICS_SUBDIR = "metrics"
-
-
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 

@@ -17,18 +17,21 @@ from detok_worker.tokenizer.wrapper import TokenizerWrapper
 
 
 class CounterSync:
-    """Turns cumulative per-kind counts (e.g. a FrameDecoder's bad_frames) into Prometheus counter increments."""
+    """Turns cumulative per-key counts (a FrameDecoder's bad_frames, a WorkerState's counts) into Prometheus
+    counter increments: a key's counter is `family[key]` when `family` maps keys to counters, else the child of
+    `family` labelled `*labels, key`."""
 
-    def __init__(self, counter: Counter, *labels: str) -> None:
-        self._counter = counter
+    def __init__(self, family: Counter | Mapping[str, Counter], *labels: str) -> None:
+        self._family = family
         self._labels = labels
         self._seen: dict[str, int] = {}
 
     def sync(self, counts: Mapping[str, int]) -> None:
+        family = self._family
         for kind, count in counts.items():
             delta = count - self._seen.get(kind, 0)
             if delta > 0:
-                self._counter.labels(*self._labels, kind).inc(delta)
+                (family[kind] if isinstance(family, Mapping) else family.labels(*self._labels, kind)).inc(delta)
                 self._seen[kind] = count
 
 
@@ -110,6 +113,11 @@ class HeldFamily(Generic[HeldT]):
             child.flush()
 
 
+def _holders(owner: object) -> list[_Held]:
+    """The held values among `owner`'s attributes: what its flush() writes."""
+    return [value for value in vars(owner).values() if isinstance(value, (HeldCounter, HeldHistogram, HeldFamily))]
+
+
 class WorkerMetrics:
     """What a worker records: batch() once per TokenBatch (four histogram observations, held in plain ints), and
     sync() once per stats interval, which writes them and copies the worker's own cumulative counts (WorkerState
@@ -122,14 +130,15 @@ class WorkerMetrics:
         self._batch_rids = HeldHistogram(m.batch_rids.labels(worker_id))
         self._batch_tokens = HeldHistogram(m.batch_tokens.labels(worker_id))
         self._step = HeldHistogram(m.step_seconds.labels(worker_id))
-        self._counters = {
-            "tokens_in": m.tokens_in.labels(worker_id),
-            "tokens_consumed": m.stream_tokens.labels(kind, worker_id),
-            "chars_out": m.chars_out.labels(worker_id),
-            "holds": m.stream_holds.labels(kind, worker_id),
-            "unknown_ids": m.unknown_ids.labels(worker_id),
-        }
-        self._seen = dict.fromkeys(self._counters, 0)
+        self._counts = CounterSync(
+            {
+                "tokens_in": m.tokens_in.labels(worker_id),
+                "tokens_consumed": m.stream_tokens.labels(kind, worker_id),
+                "chars_out": m.chars_out.labels(worker_id),
+                "holds": m.stream_holds.labels(kind, worker_id),
+                "unknown_ids": m.unknown_ids.labels(worker_id),
+            }
+        )
         self._live = m.live_rids.labels("worker", worker_id)
         self._stops = CounterSync(m.stops_detected, kind, worker_id)
         self._bad = CounterSync(m.bad_frames, "worker", worker_id)
@@ -151,11 +160,7 @@ class WorkerMetrics:
         """counts: the worker's cumulative counts by metric name (WorkerState.counts); stops: cumulative per kind."""
         for histogram in (self._decode, self._batch_rids, self._batch_tokens, self._step):
             histogram.flush()
-        for name, counter in self._counters.items():
-            delta = counts.get(name, 0) - self._seen[name]
-            if delta > 0:
-                counter.inc(delta)
-                self._seen[name] += delta
+        self._counts.sync(counts)
         self._stops.sync(stops)
         self._live.set(live_rids)
         self._bad.sync(bad_frames)
@@ -164,16 +169,13 @@ class WorkerMetrics:
 class EngineMetrics:
     def __init__(self) -> None:
         m = metrics()
-        self._reopened = m.reopened
-        self._reopened_seen = 0
+        self._reopened = CounterSync({"reopened": m.reopened})
         self._live = m.live_rids.labels("engine", "")
         self._bad = CounterSync(m.bad_frames, "engine", "")
 
     def sync(self, *, live_rids: int, reopened: int, bad_frames: Mapping[str, int]) -> None:
         self._live.set(live_rids)
-        if reopened > self._reopened_seen:
-            self._reopened.inc(reopened - self._reopened_seen)
-            self._reopened_seen = reopened
+        self._reopened.sync({"reopened": reopened})
         self._bad.sync(bad_frames)
 
 
@@ -200,17 +202,7 @@ class FrontMetrics:
         self._ttft = HeldFamily(m.ttft_seconds, HeldHistogram)
         self._itl = HeldFamily(m.itl_seconds, HeldHistogram)
         self._bus_latency = HeldHistogram(m.bus_latency)
-        self._held: list[_Held] = [
-            self._requests,
-            self._aborted,
-            self._responses,
-            self._request_seconds,
-            self._ttft,
-            self._itl,
-            self._bus_latency,
-            self.front_chars,
-            self.front_tokens,
-        ]
+        self._held = _holders(self)
         for cause in ABORT_CAUSES:  # exported as 0 from the start, so rate() and alerts see every cause
             self._aborted.labels(cause)
 
@@ -274,6 +266,7 @@ class InstrumentedTokenizer(TokenizerWrapper):
         self._decode = HeldHistogram(m.decode_seconds.labels(kind, "decode"))
         self._tokens = HeldHistogram(m.tokens_per_encode.labels(kind))
         self._chars = HeldHistogram(m.chars_per_encode.labels(kind))
+        self._histograms = _holders(self)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         with self._timed(self._encode):
@@ -314,12 +307,5 @@ class InstrumentedTokenizer(TokenizerWrapper):
 
     def flush(self) -> None:
         with self._lock:
-            for histogram in (
-                self._encode,
-                self._encode_batch,
-                self._template,
-                self._decode,
-                self._tokens,
-                self._chars,
-            ):
+            for histogram in self._histograms:
                 histogram.flush()

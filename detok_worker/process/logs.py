@@ -11,30 +11,25 @@ import threading
 import time
 from typing import Any, TextIO
 
+from detok_worker.config.schema import LOG_FORMATS
+
 HUMAN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s"
 HUMAN_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
-LOG_FORMATS = ("human", "json")
-
-_role = "detok"
-
-
-class _ProcessFilter(logging.Filter):
-    """Stamps the role on every record (the pid is the record's own `process`, read per record by logging, so it
-    stays right after a fork)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.role = _role
-        return True
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts (unix seconds), level, role, pid, logger, msg, and exc when present."""
+    """One JSON object per line: ts (unix seconds), level, role, pid, logger, msg, and exc when present. The pid is
+    the record's own `process` (read per record by logging, so it stays right after a fork)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": round(record.created, 6),
             "level": record.levelname,
-            "role": getattr(record, "role", _role),
+            "role": self.role,
             "pid": record.process,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -46,16 +41,13 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(role: str, level: str = "INFO", log_format: str = "human", stream: TextIO | None = None) -> None:
     """Configure the root logger of this process (idempotent: replaces handlers set up earlier)."""
-    global _role
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
-    _role = role
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.addFilter(_ProcessFilter())
     if log_format == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(JsonFormatter(role))
     else:
-        handler.setFormatter(logging.Formatter(HUMAN_FORMAT, HUMAN_DATE_FORMAT))
+        handler.setFormatter(logging.Formatter(HUMAN_FORMAT, HUMAN_DATE_FORMAT, defaults={"role": role}))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -47,7 +47,7 @@ from detok_worker.bus.sockets import check_binds_allowed
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import VLLM_FLAGS_APPLIED_ENV, vllm_flags_digest
 from detok_worker.errors import OperatorError
-from detok_worker.metrics import METRICS_SUBDIR, child_env, mark_process_dead, prepare_metrics_dir
+from detok_worker.metrics import METRICS_SUBDIR, child_env, cleanup_metrics_dir, mark_process_dead, prepare_metrics_dir
 from detok_worker.process.runtime import PARENT_PID_ENV, Wakeup
 
 # the supervisor's own health probe of its front: the certificate names the served host, not the loopback address
@@ -80,10 +80,6 @@ class LaunchError(OperatorError):
 
 class PortInUseError(LaunchError):
     pass
-
-
-def default_runtime_base() -> Path:
-    return Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
 
 
 def sweep_stale_runtime_dirs(base: Path) -> list[Path]:
@@ -137,7 +133,7 @@ def url_host(host: str) -> str:
 
 def make_runtime_dir(base: Path | None = None) -> Path:
     """A fresh private runtime dir (mode 0700) holding a pid file, after sweeping stale ones."""
-    base = base if base is not None else default_runtime_base()
+    base = base if base is not None else Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
     for stale in sweep_stale_runtime_dirs(base):
         log.info("removed runtime dir %s of a supervisor that is gone", stale)
     path = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=base))
@@ -158,7 +154,6 @@ class Child:
     failures_in_row: int = 0
     restart_at: float | None = None
     retire_deadline: float | None = None  # set while a scaled-down worker is leaving
-    pids: list[int] = field(default_factory=list)  # every pid this slot has had
 
     @property
     def alive(self) -> bool:
@@ -168,12 +163,20 @@ class Child:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def terminate(self) -> None:
+        with contextlib.suppress(ProcessLookupError, AttributeError):  # exited, or never started
+            self.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
 
 def child_argv(role: str, config_path: Path, worker_id: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "detok_worker.cli", role, "--config", str(config_path)]
     if worker_id is not None:
         argv += ["--id", worker_id]
     return argv
+
+
+def _ipc_paths(endpoints: list[str]) -> list[Path]:
+    return [Path(endpoint[len("ipc://") :]) for endpoint in endpoints if endpoint.startswith("ipc://")]
 
 
 def worker_id(slot: int) -> str:
@@ -272,7 +275,6 @@ class Supervisor:
         child.proc = subprocess.Popen(child.argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         child.started_at = time.monotonic()
         child.restart_at = None
-        child.pids.append(child.proc.pid)
         log.info("started %s (pid %d)", child.name, child.proc.pid)
 
     # ---- signals ---------------------------------------------------------------------------------
@@ -336,10 +338,10 @@ class Supervisor:
     def _fronts_bound(self) -> bool:
         """Every front has bound its bus PULL (it is in its lifespan startup, about to accept); checked for ipc
         endpoints only, and only with several fronts (one front answering /health is the whole service)."""
-        if self.config.front.processes == 1:
+        processes = self.config.front.processes
+        if processes == 1:
             return True
-        endpoints = front_endpoints(resolve_endpoints(self.config), self.config.front.processes)
-        return all(Path(e[len("ipc://") :]).exists() for e in endpoints if e.startswith("ipc://"))
+        return all(path.exists() for path in _ipc_paths(front_endpoints(resolve_endpoints(self.config), processes)))
 
     def supervise(self) -> int:
         """Restart dead workers until a stop signal (EXIT 0) or the death of the engine or front (EXIT_FAILED)."""
@@ -380,9 +382,12 @@ class Supervisor:
                 self._schedule_restart(child, now)
         return None
 
-    def _schedule_restart(self, child: Child, now: float) -> None:
+    def _forget_live_gauges(self, child: Child) -> None:
         if child.pid is not None and self.metrics_dir is not None:
             mark_process_dead(child.pid, self.metrics_dir)
+
+    def _schedule_restart(self, child: Child, now: float) -> None:
+        self._forget_live_gauges(child)
         child.failures_in_row += 1
         child.restarts += 1
         delay = min(BACKOFF_INITIAL_S * 2 ** (child.failures_in_row - 1), BACKOFF_MAX_S)
@@ -414,8 +419,7 @@ class Supervisor:
             child = active[0]  # the oldest, as gunicorn does: TTIN + TTOU rolls a fresh process in
             child.retire_deadline = now + self.shutdown_timeout_s
             if child.alive:
-                with contextlib.suppress(ProcessLookupError):
-                    child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                child.terminate()
             log.info("retiring %s; scaling down to %d workers", child.name, len(self.workers))
 
     def _check_retiring(self, child: Child, now: float) -> None:
@@ -424,8 +428,7 @@ class Supervisor:
         if child.alive:
             log.warning("%s did not leave in time; killing it", child.name)
         self._kill(child)
-        if child.pid is not None and self.metrics_dir is not None:
-            mark_process_dead(child.pid, self.metrics_dir)
+        self._forget_live_gauges(child)
         self.children.remove(child)
 
     def _kill(self, child: Child) -> None:
@@ -452,8 +455,7 @@ class Supervisor:
     def _terminate(self, children: list[Child], timeout_s: float) -> None:
         """SIGTERM `children` and wait up to timeout_s for them to exit (a second stop signal cuts the wait)."""
         for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            child.terminate()
         self._wait_exit(children, timeout_s)
 
     def _wait_exit(self, children: list[Child], timeout_s: float) -> None:
@@ -470,13 +472,10 @@ class Supervisor:
             return
         endpoints = resolve_endpoints(self.config)
         fronts = front_endpoints(endpoints, self.config.front.processes)
-        for endpoint in (endpoints.engine, endpoints.workers, *fronts):
-            if endpoint.startswith("ipc://"):
-                with contextlib.suppress(OSError):
-                    Path(endpoint[len("ipc://") :]).unlink()
-        with contextlib.suppress(OSError):
-            (self.runtime_dir / CONFIG_FILE).unlink()
-        shutil.rmtree(self.runtime_dir / METRICS_SUBDIR, ignore_errors=True)
+        for path in [*_ipc_paths([endpoints.engine, endpoints.workers, *fronts]), self.runtime_dir / CONFIG_FILE]:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        cleanup_metrics_dir(self.runtime_dir / METRICS_SUBDIR)
 
     def close(self) -> None:
         self.stop_children()

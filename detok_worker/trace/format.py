@@ -12,9 +12,12 @@ Times are nanoseconds since the trace's start. A file cut short by a crash reads
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import statistics
 import struct
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +88,39 @@ class Trace:
     @property
     def total_output_tokens(self) -> int:
         return sum(len(request.output_ids) for request in self.requests)
+
+    def summary(self) -> dict[str, Any]:
+        """The header and statistics of the trace (`detok trace inspect`)."""
+        outputs = [len(request.output_ids) for request in self.requests]
+        prompts = [len(request.prompt_ids) for request in self.requests]
+        ends = [request.token_times_ns[-1] if request.token_times_ns else request.t_ns for request in self.requests]
+        header = self.header
+        return {
+            "version": header.version,
+            "tokenizer": header.tokenizer,
+            "tokenizer_hash": header.tokenizer_hash,
+            "created": header.created,
+            "source": header.source,
+            "meta": header.meta,
+            "requests": len(self.requests),
+            "output_tokens": sum(outputs),
+            "prompt_tokens": sum(prompts),
+            "output_tokens_p50": percentile(outputs, 50),
+            "output_tokens_max": max(outputs, default=0),
+            "prompt_tokens_mean": round(statistics.fmean(prompts), 1) if prompts else 0,
+            "duration_s": round(max(ends, default=0) / 1e9, 3),
+            "finish": dict(Counter(str(request.finish) for request in self.requests)),
+            "truncated": self.truncated,
+            "orphan_tokens": self.orphan_tokens,
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
@@ -159,30 +195,23 @@ class TraceReader:
 
     def __iter__(self) -> Iterator[TraceRecord]:
         try:
-            file = open(self.path, "rb")  # noqa: SIM115 - closed in finally (generator)
+            file = open(self.path, "rb")  # noqa: SIM115 - closed by the with below (generator)
         except OSError as exc:
             raise TraceFormatError(f"cannot open trace {self.path}: {exc}") from exc
-        try:
-            index = 0
-            while (payload := self._next_payload(file, index)) is not None:
+        with file:
+            for index in itertools.count():
+                prefix = file.read(_LENGTH.size)
+                if len(prefix) < _LENGTH.size:
+                    self.truncated = bool(prefix)
+                    return
+                (length,) = _LENGTH.unpack(prefix)
+                if length > MAX_RECORD_BYTES:
+                    raise TraceFormatError(f"{self.path}: record {index} claims {length} bytes; not a trace or corrupt")
+                payload = file.read(length)
+                if len(payload) < length:
+                    self.truncated = True
+                    return
                 yield self._decode(payload, index)
-                index += 1
-        finally:
-            file.close()
-
-    def _next_payload(self, file: IO[bytes], index: int) -> bytes | None:
-        prefix = file.read(_LENGTH.size)
-        if len(prefix) < _LENGTH.size:
-            self.truncated = bool(prefix)
-            return None
-        (length,) = _LENGTH.unpack(prefix)
-        if length > MAX_RECORD_BYTES:
-            raise TraceFormatError(f"{self.path}: record {index} claims {length} bytes; not a trace or corrupt")
-        payload = file.read(length)
-        if len(payload) < length:
-            self.truncated = True
-            return None
-        return payload
 
     def _decode(self, payload: bytes, index: int) -> TraceRecord:
         try:
@@ -195,11 +224,6 @@ class TraceReader:
         if index == 0 and record.version != TRACE_VERSION:
             raise TraceFormatError(f"{self.path}: trace version {record.version}, this detok reads {TRACE_VERSION}")
         return record
-
-
-def iter_records(path: str | Path) -> Iterator[TraceRecord]:
-    """Every record in file order (the header first)."""
-    return iter(TraceReader(path))
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -234,8 +258,9 @@ def write_trace(path: str | Path, trace: Trace) -> None:
     for order, request in enumerate(trace.requests):
         arrival = TraceRequest(request.t_ns, request.rid, request.prompt_ids, request.params)
         events.append((request.t_ns, order, arrival))
-        for t_ns, ids in _group_by_time(request.output_ids, request.token_times_ns):
-            events.append((t_ns, order, TraceTokens(t_ns, request.rid, ids)))
+        timed = zip(request.token_times_ns, request.output_ids, strict=True)  # one time per output id
+        for t_ns, step in itertools.groupby(timed, key=lambda pair: pair[0]):
+            events.append((t_ns, order, TraceTokens(t_ns, request.rid, [token for _, token in step])))
         if request.finish is not None:
             last = request.token_times_ns[-1] if request.token_times_ns else request.t_ns
             events.append((last, order, TraceTokens(last, request.rid, [], request.finish)))
@@ -243,14 +268,6 @@ def write_trace(path: str | Path, trace: Trace) -> None:
     with TraceWriter(path, trace.header) as writer:
         for _, _, record in events:
             writer.write(record)
-
-
-def _group_by_time(ids: list[int], times: list[int]) -> Iterator[tuple[int, list[int]]]:
-    start = 0
-    for index in range(1, len(ids) + 1):
-        if index == len(ids) or times[index] != times[start]:
-            yield times[start], ids[start:index]
-            start = index
 
 
 def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = None) -> None:
@@ -277,8 +294,8 @@ def export_jsonl(trace: Trace, path: str | Path, tokenizer: Tokenizer | None = N
 def _params_to_json(params: RequestParams) -> dict[str, Any]:
     """Flat JSON of a request's parameters (generation fields, then the detok ones), for people."""
     named = _named(params)
-    generation = {name: value for name, value in named.items() if name != "detok"}
-    return {**generation, **named["detok"]}
+    detok = named.pop("detok")
+    return {**named, **detok}
 
 
 def _named(value: Any) -> Any:

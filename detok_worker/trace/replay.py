@@ -1,10 +1,10 @@
 """`detok trace replay`: a trace through the real pipeline without HTTP.
 
 The engine stub (child process) generates the trace's own requests (`detok engine --replay FILE`), N detok
-workers (child processes) turn the ids into text, and this process binds the front endpoint and collects the
-TextBatches like the front would: texts assembled by offset (so a re-opened rid's repeated text is dropped),
-one result per request, and the engine-to-front latency of every batch (TokenBatch.sent_ns, carried through by
-the worker, to arrival here; both Unix wall-clock ns, see docs/protocol.md).
+workers (child processes) turn the ids into text, and this process plays the front (FrontCollector): texts
+assembled by offset (so a re-opened rid's repeated text is dropped), one result per request, and the
+engine-to-front latency of every batch (TokenBatch.sent_ns, carried through by the worker, to arrival here; both
+Unix wall-clock ns, see docs/protocol.md). The elapsed time runs from the first text to the last.
 """
 
 from __future__ import annotations
@@ -12,39 +12,26 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import msgspec
-import zmq
 
-from detok_worker.bus.codec import front_decoder
-from detok_worker.bus.collector import CollectedRequest
-from detok_worker.bus.columns import text_deltas
-from detok_worker.bus.messages import FINISH_ERROR, Reject, TextBatch
-from detok_worker.bus.sockets import BusSockets
+from detok_worker.bus.collector import CollectedRequest, FrontCollector
+from detok_worker.bus.messages import FINISH_ERROR
 from detok_worker.config import DetokConfig
 from detok_worker.process.supervisor import Supervisor
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.trace.format import Trace, read_trace, tokenizer_fingerprint
-from detok_worker.trace.summary import percentile
+from detok_worker.trace.format import Trace, percentile, read_trace, tokenizer_fingerprint
 from detok_worker.trace.synth import TraceInputError
 
 log = logging.getLogger(__name__)
 
 
 def request_json(request: CollectedRequest) -> dict[str, object]:
-    return {
-        "rid": request.rid,
-        "text": request.text,
-        "n_tokens": request.n_tokens,
-        "finish": request.finish,
-        "stop_reason": request.stop_reason,
-        "error": request.error,
-    }
+    return {name: getattr(request, name) for name in ("rid", "text", "n_tokens", "finish", "stop_reason", "error")}
 
 
 @dataclass
@@ -88,51 +75,6 @@ class ReplayReport:
         }
 
 
-class ReplayCollector:
-    """Front-side assembly of TextBatches into per-request texts."""
-
-    def __init__(self, rids: list[str]) -> None:
-        self.by_rid = {rid: CollectedRequest(rid) for rid in rids}
-        self.latencies_ns: list[int] = []
-        self.finished = 0
-        self.first_ns: int | None = None  # earliest TokenBatch send (engine clock)
-        self.last_ns: int | None = None  # arrival of the last final delta
-
-    @property
-    def done(self) -> bool:
-        return self.finished >= len(self.by_rid)
-
-    def add(self, message: object, received_ns: int) -> int:
-        """Take one decoded front message; returns how many requests it finished."""
-        if isinstance(message, Reject):
-            return self._reject(message.rid, message.error, received_ns)
-        if not isinstance(message, TextBatch) or not message.rids:
-            return 0
-        if self.first_ns is None or message.sent_ns < self.first_ns:
-            self.first_ns = message.sent_ns  # the engine's send time of the earliest batch
-        self.latencies_ns.append(received_ns - message.sent_ns)
-        ended = 0
-        for delta in text_deltas(message):
-            request = self.by_rid.get(delta.rid)
-            if request is None or request.finish is not None:
-                continue
-            request.apply(delta, received_ns)
-            if request.done:
-                self.finished += 1
-                self.last_ns = received_ns
-                ended += 1
-        return ended
-
-    def _reject(self, rid: str, error: str, now_ns: int) -> int:
-        request = self.by_rid.get(rid)
-        if request is None or request.done:
-            return 0
-        request.reject(error)
-        self.finished += 1
-        self.last_ns = now_ns
-        return 1
-
-
 def check_trace_tokenizer(trace: Trace, tokenizer: Tokenizer) -> None:
     """Refuse to replay ids that belong to another tokenizer (they would decode to the wrong text)."""
     fingerprint = tokenizer_fingerprint(tokenizer)
@@ -150,7 +92,6 @@ def replay_trace(config: DetokConfig, path: str | Path, *, timeout_s: float = 60
     trace = read_trace(path)
     check_trace_tokenizer(trace, load_configured_tokenizer(config))
     rids = [request.rid for request in trace.requests]
-    collector = ReplayCollector(rids)
     engine = msgspec.structs.replace(config.engine, record="")  # a replay is not a new recording
     supervisor = Supervisor(
         msgspec.structs.replace(config, engine=engine),
@@ -159,37 +100,34 @@ def replay_trace(config: DetokConfig, path: str | Path, *, timeout_s: float = 60
     )
     supervisor.install_signal_handlers()
     supervisor.prepare()
-    sockets = BusSockets(supervisor.config)
+    collector = FrontCollector(supervisor.config)  # binds the front endpoint before the children start
+    pending = set(rids)
     try:
-        pull = sockets.front_pull()  # bound before the children start: nothing is missed
-        decoder = front_decoder()
         supervisor.start()
-        deadline = time.monotonic() + timeout_s
         with tqdm(total=len(rids), desc="replay", unit="req", file=sys.stderr, disable=None) as progress:
-            while not collector.done and not supervisor.stopping and time.monotonic() < deadline:
-                if pull.poll(100):
-                    for _ in range(1024):
-                        try:
-                            frame = pull.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        message = decoder.decode(frame)
-                        if message is not None:
-                            progress.update(collector.add(message, time.time_ns()))
+
+            def over() -> bool:
+                ended = [rid for rid in pending if (request := collector.requests.get(rid)) and request.done]
+                pending.difference_update(ended)
+                progress.update(len(ended))
                 failed = supervisor.check_children()
                 if failed is not None:
                     log.error("%s exited during the replay", failed.name)
-                    break
-        if not collector.done:
-            log.error("replay incomplete: %d of %d requests finished", collector.finished, len(rids))
+                return not pending or supervisor.stopping or failed is not None
+
+            collector.wait_for(over, timeout_s)
+        if pending:
+            log.error("replay incomplete: %d of %d requests finished", len(rids) - len(pending), len(rids))
     finally:
-        sockets.close()
+        collector.close()
         supervisor.close()
-    elapsed_ns = (collector.last_ns or 0) - (collector.first_ns or 0)
+    requests = [collector.requests.get(rid) or CollectedRequest(rid) for rid in rids]
+    first_ns = min((r.first_ns for r in requests if r.first_ns is not None), default=0)
+    last_ns = max((r.last_ns or 0 for r in requests), default=0)
     return ReplayReport(
-        requests=list(collector.by_rid.values()),
+        requests=requests,
         workers=config.worker.count,
-        elapsed_s=max(elapsed_ns, 0) / 1e9,
+        elapsed_s=max(last_ns - first_ns, 0) / 1e9,
         latencies_ns=collector.latencies_ns,
     )
 

@@ -22,7 +22,6 @@ from detok_worker.trace.format import (
     TraceTokens,
     TraceWriter,
     export_jsonl,
-    iter_records,
     make_header,
     read_trace,
     tokenizer_fingerprint,
@@ -68,7 +67,7 @@ def test_records_are_length_prefixed_msgpack(tmp_path):
     (length,) = struct.unpack_from("<I", data)
     header = msgspec.msgpack.decode(data[4 : 4 + length], type=TraceHeader)
     assert header == HEADER
-    records = list(iter_records(path))
+    records = list(TraceReader(path))
     assert len(records) == 8
     assert isinstance(records[1], TraceRequest) and records[1].rid == "r1"
     assert isinstance(records[-1], TraceTokens) and records[-1].finish == "stop"
