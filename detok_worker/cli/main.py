@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from detok_worker.cli.bench import add_bench_command
+from detok_worker.cli.service import run_service, with_vllm_flags
 from detok_worker.cli.tokenizer import add_tokenizer_commands
 from detok_worker.cli.trace import add_trace_commands
 from detok_worker.config import DetokConfig, config_to_toml
 from detok_worker.config.flags import (
     ENGINE_ARGS_DEST,
     SERVICE_FLAGS,
-    VLLM_FLAGS_APPLIED_ENV,
     add_command,
     add_config_flags,
     add_engine_flags,
@@ -35,7 +34,6 @@ from detok_worker.config.flags import (
     add_front_flags,
     run_with_config,
     split_engine_args,
-    vllm_flags_digest,
 )
 from detok_worker.engine.command import add_engine_command_flags, run_engine_command
 from detok_worker.errors import OperatorError
@@ -50,31 +48,8 @@ def _start_role(role: str, config: DetokConfig) -> None:
     watch_parent()
 
 
-def with_vllm_flags(config: DetokConfig, *, needs_vllm: bool = True) -> DetokConfig:
-    """On source = vllm: the front-end flags among engine.vllm_args applied (or refused), unless the supervisor
-    that started this process did so already (its config file holds the result). Without vLLM installed: an
-    OperatorError, or (needs_vllm false: `detok config`) the config as it is, with a warning."""
-    if config.engine.source != "vllm" or os.environ.get(VLLM_FLAGS_APPLIED_ENV) == vllm_flags_digest(config):
-        return config
-    try:
-        from detok_worker.engine.vllm_flags import apply_vllm_flags  # imports vLLM: only on this source
-    except ImportError as exc:
-        message = f"--source vllm needs vLLM installed in this environment ({exc}); see README, With a real engine"
-        if needs_vllm:
-            raise OperatorError(message) from exc
-        print(f"detok: warning: {message}; the vllm serve flags are shown as given, not applied", file=sys.stderr)
-        return config
-    return apply_vllm_flags(config)
-
-
 def cmd_serve(args: argparse.Namespace, config: DetokConfig) -> int:
-    from detok_worker.front.api_key import resolve_api_keys
-    from detok_worker.process.supervisor import serve
-
-    config = with_vllm_flags(config)
-    resolve_api_keys(config.front)  # a conflicting or unsafe key source fails here, before any child starts
-    setup_logging("serve", config.logging.level, config.logging.format)
-    return serve(config, startup_timeout_s=args.startup_timeout)
+    return run_service(config, args.startup_timeout)
 
 
 def cmd_worker(args: argparse.Namespace, config: DetokConfig) -> int:
@@ -153,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv, engine_args = split_engine_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if engine_args is not None:
-        if args.command not in ("serve", "engine", "config"):
+        if args.command not in ("serve", "engine", "config") and getattr(args, "trace_command", None) != "record":
             parser.error(f"detok {args.command} takes no engine flags after --")
         setattr(args, ENGINE_ARGS_DEST, engine_args)
     return run_with_config(f"detok {args.command}", args, args.handler)

@@ -93,12 +93,10 @@ def cmd_replay(args: argparse.Namespace, config: DetokConfig) -> int:
 def cmd_record(args: argparse.Namespace, config: DetokConfig) -> int:
     import msgspec
 
-    from detok_worker.process.logs import setup_logging
-    from detok_worker.process.supervisor import serve
+    from detok_worker.cli.service import run_service
 
-    setup_logging("serve", config.logging.level, config.logging.format)
     engine = msgspec.structs.replace(config.engine, record=str(Path(args.output).resolve()))
-    return serve(msgspec.structs.replace(config, engine=engine), startup_timeout_s=args.startup_timeout)
+    return run_service(msgspec.structs.replace(config, engine=engine), args.startup_timeout)
 
 
 def add_trace_commands(commands: argparse._SubParsersAction) -> None:
