@@ -1,4 +1,4 @@
-"""`detok engine-server` / `python -m engine_stub.grpc_server`: detok's local token sources (corpus, echo, trace,
+"""`detok engine-server`: detok's local token sources (corpus, echo, trace,
 llama-cpp) served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests
 and benches of gRPC gateways (detok's own and SMG).
 
@@ -36,7 +36,7 @@ import signal
 import time
 import zipfile
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -50,6 +50,8 @@ from smg_grpc_proto.generated import common_pb2
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
     MAX_TOP_LOGPROBS,
     DetokParams,
     RequestParams,
@@ -73,15 +75,14 @@ ZIP_CHUNK = 1 << 20
 DROPPED_KEPT = 10_000
 
 
-def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) -> tuple[list[int], str, int | None]:
-    """(output ids, finish reason, matched stop id) of a plan under the engine's own stop rules."""
-    stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+def cut_at_stop(ids: list[int], params: RequestParams, stop_ids: set[int]) -> tuple[list[int], str]:
+    """(output ids, finish reason) of a plan under the engine's own stop rules."""
     for index in range(params.detok.min_tokens, min(len(ids), params.max_tokens)):
         if ids[index] in stop_ids:
-            return ids[: index + 1], "stop", ids[index]
+            return ids[: index + 1], FINISH_STOP
     if len(ids) > params.max_tokens:
-        return ids[: params.max_tokens], "length", None
-    return ids, "stop", None
+        return ids[: params.max_tokens], FINISH_LENGTH
+    return ids, FINISH_STOP
 
 
 # The gRPC engine server's generating source (llama-cpp): the requests of every Generate stream in one
@@ -91,6 +92,8 @@ def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) 
 
 # one step's news for a stream: (new ids, finish or None, error or None)
 StepNews = tuple[list[int], str | None, str | None]
+# what a Generate stream sends of one step: (new ids, finish or None, their logprobs or None)
+Step = tuple[list[int], str | None, list[TokenLogprob] | None]
 
 
 @dataclass(slots=True)
@@ -236,97 +239,96 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             ignore_eos=sampling.ignore_eos,
         )
         prompt_ids = list(request.tokenized.input_ids)
+        stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         if self.runs is not None:
-            async for response in self._generate(rid, prompt_ids, params, self.runs, context):
-                yield response
-            return
-        assert self.planner is not None
-        plan = self.planner.plan(rid, prompt_ids, params)
-        ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
-        logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
+            steps = self._generated(rid, prompt_ids, params, stop_ids, self.runs, context)
+        else:
+            steps = self._planned(rid, prompt_ids, params, stop_ids, asked)
         self.counts["requests"] += 1
         # what the gateway asked for beyond the ids (sampling, constraint): the stub cannot honour it, tests read it
         self.last_sampling = MessageToDict(sampling, preserving_proto_field_name=True)
         self.running.add(rid)
-        started = time.monotonic()
-        done = False
-        sent = 0
-        try:
-            for start in range(0, len(ids), self.tokens_per_step):
-                if rid in self.aborting:
-                    finish = "abort"
-                    break
-                end = start + self.tokens_per_step
-                if plan.offsets_ns is not None:
-                    due = started + plan.offsets_ns[min(end, len(ids)) - 1] / 1e9
-                    await asyncio.sleep(max(0.0, due - time.monotonic()))
-                elif self.step_s and start:
-                    await asyncio.sleep(self.step_s)
-                chunk = pb2.GenerateStreamChunk(
-                    token_ids=ids[start:end], prompt_tokens=len(prompt_ids), completion_tokens=min(end, len(ids))
-                )
-                if logprobs is not None:
-                    chunk.output_logprobs.CopyFrom(proto_logprobs(logprobs[start:end]))
-                yield pb2.GenerateResponse(chunk=chunk)
-                sent = min(end, len(ids))
-            complete = pb2.GenerateComplete(
-                output_ids=ids if finish != "abort" else [],
-                finish_reason=finish,
-                prompt_tokens=len(prompt_ids),
-                completion_tokens=len(ids),
-            )
-            if matched is not None and finish == "stop":
-                complete.matched_token_id = matched
-            if logprobs is not None and finish != "abort":
-                complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
-            # counted before the last message goes out: a client may cancel its call once it has that message,
-            # and the generator is not resumed after the yield then
-            done = True
-            self.counts["completed" if finish != "abort" else "aborted_streams"] += 1
-            yield pb2.GenerateResponse(complete=complete)
-        finally:
-            self._ended(rid, prompt_ids, ids[:sent], finish if done else None)
-
-    async def _generate(
-        self, rid: str, prompt_ids: list[int], params: RequestParams, runs: GenerationRuns, context: Any
-    ) -> AsyncIterator[Any]:
-        """Generate with a generating source: each step's new ids are one chunk."""
-        stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        generation = Generation(rid, prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens)
-        self.counts["requests"] += 1
-        self.running.add(rid)
-        runs.submit(generation)
         output: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        finish: str | None = None
         done = False
         try:
-            while True:
-                ids, finish, error = await generation.steps.get()
-                if error is not None:  # refused before any work, or failed while generating
-                    code = grpc.StatusCode.INTERNAL if finish == FINISH_ERROR else grpc.StatusCode.INVALID_ARGUMENT
-                    await context.abort(code, error)
+            async for step in steps:
+                ids, finish, step_logprobs = step
+                if not ids:
+                    continue
                 output += ids
-                self.counts["generated"] += len(ids)
-                if ids and finish != FINISH_ABORT:
-                    chunk = pb2.GenerateStreamChunk(
-                        token_ids=ids, prompt_tokens=len(prompt_ids), completion_tokens=len(output)
-                    )
-                    yield pb2.GenerateResponse(chunk=chunk)
-                if finish is not None:
-                    break
+                chunk = pb2.GenerateStreamChunk(
+                    token_ids=ids, prompt_tokens=len(prompt_ids), completion_tokens=len(output)
+                )
+                if step_logprobs is not None:
+                    logprobs += step_logprobs
+                    chunk.output_logprobs.CopyFrom(proto_logprobs(step_logprobs))
+                yield pb2.GenerateResponse(chunk=chunk)
+            aborted = finish == FINISH_ABORT
             complete = pb2.GenerateComplete(
-                output_ids=output if finish != FINISH_ABORT else [],
+                output_ids=[] if aborted else output,
                 finish_reason=finish,
                 prompt_tokens=len(prompt_ids),
                 completion_tokens=len(output),
             )
-            if finish == "stop" and output and output[-1] in stop_ids:
+            if finish == "stop" and len(output) > params.detok.min_tokens and output[-1] in stop_ids:
                 complete.matched_token_id = output[-1]
-            done = True  # counted before the last message goes out, as above
-            self.counts["completed" if finish != FINISH_ABORT else "aborted_streams"] += 1
+            if logprobs and not aborted:
+                complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
+            # counted before the last message goes out: a client may cancel its call once it has that message,
+            # and the generator is not resumed after the yield then
+            done = True
+            self.counts["aborted_streams" if aborted else "completed"] += 1
             yield pb2.GenerateResponse(complete=complete)
         finally:
-            runs.cancel(rid)
+            if self.runs is not None:
+                self.runs.cancel(rid)
             self._ended(rid, prompt_ids, output, finish if done else None)
+
+    async def _planned(
+        self, rid: str, prompt_ids: list[int], params: RequestParams, stop_ids: set[int], asked: int | None
+    ) -> AsyncIterator[Step]:
+        """A planning source's ids, cut at the engine's own stops, tokens_per_step per chunk: one chunk per
+        engine.step_interval_ms, or paced as the plan says; fake logprobs (`fake_logprobs`) when asked."""
+        assert self.planner is not None
+        plan = self.planner.plan(rid, prompt_ids, params)
+        ids, finish = cut_at_stop(plan.ids, params, stop_ids)
+        logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
+        started = time.monotonic()
+        for start in range(0, len(ids), self.tokens_per_step):
+            if rid in self.aborting:
+                yield [], FINISH_ABORT, None
+                return
+            end = min(start + self.tokens_per_step, len(ids))
+            if plan.offsets_ns is not None:
+                await asyncio.sleep(max(0.0, started + plan.offsets_ns[end - 1] / 1e9 - time.monotonic()))
+            elif self.step_s and start:
+                await asyncio.sleep(self.step_s)
+            yield ids[start:end], None, None if logprobs is None else logprobs[start:end]
+        yield [], finish, None
+
+    async def _generated(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        params: RequestParams,
+        stop_ids: set[int],
+        runs: GenerationRuns,
+        context: Any,
+    ) -> AsyncIterator[Step]:
+        """A generating source's ids: each step's new ids are one chunk."""
+        generation = Generation(rid, prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens)
+        runs.submit(generation)
+        while True:
+            ids, finish, error = await generation.steps.get()
+            if error is not None:  # refused before any work, or failed while generating
+                code = grpc.StatusCode.INTERNAL if finish == FINISH_ERROR else grpc.StatusCode.INVALID_ARGUMENT
+                await context.abort(code, error)
+            self.counts["generated"] += len(ids)
+            yield ids, finish, None
+            if finish is not None:
+                return
 
     def _ended(self, rid: str, prompt_ids: list[int], ids: list[int], finish: str | None) -> None:
         """A Generate stream is over: finish None when the client dropped it."""
@@ -433,21 +435,3 @@ def write_stats(path: str, stats: dict[str, Any]) -> None:
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
     run_event_loop(serve_engine(config, args.listen, args.stats_file, args.requests_log, args.cancel_starts))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from detok_worker.config.flags import add_config_flags, add_engine_flags, add_engine_server_flags, config_from_args
-    from detok_worker.process.logs import setup_logging
-
-    parser = argparse.ArgumentParser(prog="engine-server", description=__doc__.split("\n\n")[0])
-    add_config_flags(parser)
-    add_engine_flags(parser)
-    add_engine_server_flags(parser)
-    args = parser.parse_args(argv)
-    config = config_from_args(args)
-    setup_logging("engine-server", config.logging.level, config.logging.format)
-    return run_engine_server(args, config)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,6 @@
-"""The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: which service
-an engine serves, the GenerateRequest detok sends, and the start-up check (health, model info, tokenizer).
-
-Two services, the same shape, one Dialect class each (grpc_dialects.py): `VllmEngine` (`vllm serve --grpc`) and
-`SglangScheduler` (`sglang serve --grpc-mode`); `engine.engine_service = "auto"` asks VllmEngine first.
+"""The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: the connection
+and its start-up check (the service, health, model info, tokenizer), and the ids and logprobs of its answers. The
+services and their requests: `Dialect`; `engine.engine_service = "auto"` asks VllmEngine first.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from detok_worker.bus.columns import TokenRow
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
-    REJECT_FAILED,
     REJECT_INVALID,
     REJECT_NO_WORKER,
     DetokParams,
@@ -101,7 +100,6 @@ class Scheduler:
         # from a new process while registered); a worker that says Goodbye leaves without counting
         self.lost_workers = 0
         self.generated = 0  # ids pushed, whether or not their request still generates
-        self.rejected = 0
 
     # ---- requests -------------------------------------------------------------------------------------
 
@@ -125,11 +123,11 @@ class Scheduler:
             return None
         self.delivering.forget(rid)
         if (problem := self.limits.check(prompt_ids, params)) is not None:
-            return self._reject(rid, problem, REJECT_INVALID)
+            return Reject(rid, problem, kind=REJECT_INVALID)
         try:
             rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
         except ParameterError as exc:
-            return self._reject(rid, str(exc), REJECT_INVALID)
+            return Reject(rid, str(exc), kind=REJECT_INVALID)
         tail = prompt_tail(prompt_ids, self.special_ids)
         request = new_request(rid, tail, params, rules)
         # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
@@ -353,7 +351,7 @@ class Scheduler:
                 f"{request.workers_lost} detok workers were lost while they held this request; it is ended so that"
                 " it cannot take down more"
             )
-            return self._reject(request.rid, message)
+            return Reject(request.rid, message)
         info = registry.place(request.rid, request.stop_chars, anywhere=request.placed)
         if info is not None:
             request.worker = info.worker
@@ -364,12 +362,12 @@ class Scheduler:
             return None
         if registry:
             del self.running[request.rid]
-            return self._reject(request.rid, *registry.refusal(request.stop_chars))
+            return registry.refusal(request.rid, request.stop_chars)
         if request.orphan_since is None:
             request.orphan_since = now
         elif now - request.orphan_since > ORPHAN_GRACE_S:
             del self.running[request.rid]
-            return self._reject(request.rid, "no detok worker is alive", REJECT_NO_WORKER)
+            return Reject(request.rid, "no detok worker is alive", kind=REJECT_NO_WORKER)
         return None
 
     def _unassign(self, request: Request, *, after_pending: bool = False) -> None:
@@ -413,7 +411,3 @@ class Scheduler:
         if request.worker is not None and request.worker in self.registry:
             request.ended = True
             self.delivering.hold(request.rid, request, request.worker, self._now)
-
-    def _reject(self, rid: str, error: str, kind: str = REJECT_FAILED) -> Reject:
-        self.rejected += 1
-        return Reject(rid, error, kind=kind)

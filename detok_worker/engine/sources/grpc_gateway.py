@@ -36,7 +36,7 @@ from detok_worker.engine.grpc_api import (
     new_ids_of_complete,
     output_logprobs,
 )
-from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.errors import ParameterError
 from detok_worker.process.runtime import run_event_loop, stop_on_signals
@@ -57,9 +57,7 @@ def gateway_link(config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> E
     """The gateway's bus side: Opens carry the engine's vocabulary size, the fronts serve its model name."""
     return EngineLink(
         config,
-        eos_ids=tokenizer.eos_token_ids,
-        special_ids=tokenizer.special_token_ids,
-        recorder=recorder_for(config, tokenizer),
+        tokenizer,
         vocab_size=api.vocab_size,
         served_model_name=api.served_model_name,
         max_model_len=api.max_context_length,
@@ -81,7 +79,6 @@ class GrpcGateway:
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
-        self.engine_aborts = 0
         self.start_retries = 0  # Generate streams opened again after a failed start
 
     def request_stop(self) -> None:
@@ -165,7 +162,6 @@ class GrpcGateway:
         api = self.api
         try:
             await api.stub.Abort(api.dialect.abort_request(rid), timeout=ABORT_TIMEOUT_S)
-            self.engine_aborts += 1
         except grpc.aio.AioRpcError as exc:  # the cancelled stream tells the engine too
             log.debug("engine: Abort(%s) on %s failed: %s", rid, api.url, exc.code().name)
         finally:

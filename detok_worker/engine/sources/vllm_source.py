@@ -39,7 +39,7 @@ from vllm.version import __version__ as VLLM_VERSION
 
 from detok_worker.bus.messages import AdapterCall, PromptCached, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
 from detok_worker.engine.vllm_loras import LoraAdapters
@@ -305,7 +305,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     tokenizer = load_configured_tokenizer(config)
     generation = model_config.try_get_generation_config()
     eos = generation.get("eos_token_id")
-    eos_ids = set(tokenizer.eos_token_ids) | set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]  # the generation config's
 
     async def main() -> int:
         log_stats = not args.disable_log_stats
@@ -324,9 +324,8 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
             requests = RequestBuilder(processor, model_config, adapters.requests, tool_grammar)
             link = EngineLink(
                 config,
+                tokenizer,
                 eos_ids=eos_ids,
-                special_ids=tokenizer.special_token_ids,
-                recorder=recorder_for(config, tokenizer),
                 vocab_size=model_config.get_vocab_size(),
                 served_model_name=model_config.served_model_name,
                 engine_version=VLLM_VERSION,
