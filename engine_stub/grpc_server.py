@@ -1,22 +1,20 @@
-"""`detok engine-server`: detok's local token sources (corpus, echo, trace,
-llama-cpp) served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests
-and benches of gRPC gateways (detok's own and SMG).
+"""`detok engine-server`: detok's local token sources (corpus, echo, trace, llama-cpp) served as a real gRPC
+`VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests and benches of gRPC gateways
+(detok's own and SMG).
 
-Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
-engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
-GenerateComplete with every output id. A request that asks for logprobs gets the planning sources'
-deterministic fake ones (`fake_logprobs`) in each chunk's and the GenerateComplete's
-output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the request's
-stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
-ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
-responsive; each step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a
-generation is cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten
-every 0.1 s while they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming
-a request that was running, or whose stream the client had just cancelled), abort_calls, generated (ids a
-generating source made), cancelled_starts (Generate calls ended with CANCELLED at once: --cancel-starts N, a fault
-for the gateway's retries). With --requests-log, one JSON line per
-ended request: {"rid", "prompt_ids", "ids" (every id streamed), "finish"}: a bench checks a gateway's text
-against the decode of exactly what the engine sent.
+Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per engine.step_interval_ms
+(0 = as fast as possible; a paced trace keeps its recorded timing), then a GenerateComplete with every output id. A
+request that asks for logprobs gets the planning sources' deterministic fake ones (`fake_logprobs`) in each chunk's
+and the GenerateComplete's output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the
+request's stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the ids
+as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays responsive; each
+step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a generation is
+cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten every 0.1 s while
+they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming a request that was
+running, or whose stream the client had just cancelled), abort_calls, generated (ids a generating source made),
+cancelled_starts (Generate calls ended with CANCELLED at once: --cancel-starts N, a fault for the gateway's
+retries). With --requests-log, one JSON line per ended request: {"rid", "prompt_ids", "ids" (every id streamed),
+"finish"}: a bench checks a gateway's text against the decode of exactly what the engine sent.
 GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
 serves that directory's files as a zip (a tokenizer given as a file, a GGUF, alone and uncompressed: its
 quantized weights would take seconds to deflate for nothing).

@@ -33,7 +33,7 @@ from detok_worker.bus.messages import (
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
-from detok_worker.engine.limits import SubmitLimits
+from detok_worker.engine.plans import SubmitLimits
 from detok_worker.engine.scheduler import Output, Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.metrics import EngineMetrics
@@ -110,7 +110,6 @@ class EngineLink:
         self.poller = zmq.Poller()
         self.poller.register(from_front, zmq.POLLIN)
         self.poller.register(to_workers, zmq.POLLIN)
-        self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
         self.dropped_connections = 0
         self._news = BusNews()
@@ -254,7 +253,6 @@ class EngineLink:
                 if recorder is not None:
                     for item in emitted:
                         recorder.tokens(item.rid, item.ids, item.finish)
-        self.steps += 1
         self.blocked = self.workers.blocked_sends > blocked_before
         self.fronts.flush()
         return sent

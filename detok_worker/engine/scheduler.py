@@ -13,7 +13,7 @@ Ownership: a request goes to the live worker with the fewest requests among thos
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
 Open again, and a row with the full history.
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
-meanwhile, it is re-opened like a live one, its row carrying the finish too (why: engine/delivery.py).
+meanwhile, it is re-opened like a live one, its row carrying the finish too (why: `Undelivered`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
-from detok_worker.engine.delivery import Undelivered
-from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import (
+    NO_SUBMIT_LIMITS,
     Emitted,
     Groups,
     Request,
     StepPlan,
+    SubmitLimits,
+    Undelivered,
     WorkerGroup,
     WorkerPlan,
     aligned_logprobs,
@@ -112,7 +113,6 @@ class Scheduler:
         return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
-        """The rids of the running requests (`live_rids` counts them)."""
         return list(self.running)
 
     def submit(self, rid: str, prompt_ids: list[int], params: RequestParams) -> Reject | None:

@@ -79,7 +79,6 @@ class GrpcGateway:
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
-        self.start_retries = 0  # Generate streams opened again after a failed start
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -176,7 +175,6 @@ class GrpcGateway:
                 code = await self._stream(rid, request)
                 if code is None:
                     return
-                self.start_retries += 1
                 log.info(
                     "engine: Generate(%s) on %s ended %s before any output; retry %d",
                     rid,

@@ -134,11 +134,9 @@ class VllmSource:
                 timer.cancel()
                 bus.clear()
         finally:
-            outputs.cancel()
-            connections.cancel()
-            if stats_log is not None:
-                stats_log.cancel()
             tasks = [outputs, connections, *([stats_log] if stats_log is not None else [])]
+            for task in tasks:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for fd in fds:
                 loop.remove_reader(fd)
