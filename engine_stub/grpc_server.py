@@ -97,10 +97,7 @@ Step = tuple[list[int], str | None, list[TokenLogprob] | None]
 @dataclass(slots=True)
 class Generation:
     rid: str
-    prompt_ids: list[int]
-    max_tokens: int
-    stop_ids: list[int]
-    min_tokens: int
+    request: tuple[list[int], int, list[int], int]  # GeneratorEngine.add: prompt ids, max_tokens, stop ids, min_tokens
     steps: asyncio.Queue[StepNews] = field(default_factory=asyncio.Queue)
 
 
@@ -146,13 +143,7 @@ class GenerationRuns:
         adds, self._adds = self._adds, []
         for generation in adds:
             try:
-                self.engine.add(
-                    generation.rid,
-                    generation.prompt_ids,
-                    generation.max_tokens,
-                    generation.stop_ids,
-                    generation.min_tokens,
-                )
+                self.engine.add(generation.rid, *generation.request)
             except ValueError as exc:
                 generation.steps.put_nowait(([], None, f"the engine's token source failed: {exc}"))
                 continue
@@ -316,7 +307,7 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         context: Any,
     ) -> AsyncIterator[Step]:
         """A generating source's ids: each step's new ids are one chunk."""
-        generation = Generation(rid, prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens)
+        generation = Generation(rid, (prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens))
         runs.submit(generation)
         while True:
             ids, finish, error = await generation.steps.get()

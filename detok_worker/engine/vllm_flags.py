@@ -347,7 +347,7 @@ def apply_vllm_flags(config: DetokConfig, environ: Mapping[str, str] | None = No
     conflicts = []
     for key, value in flags.items():
         current = _get(tree, key)
-        if current not in _unset(key, config) and current != _plain(value):
+        if current not in _unset(key, config) and current != msgspec.to_builtins(value):
             conflicts.append(f"{key} = {current!r} but the vLLM flags give {value!r}")
         _set(tree, key, value)
     if conflicts:
@@ -363,10 +363,6 @@ def apply_vllm_flags(config: DetokConfig, environ: Mapping[str, str] | None = No
     return result
 
 
-def _plain(value: Any) -> Any:
-    return msgspec.to_builtins(value)
-
-
 def _get(tree: dict[str, Any], key: str) -> Any:
     section, name = key.split(".")
     return tree[section][name]
@@ -374,7 +370,7 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 def _set(tree: dict[str, Any], key: str, value: Any) -> None:
     section, name = key.split(".")
-    tree[section][name] = _plain(value)
+    tree[section][name] = msgspec.to_builtins(value)
 
 
 def _unset(key: str, config: DetokConfig) -> list[Any]:
@@ -382,5 +378,5 @@ def _unset(key: str, config: DetokConfig) -> list[Any]:
     section, name = key.split(".")
     defaults = DetokConfig()
     struct = {"front": FrontConfig(), "tokenizer": defaults.tokenizer, "worker": defaults.worker}[section]
-    unset = [_plain(getattr(struct, name))]
+    unset = [msgspec.to_builtins(getattr(struct, name))]
     return [*unset, config.engine.model] if key == "tokenizer.path" else unset
