@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -29,8 +29,8 @@ from detok_worker.config.schema import EngineService
 from detok_worker.errors import ParameterError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-# constraint kinds both services take under their own name, the spec as it is
-_SPEC_KINDS = (bus.CONSTRAINT_JSON_SCHEMA, bus.CONSTRAINT_REGEX, bus.CONSTRAINT_STRUCTURAL_TAG)
+# a constraint kind -> the service's SamplingParams fields for it
+Constraints = Mapping[str, Callable[[Constraint], dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class Dialect:
     stub_class: Callable[[grpc.aio.Channel], Any]  # generated code: its RPCs are untyped
     limit_fields: tuple[str, str]  # its names of max_tokens and min_tokens
     sampling_fields: Callable[[SamplingParams], dict[str, Any]]
+    constraints: Constraints
     # fields of the GenerateRequest itself beyond the prompt and the sampling parameters
     request_fields: Callable[[SamplingParams], dict[str, Any]]
     abort_request: Callable[[str], Any]
@@ -64,6 +65,7 @@ class Dialect:
             skip_special_tokens=False,
             **{max_name: params.max_tokens, min_name: detok.min_tokens},
             **self.sampling_fields(params.sampling),
+            **self._constraint_fields(params.sampling.constraint),
         )
         return pb2.GenerateRequest(
             request_id=rid,
@@ -72,6 +74,14 @@ class Dialect:
             stream=True,
             **self.request_fields(params.sampling),
         )
+
+    def _constraint_fields(self, constraint: Constraint | None) -> dict[str, Any]:
+        if constraint is None:
+            return {}
+        fields = self.constraints.get(constraint.kind)
+        if fields is None:
+            raise ParameterError(f"unknown constraint kind {constraint.kind!r}", "response_format")
+        return fields(constraint)
 
 
 def refuse_engine_fields(params: RequestParams) -> None:
@@ -100,10 +110,6 @@ def _int32(value: int, param: str) -> int:
     return value
 
 
-def _unknown(constraint: Constraint) -> ParameterError:
-    return ParameterError(f"unknown constraint kind {constraint.kind!r}", "response_format")
-
-
 def _vllm_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     fields = _common_fields(sampling)
     if sampling.seed is not None:
@@ -111,40 +117,36 @@ def _vllm_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.logprobs is not None:
         fields["logprobs"] = sampling.logprobs
     fields["logit_bias"] = dict(sampling.logit_bias)
-    if (constraint := sampling.constraint) is not None:
-        kind = constraint.kind
-        if kind == bus.CONSTRAINT_JSON_OBJECT:
-            fields["json_object"] = True
-        elif kind == bus.CONSTRAINT_CHOICE:
-            fields["choice"] = {"choices": list(constraint.choices)}
-        elif kind in (*_SPEC_KINDS, bus.CONSTRAINT_GRAMMAR):
-            fields[kind] = constraint.spec
-        else:
-            raise _unknown(constraint)
     return fields
 
 
 def _sglang_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
-    """No seed; logprobs go in the request (`_sglang_request_fields`). SGLang has regex, json_schema, ebnf_grammar
-    and structural_tag: a JSON object is the schema of any object and a choice the regex of its alternatives (as
-    SGLang's own OpenAI server does)."""
+    """No seed; logprobs go in the request (`_sglang_request_fields`)."""
     if sampling.seed is not None:
         raise ParameterError("SGLang's gRPC SamplingParams has no seed", "seed")
     fields = _common_fields(sampling)
     fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
-    if (constraint := sampling.constraint) is not None:
-        kind = constraint.kind
-        if kind == bus.CONSTRAINT_JSON_OBJECT:
-            fields["json_schema"] = json.dumps({"type": "object"})
-        elif kind == bus.CONSTRAINT_CHOICE:
-            fields["regex"] = "(" + "|".join(re.escape(choice) for choice in constraint.choices) + ")"
-        elif kind == bus.CONSTRAINT_GRAMMAR:
-            fields["ebnf_grammar"] = constraint.spec
-        elif kind in _SPEC_KINDS:
-            fields[kind] = constraint.spec
-        else:
-            raise _unknown(constraint)
     return fields
+
+
+def _spec_as(name: str) -> Callable[[Constraint], dict[str, Any]]:
+    return lambda constraint: {name: constraint.spec}
+
+
+_VLLM_CONSTRAINTS: Constraints = {
+    bus.CONSTRAINT_JSON_OBJECT: lambda _constraint: {"json_object": True},
+    bus.CONSTRAINT_CHOICE: lambda constraint: {"choice": {"choices": list(constraint.choices)}},
+    **{kind: _spec_as(kind) for kind in (bus.CONSTRAINT_JSON_SCHEMA, bus.CONSTRAINT_REGEX, bus.CONSTRAINT_GRAMMAR)},
+    bus.CONSTRAINT_STRUCTURAL_TAG: _spec_as(bus.CONSTRAINT_STRUCTURAL_TAG),
+}
+# SGLang has regex, json_schema, ebnf_grammar and structural_tag: a JSON object is the schema of any object and a
+# choice the regex of its alternatives (as SGLang's own OpenAI server does)
+_SGLANG_CONSTRAINTS: Constraints = {
+    **_VLLM_CONSTRAINTS,
+    bus.CONSTRAINT_JSON_OBJECT: lambda _constraint: {"json_schema": json.dumps({"type": "object"})},
+    bus.CONSTRAINT_CHOICE: lambda constraint: {"regex": "(" + "|".join(map(re.escape, constraint.choices)) + ")"},
+    bus.CONSTRAINT_GRAMMAR: _spec_as("ebnf_grammar"),
+}
 
 
 def _sglang_request_fields(sampling: SamplingParams) -> dict[str, Any]:
@@ -162,6 +164,7 @@ DIALECTS: dict[str, Dialect] = {
         vllm_engine_pb2_grpc.VllmEngineStub,
         ("max_tokens", "min_tokens"),
         _vllm_sampling_fields,
+        _VLLM_CONSTRAINTS,
         lambda _sampling: {},
         lambda rid: vllm_engine_pb2.AbortRequest(request_ids=[rid]),
     ),
@@ -172,6 +175,7 @@ DIALECTS: dict[str, Dialect] = {
         sglang_scheduler_pb2_grpc.SglangSchedulerStub,
         ("max_new_tokens", "min_new_tokens"),
         _sglang_sampling_fields,
+        _SGLANG_CONSTRAINTS,
         _sglang_request_fields,
         lambda rid: sglang_scheduler_pb2.AbortRequest(request_id=rid, reason="detok: stopped"),
     ),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import zmq
 
@@ -36,12 +37,14 @@ from detok_worker.engine.front_channel import BusNews, FrontChannel
 from detok_worker.engine.plans import SubmitLimits
 from detok_worker.engine.scheduler import Output, Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
+from detok_worker.errors import ParameterError
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")  # a relay's request to its engine
 
 OUTBOX_RETRY_S = 0.05
 LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
@@ -204,6 +207,21 @@ class EngineLink:
         if self.recorder is not None:
             self.recorder.request(rid, prompt_ids, params)
         return self.scheduler.detok_params(rid)
+
+    def accept_relayed(
+        self, submit: Submit, build: Callable[[DetokParams], R], engine: str = ""
+    ) -> tuple[DetokParams, R] | None:
+        """`accept` for a relay, with the engine's request for it (`build`). None when it was rejected, ends at once
+        without the engine (max_tokens 0: "length"), or asks what the engine refuses: `build` raised ParameterError,
+        and the request fails naming the parameter (the front answers 400; `engine` names the engine there)."""
+        detok = self.accept(submit)
+        if detok is None or submit.params.max_tokens == 0:
+            return None
+        try:
+            return detok, build(detok)
+        except ParameterError as exc:
+            self.fail(submit.rid, f"{exc} ({engine})" if engine else str(exc), param=exc.param)
+            return None
 
     def push(
         self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None

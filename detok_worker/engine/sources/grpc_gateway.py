@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import grpc
@@ -38,7 +39,6 @@ from detok_worker.engine.grpc_api import (
 )
 from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink
 from detok_worker.engine.sources.base import RunOptions
-from detok_worker.errors import ParameterError
 from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -135,16 +135,10 @@ class GrpcGateway:
             self.due.set()
 
     def _start(self, submit: Submit) -> None:
-        link = self.link
-        detok = link.accept(submit)
-        if detok is None or submit.params.max_tokens == 0:
-            return  # rejected, or ends at once ("length") without the engine
-        try:
-            request = self.api.dialect.generate_request(submit.rid, submit.prompt_ids, submit.params, detok)
-        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
-            link.fail(submit.rid, f"{exc} ({self.api.dialect.service} at {self.api.url})", param=exc.param)
-            return
-        self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, request))
+        api = self.api
+        build = partial(api.dialect.generate_request, submit.rid, submit.prompt_ids, submit.params)
+        if (accepted := self.link.accept_relayed(submit, build, f"{api.dialect.service} at {api.url}")) is not None:
+            self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, accepted[1]))
 
     def _stop(self, rid: str) -> None:
         """A worker found a stop string, or the client went away: stop generating on the engine."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 import vllm.envs as envs
 import zmq
@@ -46,7 +47,6 @@ from detok_worker.engine.vllm_loras import LoraAdapters
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
 from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
-from detok_worker.errors import ParameterError
 from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 
@@ -149,15 +149,9 @@ class VllmSource:
         self.bus.set()  # the answer went out on a bus socket: look again (see _read_outputs)
 
     async def _start(self, submit: Submit) -> None:
-        link = self.link
-        detok = link.accept(submit)
-        if detok is None or submit.params.max_tokens == 0:
-            return  # rejected, or ends at once ("length") without the engine
-        try:
-            request = self.requests.build(submit, detok)
-        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
-            link.fail(submit.rid, str(exc), param=exc.param)
+        if (accepted := self.link.accept_relayed(submit, partial(self.requests.build, submit))) is None:
             return
+        detok, request = accepted
         self.on_engine.add(submit.rid)
         if self.stats is not None:
             arrival = submit.sent_ns / 1e9 if submit.sent_ns else time.time()
