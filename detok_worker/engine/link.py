@@ -211,9 +211,8 @@ class EngineLink:
     def accept_relayed(
         self, submit: Submit, build: Callable[[DetokParams], R], engine: str = ""
     ) -> tuple[DetokParams, R] | None:
-        """`accept` for a relay, with the engine's request for it (`build`). None when it was rejected, ends at once
-        without the engine (max_tokens 0: "length"), or asks what the engine refuses: `build` raised ParameterError,
-        and the request fails naming the parameter (the front answers 400; `engine` names the engine there)."""
+        """`accept` for a relay, with its request to the engine (`build`); None when it was rejected, ends at once
+        (max_tokens 0: "length"), or `build` refused a parameter (the request fails naming it and `engine`)."""
         detok = self.accept(submit)
         if detok is None or submit.params.max_tokens == 0:
             return None

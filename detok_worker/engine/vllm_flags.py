@@ -16,7 +16,6 @@ front started on its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -25,7 +24,6 @@ from typing import Any
 
 import huggingface_hub
 import msgspec
-from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -242,20 +240,6 @@ REFUSED_ENGINE_FLAGS: dict[str, str] = {
 def serve_parser() -> FlexibleArgumentParser:
     """`vllm serve`'s parser, as vLLM builds it."""
     return make_arg_parser(FlexibleArgumentParser())
-
-
-def front_end_dests(parser: argparse.ArgumentParser) -> set[str]:
-    """Every flag of `vllm serve` that is not an engine argument (by its argparse dest)."""
-    engine = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    return {action.dest for action in parser._actions if action.dest != "help" and action.dest not in engine}
-
-
-def unclassified_flags(parser: argparse.ArgumentParser | None = None) -> set[str]:
-    """Front-end flags of the installed vLLM that are neither honoured nor refused here (must be none), and
-    entries of the tables that vLLM no longer has."""
-    front = front_end_dests(parser or serve_parser())
-    known = set(HONOURED) | set(REFUSED)
-    return front ^ known
 
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
