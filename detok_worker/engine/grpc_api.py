@@ -58,7 +58,6 @@ class EngineApi:
     channel: grpc.aio.Channel
     dialect: Dialect
     stub: Any
-    model_path: str
     vocab_size: int = 0  # GetModelInfo's: the model's output ids (0: not reported)
     served_model_name: str = ""  # GetModelInfo's: the name detok's front serves unless front.model_name is set
     max_context_length: int = 0  # GetModelInfo's: the context length detok's front reports (0: not reported)
@@ -92,16 +91,8 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
         info.model_path,
         info.vocab_size,
     )
-    return EngineApi(
-        url,
-        channel,
-        dialect,
-        stub,
-        info.model_path,
-        info.vocab_size,
-        info.served_model_name,
-        max(0, info.max_context_length),
-    )
+    context = max(0, info.max_context_length)
+    return EngineApi(url, channel, dialect, stub, info.vocab_size, info.served_model_name, context)
 
 
 async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:
