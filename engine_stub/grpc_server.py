@@ -171,11 +171,6 @@ def proto_logprobs(entries: list[TokenLogprob]) -> Any:
     )
 
 
-def tokenizer_dir(config: DetokConfig) -> Path:
-    path = Path(config.tokenizer.path) if config.tokenizer.path else DEFAULT_TOKENIZER_DIR
-    return path if path.is_dir() else path.parent
-
-
 class StubEngineServicer(pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
@@ -188,20 +183,20 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         engine = config.engine
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.step_s = engine.step_interval_ms / 1000.0
+        self.tokens_per_step = engine.tokens_per_step
         self.planner: TokenSource | None = None
         self.runs: GenerationRuns | None = None
         if isinstance(source, GeneratingSource):
             self.eos_ids |= source.eos_ids
-            self.runs = GenerationRuns(source, engine.tokens_per_step, engine.step_interval_ms / 1000.0)
+            self.runs = GenerationRuns(source, engine.tokens_per_step, self.step_s)
         else:
             self.planner = source
-        self.model_dir = tokenizer_dir(config).resolve()
-        path = Path(config.tokenizer.path) if config.tokenizer.path else None
+        path = Path(config.tokenizer.path) if config.tokenizer.path else DEFAULT_TOKENIZER_DIR
+        self.model_dir = (path if path.is_dir() else path.parent).resolve()
         # a tokenizer file (a GGUF) is served alone, not with whatever else lies in its directory
-        self.tokenizer_files = [path] if path is not None and path.is_file() else sorted(self.model_dir.iterdir())
+        self.tokenizer_files = [path] if path.is_file() else sorted(self.model_dir.iterdir())
         self.model_name = config.front.model_name or self.model_dir.name
-        self.step_s = engine.step_interval_ms / 1000.0
-        self.tokens_per_step = engine.tokens_per_step
         self.running: set[str] = set()
         self.aborting: set[str] = set()
         self.dropped: dict[str, None] = {}  # rids whose stream the client cancelled (recent ones), oldest first

@@ -80,7 +80,6 @@ class EngineProcess:
         exit_after_replay: bool = False,
     ) -> None:
         engine = config.engine
-        self.config = config
         self.tokenizer = tokenizer
         self.planner: TokenSource | None = None
         self.generator: GeneratorEngine | None = None
