@@ -139,10 +139,6 @@ class WorkerGroup(NamedTuple):
     rows: list[TokenRow]
     advances: list[Advance]
 
-    @classmethod
-    def empty(cls) -> WorkerGroup:
-        return cls([], [], [])
-
 
 Groups = dict[str, WorkerGroup]  # by worker
 
@@ -153,7 +149,7 @@ def worker_plans(
     """One TokenBatch per worker with something to send: its abort rows (`pending`), then its requests' `groups`."""
     for worker, extra in pending.items():
         if worker in registry and extra and worker not in groups:
-            groups[worker] = WorkerGroup.empty()
+            groups[worker] = WorkerGroup([], [], [])
     plans = []
     for worker, (opens, rows, advances) in groups.items():
         extra = list(pending.get(worker, ()))

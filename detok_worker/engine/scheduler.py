@@ -277,7 +277,7 @@ class Scheduler:
             if worker is not group_worker:
                 group = groups.get(worker)
                 if group is None:
-                    group = groups[worker] = WorkerGroup.empty()
+                    group = groups[worker] = WorkerGroup([], [], [])
                 group_worker, (opens, rows, advances) = worker, group
             if not request.opened:
                 opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
