@@ -15,12 +15,48 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from engine_stub.admission import Admission
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Admission(Generic[T]):
+    """The stub engines' capped batch (`PlannedEngine`, `GeneratorEngine`), as an engine's continuous batching admits
+    requests: by rid, `running` (at most `cap`; None: no cap) and `waiting` (arrival order)."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.running: dict[str, T] = {}
+        self.waiting: dict[str, T] = {}  # insertion order is arrival order
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.running or rid in self.waiting
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add(self, rid: str, request: T) -> None:
+        """Queue a request behind the waiting ones; the caller keeps rids unique (`rid in admission`)."""
+        self.waiting[rid] = request
+
+    def remove(self, rid: str) -> T | None:
+        """Drop a request, running or waiting; the removed one, or None if `rid` is not here."""
+        if rid in self.running:
+            return self.running.pop(rid)
+        return self.waiting.pop(rid, None)
+
+    def admit(self) -> dict[str, T]:
+        """Move waiting requests to running while there is room; the running ones."""
+        running, waiting, cap = self.running, self.waiting, self.cap
+        while waiting and (cap is None or len(running) < cap):
+            rid = next(iter(waiting))
+            running[rid] = waiting.pop(rid)
+        return running
+
 
 Generate = Callable[[list[int], int, list[int], int], Iterator[int | None]]
 _END = object()

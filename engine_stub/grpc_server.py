@@ -1,22 +1,20 @@
-"""`detok engine-server` / `python -m engine_stub.grpc_server`: detok's local token sources (corpus, echo, trace,
-llama-cpp) served as a real gRPC `VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests
-and benches of gRPC gateways (detok's own and SMG).
+"""`detok engine-server`: detok's local token sources (corpus, echo, trace, llama-cpp) served as a real gRPC
+`VllmEngine` (SMG's token-only API, the one `vllm serve --grpc` speaks), for tests and benches of gRPC gateways
+(detok's own and SMG).
 
-Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per
-engine.step_interval_ms (0 = as fast as possible; a paced trace keeps its recorded timing), then a
-GenerateComplete with every output id. A request that asks for logprobs gets the planning sources'
-deterministic fake ones (`fake_logprobs`) in each chunk's and the GenerateComplete's
-output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the request's
-stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the
-ids as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays
-responsive; each step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a
-generation is cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten
-every 0.1 s while they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming
-a request that was running, or whose stream the client had just cancelled), abort_calls, generated (ids a
-generating source made), cancelled_starts (Generate calls ended with CANCELLED at once: --cancel-starts N, a fault
-for the gateway's retries). With --requests-log, one JSON line per
-ended request: {"rid", "prompt_ids", "ids" (every id streamed), "finish"}: a bench checks a gateway's text
-against the decode of exactly what the engine sent.
+Generate streams the source's ids for the request, tokens_per_step per chunk, one chunk per engine.step_interval_ms
+(0 = as fast as possible; a paced trace keeps its recorded timing), then a GenerateComplete with every output id. A
+request that asks for logprobs gets the planning sources' deterministic fake ones (`fake_logprobs`) in each chunk's
+and the GenerateComplete's output_logprobs. Like an engine it stops at its stop ids (EOS unless ignore_eos, plus the
+request's stop_token_ids, none before min_tokens) and at max_tokens. A generating source (llama-cpp) makes the ids
+as they are streamed: one GeneratorEngine for all requests, stepped in a thread so the server stays responsive; each
+step's ids go out as one chunk per request. Abort (and a cancelled stream) stops a request (a generation is
+cancelled at once). Counts go to the log at exit and, with --stats-file, to a JSON file rewritten every 0.1 s while
+they change: requests, completed, cancelled (streams the client dropped), aborted (Abort naming a request that was
+running, or whose stream the client had just cancelled), abort_calls, generated (ids a generating source made),
+cancelled_starts (Generate calls ended with CANCELLED at once: --cancel-starts N, a fault for the gateway's
+retries). With --requests-log, one JSON line per ended request: {"rid", "prompt_ids", "ids" (every id streamed),
+"finish"}: a bench checks a gateway's text against the decode of exactly what the engine sent.
 GetModelInfo reports the tokenizer directory as model_path (SMG loads its tokenizer from there); GetTokenizer
 serves that directory's files as a zip (a tokenizer given as a file, a GGUF, alone and uncompressed: its
 quantized weights would take seconds to deflate for nothing).
@@ -36,7 +34,7 @@ import signal
 import time
 import zipfile
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -50,6 +48,8 @@ from smg_grpc_proto.generated import common_pb2
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
     MAX_TOP_LOGPROBS,
     DetokParams,
     RequestParams,
@@ -73,15 +73,14 @@ ZIP_CHUNK = 1 << 20
 DROPPED_KEPT = 10_000
 
 
-def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) -> tuple[list[int], str, int | None]:
-    """(output ids, finish reason, matched stop id) of a plan under the engine's own stop rules."""
-    stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+def cut_at_stop(ids: list[int], params: RequestParams, stop_ids: set[int]) -> tuple[list[int], str]:
+    """(output ids, finish reason) of a plan under the engine's own stop rules."""
     for index in range(params.detok.min_tokens, min(len(ids), params.max_tokens)):
         if ids[index] in stop_ids:
-            return ids[: index + 1], "stop", ids[index]
+            return ids[: index + 1], FINISH_STOP
     if len(ids) > params.max_tokens:
-        return ids[: params.max_tokens], "length", None
-    return ids, "stop", None
+        return ids[: params.max_tokens], FINISH_LENGTH
+    return ids, FINISH_STOP
 
 
 # The gRPC engine server's generating source (llama-cpp): the requests of every Generate stream in one
@@ -91,15 +90,14 @@ def cut_at_stop(ids: list[int], params: RequestParams, eos_ids: frozenset[int]) 
 
 # one step's news for a stream: (new ids, finish or None, error or None)
 StepNews = tuple[list[int], str | None, str | None]
+# what a Generate stream sends of one step: (new ids, finish or None, their logprobs or None)
+Step = tuple[list[int], str | None, list[TokenLogprob] | None]
 
 
 @dataclass(slots=True)
 class Generation:
     rid: str
-    prompt_ids: list[int]
-    max_tokens: int
-    stop_ids: list[int]
-    min_tokens: int
+    request: tuple[list[int], int, list[int], int]  # GeneratorEngine.add: prompt ids, max_tokens, stop ids, min_tokens
     steps: asyncio.Queue[StepNews] = field(default_factory=asyncio.Queue)
 
 
@@ -145,13 +143,7 @@ class GenerationRuns:
         adds, self._adds = self._adds, []
         for generation in adds:
             try:
-                self.engine.add(
-                    generation.rid,
-                    generation.prompt_ids,
-                    generation.max_tokens,
-                    generation.stop_ids,
-                    generation.min_tokens,
-                )
+                self.engine.add(generation.rid, *generation.request)
             except ValueError as exc:
                 generation.steps.put_nowait(([], None, f"the engine's token source failed: {exc}"))
                 continue
@@ -179,11 +171,6 @@ def proto_logprobs(entries: list[TokenLogprob]) -> Any:
     )
 
 
-def tokenizer_dir(config: DetokConfig) -> Path:
-    path = Path(config.tokenizer.path) if config.tokenizer.path else DEFAULT_TOKENIZER_DIR
-    return path if path.is_dir() else path.parent
-
-
 class StubEngineServicer(pb2_grpc.VllmEngineServicer):
     def __init__(
         self,
@@ -196,20 +183,20 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
         engine = config.engine
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.step_s = engine.step_interval_ms / 1000.0
+        self.tokens_per_step = engine.tokens_per_step
         self.planner: TokenSource | None = None
         self.runs: GenerationRuns | None = None
         if isinstance(source, GeneratingSource):
             self.eos_ids |= source.eos_ids
-            self.runs = GenerationRuns(source, engine.tokens_per_step, engine.step_interval_ms / 1000.0)
+            self.runs = GenerationRuns(source, engine.tokens_per_step, self.step_s)
         else:
             self.planner = source
-        self.model_dir = tokenizer_dir(config).resolve()
-        path = Path(config.tokenizer.path) if config.tokenizer.path else None
+        path = Path(config.tokenizer.path) if config.tokenizer.path else DEFAULT_TOKENIZER_DIR
+        self.model_dir = (path if path.is_dir() else path.parent).resolve()
         # a tokenizer file (a GGUF) is served alone, not with whatever else lies in its directory
-        self.tokenizer_files = [path] if path is not None and path.is_file() else sorted(self.model_dir.iterdir())
+        self.tokenizer_files = [path] if path.is_file() else sorted(self.model_dir.iterdir())
         self.model_name = config.front.model_name or self.model_dir.name
-        self.step_s = engine.step_interval_ms / 1000.0
-        self.tokens_per_step = engine.tokens_per_step
         self.running: set[str] = set()
         self.aborting: set[str] = set()
         self.dropped: dict[str, None] = {}  # rids whose stream the client cancelled (recent ones), oldest first
@@ -236,97 +223,96 @@ class StubEngineServicer(pb2_grpc.VllmEngineServicer):
             ignore_eos=sampling.ignore_eos,
         )
         prompt_ids = list(request.tokenized.input_ids)
+        stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         if self.runs is not None:
-            async for response in self._generate(rid, prompt_ids, params, self.runs, context):
-                yield response
-            return
-        assert self.planner is not None
-        plan = self.planner.plan(rid, prompt_ids, params)
-        ids, finish, matched = cut_at_stop(plan.ids, params, self.eos_ids)
-        logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
+            steps = self._generated(rid, prompt_ids, params, stop_ids, self.runs, context)
+        else:
+            steps = self._planned(rid, prompt_ids, params, stop_ids, asked)
         self.counts["requests"] += 1
         # what the gateway asked for beyond the ids (sampling, constraint): the stub cannot honour it, tests read it
         self.last_sampling = MessageToDict(sampling, preserving_proto_field_name=True)
         self.running.add(rid)
-        started = time.monotonic()
-        done = False
-        sent = 0
-        try:
-            for start in range(0, len(ids), self.tokens_per_step):
-                if rid in self.aborting:
-                    finish = "abort"
-                    break
-                end = start + self.tokens_per_step
-                if plan.offsets_ns is not None:
-                    due = started + plan.offsets_ns[min(end, len(ids)) - 1] / 1e9
-                    await asyncio.sleep(max(0.0, due - time.monotonic()))
-                elif self.step_s and start:
-                    await asyncio.sleep(self.step_s)
-                chunk = pb2.GenerateStreamChunk(
-                    token_ids=ids[start:end], prompt_tokens=len(prompt_ids), completion_tokens=min(end, len(ids))
-                )
-                if logprobs is not None:
-                    chunk.output_logprobs.CopyFrom(proto_logprobs(logprobs[start:end]))
-                yield pb2.GenerateResponse(chunk=chunk)
-                sent = min(end, len(ids))
-            complete = pb2.GenerateComplete(
-                output_ids=ids if finish != "abort" else [],
-                finish_reason=finish,
-                prompt_tokens=len(prompt_ids),
-                completion_tokens=len(ids),
-            )
-            if matched is not None and finish == "stop":
-                complete.matched_token_id = matched
-            if logprobs is not None and finish != "abort":
-                complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
-            # counted before the last message goes out: a client may cancel its call once it has that message,
-            # and the generator is not resumed after the yield then
-            done = True
-            self.counts["completed" if finish != "abort" else "aborted_streams"] += 1
-            yield pb2.GenerateResponse(complete=complete)
-        finally:
-            self._ended(rid, prompt_ids, ids[:sent], finish if done else None)
-
-    async def _generate(
-        self, rid: str, prompt_ids: list[int], params: RequestParams, runs: GenerationRuns, context: Any
-    ) -> AsyncIterator[Any]:
-        """Generate with a generating source: each step's new ids are one chunk."""
-        stop_ids = set(params.detok.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        generation = Generation(rid, prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens)
-        self.counts["requests"] += 1
-        self.running.add(rid)
-        runs.submit(generation)
         output: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        finish: str | None = None
         done = False
         try:
-            while True:
-                ids, finish, error = await generation.steps.get()
-                if error is not None:  # refused before any work, or failed while generating
-                    code = grpc.StatusCode.INTERNAL if finish == FINISH_ERROR else grpc.StatusCode.INVALID_ARGUMENT
-                    await context.abort(code, error)
+            async for step in steps:
+                ids, finish, step_logprobs = step
+                if not ids:
+                    continue
                 output += ids
-                self.counts["generated"] += len(ids)
-                if ids and finish != FINISH_ABORT:
-                    chunk = pb2.GenerateStreamChunk(
-                        token_ids=ids, prompt_tokens=len(prompt_ids), completion_tokens=len(output)
-                    )
-                    yield pb2.GenerateResponse(chunk=chunk)
-                if finish is not None:
-                    break
+                chunk = pb2.GenerateStreamChunk(
+                    token_ids=ids, prompt_tokens=len(prompt_ids), completion_tokens=len(output)
+                )
+                if step_logprobs is not None:
+                    logprobs += step_logprobs
+                    chunk.output_logprobs.CopyFrom(proto_logprobs(step_logprobs))
+                yield pb2.GenerateResponse(chunk=chunk)
+            aborted = finish == FINISH_ABORT
             complete = pb2.GenerateComplete(
-                output_ids=output if finish != FINISH_ABORT else [],
+                output_ids=[] if aborted else output,
                 finish_reason=finish,
                 prompt_tokens=len(prompt_ids),
                 completion_tokens=len(output),
             )
-            if finish == "stop" and output and output[-1] in stop_ids:
+            if finish == "stop" and len(output) > params.detok.min_tokens and output[-1] in stop_ids:
                 complete.matched_token_id = output[-1]
-            done = True  # counted before the last message goes out, as above
-            self.counts["completed" if finish != FINISH_ABORT else "aborted_streams"] += 1
+            if logprobs and not aborted:
+                complete.output_logprobs.CopyFrom(proto_logprobs(logprobs))
+            # counted before the last message goes out: a client may cancel its call once it has that message,
+            # and the generator is not resumed after the yield then
+            done = True
+            self.counts["aborted_streams" if aborted else "completed"] += 1
             yield pb2.GenerateResponse(complete=complete)
         finally:
-            runs.cancel(rid)
+            if self.runs is not None:
+                self.runs.cancel(rid)
             self._ended(rid, prompt_ids, output, finish if done else None)
+
+    async def _planned(
+        self, rid: str, prompt_ids: list[int], params: RequestParams, stop_ids: set[int], asked: int | None
+    ) -> AsyncIterator[Step]:
+        """A planning source's ids, cut at the engine's own stops, tokens_per_step per chunk: one chunk per
+        engine.step_interval_ms, or paced as the plan says; fake logprobs (`fake_logprobs`) when asked."""
+        assert self.planner is not None
+        plan = self.planner.plan(rid, prompt_ids, params)
+        ids, finish = cut_at_stop(plan.ids, params, stop_ids)
+        logprobs = fake_logprobs(ids, max(asked, 0), self.tokenizer) if asked is not None else None
+        started = time.monotonic()
+        for start in range(0, len(ids), self.tokens_per_step):
+            if rid in self.aborting:
+                yield [], FINISH_ABORT, None
+                return
+            end = min(start + self.tokens_per_step, len(ids))
+            if plan.offsets_ns is not None:
+                await asyncio.sleep(max(0.0, started + plan.offsets_ns[end - 1] / 1e9 - time.monotonic()))
+            elif self.step_s and start:
+                await asyncio.sleep(self.step_s)
+            yield ids[start:end], None, None if logprobs is None else logprobs[start:end]
+        yield [], finish, None
+
+    async def _generated(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        params: RequestParams,
+        stop_ids: set[int],
+        runs: GenerationRuns,
+        context: Any,
+    ) -> AsyncIterator[Step]:
+        """A generating source's ids: each step's new ids are one chunk."""
+        generation = Generation(rid, (prompt_ids, params.max_tokens, sorted(stop_ids), params.detok.min_tokens))
+        runs.submit(generation)
+        while True:
+            ids, finish, error = await generation.steps.get()
+            if error is not None:  # refused before any work, or failed while generating
+                code = grpc.StatusCode.INTERNAL if finish == FINISH_ERROR else grpc.StatusCode.INVALID_ARGUMENT
+                await context.abort(code, error)
+            self.counts["generated"] += len(ids)
+            yield ids, finish, None
+            if finish is not None:
+                return
 
     def _ended(self, rid: str, prompt_ids: list[int], ids: list[int], finish: str | None) -> None:
         """A Generate stream is over: finish None when the client dropped it."""
@@ -433,21 +419,3 @@ def write_stats(path: str, stats: dict[str, Any]) -> None:
 def run_engine_server(args: argparse.Namespace, config: DetokConfig) -> int:
     run_event_loop(serve_engine(config, args.listen, args.stats_file, args.requests_log, args.cancel_starts))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from detok_worker.config.flags import add_config_flags, add_engine_flags, add_engine_server_flags, config_from_args
-    from detok_worker.process.logs import setup_logging
-
-    parser = argparse.ArgumentParser(prog="engine-server", description=__doc__.split("\n\n")[0])
-    add_config_flags(parser)
-    add_engine_flags(parser)
-    add_engine_server_flags(parser)
-    args = parser.parse_args(argv)
-    config = config_from_args(args)
-    setup_logging("engine-server", config.logging.level, config.logging.format)
-    return run_engine_server(args, config)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

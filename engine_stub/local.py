@@ -14,7 +14,7 @@ from collections import deque
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.link import EngineLink, recorder_for
+from detok_worker.engine.link import EngineLink
 from detok_worker.engine.sources.base import RunOptions, SourceError
 from detok_worker.process.runtime import stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
@@ -80,24 +80,17 @@ class EngineProcess:
         exit_after_replay: bool = False,
     ) -> None:
         engine = config.engine
-        self.config = config
         self.tokenizer = tokenizer
-        eos_ids = set(tokenizer.eos_token_ids)
         self.planner: TokenSource | None = None
         self.generator: GeneratorEngine | None = None
         if isinstance(source, GeneratingSource):
-            eos_ids |= source.eos_ids
             running = min(source.max_running, engine.max_batch)
             self.generator = GeneratorEngine(source.generate, engine.tokens_per_step, running)
         else:
             self.planner = source
         self.plans = PlannedEngine(engine.max_batch, engine.tokens_per_step)  # the planner's and the replay's
-        self.link = EngineLink(
-            config,
-            eos_ids=eos_ids,
-            special_ids=tokenizer.special_token_ids,
-            recorder=recorder_for(config, tokenizer),
-        )
+        eos_ids = source.eos_ids if isinstance(source, GeneratingSource) else ()
+        self.link = EngineLink(config, tokenizer, eos_ids=eos_ids)
         self.scheduler = self.link.scheduler
         self.replay = ReplayFeed(replay, engine.replay_speed) if replay is not None else None
         self.exit_after_replay = exit_after_replay

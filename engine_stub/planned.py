@@ -28,7 +28,7 @@ from detok_worker.engine.sources.base import SourceError
 from detok_worker.tokenizer.loading.load_cache import content_key, read_json_entry, write_json_entry
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import Trace
-from engine_stub.admission import Admission
+from engine_stub.generators import Admission
 
 PASSAGE_SEPARATOR = "%%"  # a line of its own between passages of a corpus file
 
@@ -139,11 +139,6 @@ def read_corpus_ids(key: str, count: int) -> list[list[int]] | None:
         return None
 
 
-def write_corpus_ids(key: str, ids: list[list[int]]) -> None:
-    """Store the ids (atomically); a cache that cannot be written is skipped: the source works without it."""
-    write_json_entry(_CORPUS_IDS_SUBDIR, key, {"ids": ids})
-
-
 def passage_ids(tokenizer: Tokenizer, passages: list[str]) -> list[list[int]] | None:
     """The ids of every passage (no special tokens added), from the cache or encoded now and stored; None for a
     tokenizer without a content fingerprint (the source then encodes each passage at its first use)."""
@@ -153,7 +148,7 @@ def passage_ids(tokenizer: Tokenizer, passages: list[str]) -> list[list[int]] | 
     ids = read_corpus_ids(key, len(passages))
     if ids is None:
         ids = [encoding.ids for encoding in tokenizer.encode_batch(passages)]
-        write_corpus_ids(key, ids)
+        write_json_entry(_CORPUS_IDS_SUBDIR, key, {"ids": ids})  # a cache that cannot be written is skipped
     return ids
 
 

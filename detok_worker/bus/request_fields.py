@@ -1,6 +1,6 @@
 """The request fields the engine receives, declared once: what each is called, how its value is checked, where it
 travels on the bus and which engines take it. The front's checks (front/sampling.py), the gRPC mapper
-(engine/grpc_sampling.py) and the vLLM mapper (engine/vllm_requests.py) loop over `FIELDS`.
+(engine/grpc_dialects.py) and the vLLM mapper (engine/vllm_requests.py) loop over `FIELDS`.
 
 A field's `name` is vLLM's (its SamplingParams keyword, or the engine core request's) and the bus field's; `param`
 is the client's where it differs. Each engine says which fields it does not pass on (EngineStats.refused_fields:

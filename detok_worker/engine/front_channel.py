@@ -111,12 +111,8 @@ class FrontChannel:
             elif isinstance(message, AdapterCall):
                 news.adapter_calls.append(message)
             elif isinstance(message, Abort):
-                if scheduler.abort(message.rid):
-                    news.stopped.append(message.rid)
-                    if self.recorder is not None:
-                        self.recorder.tokens(message.rid, [], message.reason)
-                else:
-                    self._withdraw(message.rid, news)
+                if self._abort(message.rid, news) and self.recorder is not None:
+                    self.recorder.tokens(message.rid, [], message.reason)
             elif isinstance(message, Delivered):
                 generating = scheduler.has_rid(message.rid, generating=True)
                 if scheduler.delivered(message.rid) and generating:
@@ -133,23 +129,25 @@ class FrontChannel:
         rids = [rid for rid in scheduler.list_live_rids() if rid_fronts.get(rid, 0) == hello.front]
         rids += [submit.rid for submit in news.submitted if submit.front == hello.front]
         for rid in rids:
-            if scheduler.abort(rid):
-                news.stopped.append(rid)
-            else:
-                self._withdraw(rid, news)
+            self._abort(rid, news)
             self.rid_fronts.pop(rid, None)
         log.info(
             "engine: front %d (pid %d) is up; %d requests of its predecessor aborted", hello.front, hello.pid, len(rids)
         )
 
-    def _withdraw(self, rid: str, news: BusNews) -> None:
-        """An Abort for a request submitted in the same poll, not accepted yet: it never starts."""
+    def _abort(self, rid: str, news: BusNews) -> bool:
+        """Abort a running request (True), or withdraw one submitted in the same poll, not accepted yet: it never
+        starts."""
+        if self.scheduler.abort(rid):
+            news.stopped.append(rid)
+            return True
         submitted = news.submitted
         for index, submit in enumerate(submitted):
             if submit.rid == rid:
                 del submitted[index]
                 self.scheduler.aborted += 1
-                return
+                break
+        return False
 
     # ---- to the fronts ------------------------------------------------------------------------------------
 

@@ -1,8 +1,6 @@
-"""The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: which service
-an engine serves, the GenerateRequest detok sends, and the start-up check (health, model info, tokenizer).
-
-Two services, the same shape, one Dialect class each (grpc_dialects.py): `VllmEngine` (`vllm serve --grpc`) and
-`SglangScheduler` (`sglang serve --grpc-mode`); `engine.engine_service = "auto"` asks VllmEngine first.
+"""The token-only gRPC engine API (SMG's protocol, PyPI `smg-grpc-proto`) as the gateway uses it: the connection
+and its start-up check (the service, health, model info, tokenizer), and the ids and logprobs of its answers. The
+services and their requests: `Dialect`; `engine.engine_service = "auto"` asks VllmEngine first.
 """
 
 from __future__ import annotations
@@ -60,7 +58,6 @@ class EngineApi:
     channel: grpc.aio.Channel
     dialect: Dialect
     stub: Any
-    model_path: str
     vocab_size: int = 0  # GetModelInfo's: the model's output ids (0: not reported)
     served_model_name: str = ""  # GetModelInfo's: the name detok's front serves unless front.model_name is set
     max_context_length: int = 0  # GetModelInfo's: the context length detok's front reports (0: not reported)
@@ -94,16 +91,8 @@ async def connect_engine(url: str, service: str, tokenizer: Tokenizer, timeout_s
         info.model_path,
         info.vocab_size,
     )
-    return EngineApi(
-        url,
-        channel,
-        dialect,
-        stub,
-        info.model_path,
-        info.vocab_size,
-        info.served_model_name,
-        max(0, info.max_context_length),
-    )
+    context = max(0, info.max_context_length)
+    return EngineApi(url, channel, dialect, stub, info.vocab_size, info.served_model_name, context)
 
 
 async def _healthy_dialect(url: str, channel: grpc.aio.Channel, service: str, timeout_s: float) -> Dialect:

@@ -1,31 +1,12 @@
-"""The engine's side of the detok bus, for any engine loop: the relays' to real engines (gRPC, vLLM), the stub's.
+"""The engine's side of the detok bus, for any engine loop (the loop of docs/protocol.md section 5): the relays' to
+real engines (gRPC, vLLM), the stub's.
 
-`EngineLink` binds the engine sockets (docs/protocol.md), takes Submit/Abort/Delivered from the front and
-Hello/Heartbeat/Finish/Goodbye from workers, keeps the Scheduler (worker registry, rid -> worker assignment,
-re-open on worker loss, Delivered bookkeeping), and on `step()` sends one TokenBatch per worker. The engine loop
-only generates:
-
-    link = EngineLink(config, eos_ids=tokenizer.eos_token_ids, special_ids=tokenizer.special_token_ids)
-    while running:
-        news = link.poll(0.005)
-        for submit in news.submitted:               # new requests: accept, then generate them
-            if (detok := link.accept(submit)) is not None:
-                engine.add(submit.rid, submit.prompt_ids, submit.params.max_tokens, detok.stop_token_ids,
-                           detok.min_tokens)
-        for rid in news.stopped:                    # aborted by the client, stopped by a worker (stop string)
-            engine.cancel(rid)
-        for rid, new_ids, finish in engine.step():  # one decode step: the new ids of every running request
-            link.push(rid, new_ids, finish)
-        link.step()                                 # one TokenBatch per worker
-
-Never blocks on a peer: a TokenBatch a worker cannot take now is planned again at the next step (its ids wait in
-the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on; a worker that
-is gone (ROUTER_MANDATORY reports it unreachable) or silent for engine.heartbeat_timeout_s loses its requests
-to live workers. Silence is judged only after every frame waiting on the worker socket was read, and without the
-time this loop itself did not run (a stall past what it was allowed to wait: `_run_timers`). Every bad frame is
-counted and skipped. The front side (Submit/Abort/Delivered/FrontHello in, Rejects and stats out, which rid goes
-to which front process): front_channel.py; the worker side (Hello/Heartbeat/Finish/Goodbye in, liveness,
-non-blocking sends): worker_channel.py.
+`EngineLink` binds the engine sockets, takes the fronts' and the workers' messages (`FrontChannel`,
+`WorkerChannel`), keeps the Scheduler, and on `step()` sends one TokenBatch per worker; the engine loop only
+generates. Never blocks on a peer: a TokenBatch a worker cannot take now is planned again at the next step (its ids
+wait in the link, `backlog(rid)` says how many), so that worker's requests pause while the others go on. Silence is
+judged only after every frame waiting on the worker socket was read, and without the time this loop itself did not
+run (a stall past what it was allowed to wait: `_run_timers`).
 """
 
 from __future__ import annotations
@@ -33,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import zmq
 
@@ -53,15 +35,17 @@ from detok_worker.bus.request_fields import FIELD_BY_NAME, GRPC_REFUSED_NAMES
 from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import DetokConfig
 from detok_worker.engine.front_channel import BusNews, FrontChannel
-from detok_worker.engine.limits import SubmitLimits
+from detok_worker.engine.plans import SubmitLimits
 from detok_worker.engine.scheduler import Output, Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
+from detok_worker.errors import ParameterError
 from detok_worker.metrics import EngineMetrics
 from detok_worker.stream.stop.rules import StopLimits
 from detok_worker.tokenizer.protocol import Tokenizer
 from detok_worker.trace.format import TraceWriter, make_header
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")  # a relay's request to its engine
 
 OUTBOX_RETRY_S = 0.05
 LIVENESS_MARGIN_S = 0.005  # past a worker's deadline, so that the check after the wait finds it expired
@@ -72,20 +56,14 @@ BLOCKED_RETRY_S = 0.005
 LOOP_STALL_S = 0.25
 
 
-def recorder_for(config: DetokConfig, tokenizer: Tokenizer) -> TraceWriter | None:
-    """The trace recorder of engine.record ("" = none)."""
-    engine = config.engine
-    return TraceWriter(engine.record, make_header(tokenizer, f"engine:{engine.source}")) if engine.record else None
-
-
 class EngineLink:
     def __init__(
         self,
         config: DetokConfig,
+        tokenizer: Tokenizer | None = None,
         *,
         eos_ids: Iterable[int] = (),
         special_ids: Iterable[int] = (),
-        recorder: TraceWriter | None = None,
         vocab_size: int = 0,
         served_model_name: str = "",
         max_model_len: int = 0,
@@ -93,17 +71,21 @@ class EngineLink:
         system_fingerprint: str = "",
         refused_fields: Iterable[str] = GRPC_REFUSED_NAMES,
     ) -> None:
-        """`vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
+        """`tokenizer`: the served model's, whose EOS ids (beside `eos_ids`, the model's own) end requests and whose
+        special ids size the prompt context; it also heads the trace of engine.record.
+        `vocab_size`: the model's vocabulary size when it is larger than the tokenizer's (a padded embedding
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
-        (Open.vocab_size); 0: not known.
-        `served_model_name`: the model name the engine serves (its fronts serve it too unless front.model_name is
-        set); "" = the engine names none. `max_model_len`: the engine's context length (0: not known), which the
-        fronts report (/v1/models, /tokenize) unless front.max_model_len is set. `engine_version`: the real
-        engine's version, reported by the fronts' /version; `system_fingerprint`: the engine's, which the fronts'
-        responses carry ("" = none). `refused_fields`: the request fields (bus/request_fields.py names) the engine
-        does not pass on, which the fronts refuse; by default those the gRPC API has no field for (vLLM's engine
-        core takes them all)."""
+        (Open.vocab_size). `refused_fields`: the request fields (bus/request_fields.py names) the engine does not
+        pass on, which the fronts refuse; by default those the gRPC API has no field for (vLLM's engine core takes
+        them all). The others are what the fronts report of the engine (EngineStats) unless their own options say
+        otherwise; 0 or "": not known."""
         engine = config.engine
+        recorder = None
+        if tokenizer is not None:
+            eos_ids = {*eos_ids, *tokenizer.eos_token_ids}
+            special_ids = tokenizer.special_token_ids
+            if engine.record:
+                recorder = TraceWriter(engine.record, make_header(tokenizer, f"engine:{engine.source}"))
         self.config = config
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
@@ -137,7 +119,6 @@ class EngineLink:
         self.poller = zmq.Poller()
         self.poller.register(from_front, zmq.POLLIN)
         self.poller.register(to_workers, zmq.POLLIN)
-        self.steps = 0
         self.blocked = False  # the last step found a worker's queue full
         self.dropped_connections = 0
         self._news = BusNews()
@@ -147,8 +128,7 @@ class EngineLink:
     # ---- the engine loop's API ----------------------------------------------------------------------------
 
     def poll(self, timeout_s: float = 0.0) -> BusNews:
-        """Wait up to timeout_s for bus traffic, take all of it, run the timers (worker liveness, stats);
-        returns the news since the last poll."""
+        """Wait up to timeout_s for bus traffic, take it, run the timers; the news since the last poll."""
         self._allow_wait(time.monotonic(), timeout_s)
         events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
         unread = False
@@ -188,9 +168,8 @@ class EngineLink:
 
     def defer(self, submits: list[Submit]) -> None:
         """Hand back Submits of the last poll that the engine loop has not started yet (a burst it takes a slice
-        at a time): the next poll returns them first, and an Abort read meanwhile withdraws one as for a Submit
-        of that poll. Between slices the loop polls again, so worker heartbeats are read before liveness is
-        judged and the fronts get the stats report."""
+        at a time, polling between slices): the next poll returns them first, and an Abort read meanwhile
+        withdraws one as for a Submit of that poll."""
         self._news.submitted[:0] = submits
 
     def idle_wait_s(self) -> float:
@@ -217,8 +196,7 @@ class EngineLink:
         return [self.fronts.pull.getsockopt(zmq.FD), self.workers.router.getsockopt(zmq.FD)]
 
     def has_news(self) -> bool:
-        """A `poll(0)` now would return news: frames wait to be read (a poll takes a bounded number per socket), or
-        a step stopped requests (rejected for want of a worker)."""
+        """A `poll(0)` now would return news (a poll takes a bounded number of frames per socket)."""
         if self._news.submitted or self._news.stopped or self._news.adapter_calls:
             return True
         return any(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN for socket in (self.fronts.pull, self.workers.router))
@@ -236,6 +214,20 @@ class EngineLink:
             self.recorder.request(rid, prompt_ids, params)
         return self.scheduler.detok_params(rid)
 
+    def accept_relayed(
+        self, submit: Submit, build: Callable[[DetokParams], R], engine: str = ""
+    ) -> tuple[DetokParams, R] | None:
+        """`accept` for a relay, with its request to the engine (`build`); None when it was rejected, ends at once
+        (max_tokens 0: "length"), or `build` refused a parameter (the request fails naming it and `engine`)."""
+        detok = self.accept(submit)
+        if detok is None or submit.params.max_tokens == 0:
+            return None
+        try:
+            return detok, build(detok)
+        except ParameterError as exc:
+            self.fail(submit.rid, f"{exc} ({engine})" if engine else str(exc), param=exc.param)
+            return None
+
     def push(
         self, rid: str, ids: list[int], finish: str | None = None, logprobs: list[TokenLogprob] | None = None
     ) -> bool:
@@ -245,8 +237,7 @@ class EngineLink:
         return self.scheduler.push(rid, ids, finish, logprobs)
 
     def push_all(self, outputs: Iterable[Output]) -> list[str]:
-        """`push` of one engine step's outputs, (rid, new ids, finish, logprobs) each, in one call; returns the rids
-        that no longer generate (stop generating them)."""
+        """`push` of one engine step's outputs; the rids that no longer generate."""
         return self.scheduler.push_all(outputs)
 
     def send_prompt_info(self, message: PromptLogprobs | PromptCached) -> None:
@@ -255,7 +246,7 @@ class EngineLink:
         self.fronts.send(message)
 
     def backlog(self, rid: str) -> int:
-        """Ids pushed for `rid` that its worker has not taken yet (backpressure: pause a rid with a big one)."""
+        """Ids pushed for `rid` that its worker has not taken yet (pause a rid with a big one)."""
         return self.scheduler.backlog(rid)
 
     def fail(self, rid: str, error: str, *, param: str | None = None) -> None:
@@ -269,7 +260,7 @@ class EngineLink:
                 self.recorder.tokens(rid, [], "error")
 
     def step(self) -> int:
-        """Send one TokenBatch per worker with work; returns how many were sent."""
+        """Send one TokenBatch per worker with work; how many were sent."""
         plan = self.scheduler.plan_step(time.monotonic(), time.time_ns())
         for reject in plan.rejects:
             self._news.stopped.append(reject.rid)
@@ -285,7 +276,6 @@ class EngineLink:
                 if recorder is not None:
                     for item in emitted:
                         recorder.tokens(item.rid, item.ids, item.finish)
-        self.steps += 1
         self.blocked = self.workers.blocked_sends > blocked_before
         self.fronts.flush()
         return sent

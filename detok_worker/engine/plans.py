@@ -1,15 +1,17 @@
-"""The scheduler's data: a request as the engine tracks it (the ids its engine pushed), and one step's plan (a
-TokenBatch per worker, not yet sent; detok_worker/engine/scheduler.py commits what was sent)."""
+"""The scheduler's data: what a Submit may ask (`SubmitLimits`), a request as the engine tracks it (the ids its engine
+pushed), one step's plan (a TokenBatch per worker, not yet sent; `Scheduler.commit` takes what was sent), and the
+ended requests kept until the front has their final text (`Undelivered`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from detok_worker.bus.columns import TokenRow, token_batch
 from detok_worker.bus.messages import (
     FINISH_LENGTH,
     FINISH_STOP,
+    MAX_TOP_LOGPROBS,
     DetokParams,
     Open,
     Reject,
@@ -17,8 +19,40 @@ from detok_worker.bus.messages import (
     TokenBatch,
     TokenLogprob,
 )
+from detok_worker.config import DetokConfig
+from detok_worker.config.schema import PROMPT_TOKENS_CAP
 from detok_worker.engine.workers import WorkerRegistry
 from detok_worker.stream.stop.rules import StopRules
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitLimits:
+    """What the engine accepts in a Submit, checked again at the engine: any same-uid bus peer can send one without
+    the front's validation (max_tokens 2**40, a prompt of millions of ids, a billion logprobs per token)."""
+
+    max_tokens: int
+    max_prompt_tokens: int
+
+    @classmethod
+    def from_config(cls, config: DetokConfig) -> SubmitLimits:
+        """The front's limits: front.max_tokens_limit, and front.max_prompt_tokens (or the cap when it is 0, as
+        the engine does not know the tokenizer's model_max_length)."""
+        front = config.front
+        return cls(front.max_tokens_limit, front.max_prompt_tokens or PROMPT_TOKENS_CAP)
+
+    def check(self, prompt_ids: list[int], params: RequestParams) -> str | None:
+        """Why the engine refuses this request, or None."""
+        if not 0 <= params.max_tokens <= self.max_tokens:
+            return f"max_tokens must be between 0 and {self.max_tokens}, got {params.max_tokens}"
+        if len(prompt_ids) > self.max_prompt_tokens:
+            return f"the prompt has {len(prompt_ids)} tokens; at most {self.max_prompt_tokens} are allowed"
+        top = params.sampling.logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            return f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"
+        return None
+
+
+NO_SUBMIT_LIMITS = SubmitLimits(2**62, 2**62)
 
 
 @dataclass(slots=True)
@@ -105,10 +139,6 @@ class WorkerGroup(NamedTuple):
     rows: list[TokenRow]
     advances: list[Advance]
 
-    @classmethod
-    def empty(cls) -> WorkerGroup:
-        return cls([], [], [])
-
 
 Groups = dict[str, WorkerGroup]  # by worker
 
@@ -119,7 +149,7 @@ def worker_plans(
     """One TokenBatch per worker with something to send: its abort rows (`pending`), then its requests' `groups`."""
     for worker, extra in pending.items():
         if worker in registry and extra and worker not in groups:
-            groups[worker] = WorkerGroup.empty()
+            groups[worker] = WorkerGroup([], [], [])
     plans = []
     for worker, (opens, rows, advances) in groups.items():
         extra = list(pending.get(worker, ()))
@@ -147,3 +177,58 @@ def prompt_tail(prompt_ids: list[int], special_ids: frozenset[int]) -> list[int]
             others += prompt_ids[position] not in special_ids
         start = min(start, position)
     return list(prompt_ids[start:])
+
+
+R = TypeVar("R")
+
+
+class Undelivered(Generic[R]):
+    """Requests whose generation ended but whose final text the front has not confirmed yet (`Delivered`): rid ->
+    (request, worker, ended at), oldest first; plus the rids of each worker.
+
+    The last ids of a request (or the ids in which its worker found a stop) may still sit in that worker's queues
+    when it dies; the engine then re-opens the request with its whole history. So an ended request is kept here,
+    under the worker that ended it, until the front confirms, or for `grace_s` at most: a front that never sends
+    Delivered (a collector that only listens) costs memory for that long, nothing more."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._entries: dict[str, tuple[R, str, float]] = {}
+        self._by_worker: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._entries
+
+    def rids(self, worker: str | None = None) -> set[str]:
+        return set(self._entries) if worker is None else set(self._by_worker.get(worker, ()))
+
+    def hold(self, rid: str, request: R, worker: str, now: float) -> None:
+        self.forget(rid)
+        self._entries[rid] = (request, worker, now)
+        self._by_worker.setdefault(worker, set()).add(rid)
+
+    def forget(self, rid: str) -> bool:
+        entry = self._entries.pop(rid, None)
+        if entry is None:
+            return False
+        worker = entry[1]
+        rids = self._by_worker[worker]
+        rids.discard(rid)
+        if not rids:
+            del self._by_worker[worker]
+        return True
+
+    def take_worker(self, worker: str) -> list[R]:
+        """The worker is lost: its ended requests, no longer held here (the caller re-opens them)."""
+        return [self._entries.pop(rid)[0] for rid in self._by_worker.pop(worker, ())]
+
+    def expire(self, now: float) -> None:
+        entries = self._entries
+        while entries:
+            rid, (_, _, ended_at) = next(iter(entries.items()))
+            if now - ended_at <= self.grace_s:
+                return
+            self.forget(rid)

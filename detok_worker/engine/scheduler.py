@@ -13,7 +13,7 @@ Ownership: a request goes to the live worker with the fewest requests among thos
 when a worker dies (timeout, unreachable, Goodbye, a restart's Hello) its requests are re-opened on a live worker:
 Open again, and a row with the full history.
 Delivery: an ended request is kept, with its history, until the front reports `Delivered`; if its worker is lost
-meanwhile, it is re-opened like a live one, its row carrying the finish too (why: engine/delivery.py).
+meanwhile, it is re-opened like a live one, its row carrying the finish too (why: `Undelivered`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from detok_worker.bus.columns import TokenRow
 from detok_worker.bus.messages import (
     FINISH_ABORT,
     FINISH_LENGTH,
-    REJECT_FAILED,
     REJECT_INVALID,
     REJECT_NO_WORKER,
     DetokParams,
@@ -35,13 +34,14 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
-from detok_worker.engine.delivery import Undelivered
-from detok_worker.engine.limits import NO_SUBMIT_LIMITS, SubmitLimits
 from detok_worker.engine.plans import (
+    NO_SUBMIT_LIMITS,
     Emitted,
     Groups,
     Request,
     StepPlan,
+    SubmitLimits,
+    Undelivered,
     WorkerGroup,
     WorkerPlan,
     aligned_logprobs,
@@ -101,7 +101,6 @@ class Scheduler:
         # from a new process while registered); a worker that says Goodbye leaves without counting
         self.lost_workers = 0
         self.generated = 0  # ids pushed, whether or not their request still generates
-        self.rejected = 0
 
     # ---- requests -------------------------------------------------------------------------------------
 
@@ -114,7 +113,6 @@ class Scheduler:
         return request is not None and (not generating or request.open_ended)
 
     def list_live_rids(self) -> list[str]:
-        """The rids of the running requests (`live_rids` counts them)."""
         return list(self.running)
 
     def submit(self, rid: str, prompt_ids: list[int], params: RequestParams) -> Reject | None:
@@ -125,11 +123,11 @@ class Scheduler:
             return None
         self.delivering.forget(rid)
         if (problem := self.limits.check(prompt_ids, params)) is not None:
-            return self._reject(rid, problem, REJECT_INVALID)
+            return Reject(rid, problem, kind=REJECT_INVALID)
         try:
             rules = StopRules.from_params(params.detok, self.stop_limits, self.eos_ids, ignore_eos=params.ignore_eos)
         except ParameterError as exc:
-            return self._reject(rid, str(exc), REJECT_INVALID)
+            return Reject(rid, str(exc), kind=REJECT_INVALID)
         tail = prompt_tail(prompt_ids, self.special_ids)
         request = new_request(rid, tail, params, rules)
         # the engine schedules it: it runs now, on a worker with room for its stop strings, or is refused now
@@ -279,7 +277,7 @@ class Scheduler:
             if worker is not group_worker:
                 group = groups.get(worker)
                 if group is None:
-                    group = groups[worker] = WorkerGroup.empty()
+                    group = groups[worker] = WorkerGroup([], [], [])
                 group_worker, (opens, rows, advances) = worker, group
             if not request.opened:
                 opens.append(Open(rid, request.prompt_tail, request.detok, vocab_size=self.vocab_size))
@@ -353,7 +351,7 @@ class Scheduler:
                 f"{request.workers_lost} detok workers were lost while they held this request; it is ended so that"
                 " it cannot take down more"
             )
-            return self._reject(request.rid, message)
+            return Reject(request.rid, message)
         info = registry.place(request.rid, request.stop_chars, anywhere=request.placed)
         if info is not None:
             request.worker = info.worker
@@ -364,12 +362,12 @@ class Scheduler:
             return None
         if registry:
             del self.running[request.rid]
-            return self._reject(request.rid, *registry.refusal(request.stop_chars))
+            return registry.refusal(request.rid, request.stop_chars)
         if request.orphan_since is None:
             request.orphan_since = now
         elif now - request.orphan_since > ORPHAN_GRACE_S:
             del self.running[request.rid]
-            return self._reject(request.rid, "no detok worker is alive", REJECT_NO_WORKER)
+            return Reject(request.rid, "no detok worker is alive", kind=REJECT_NO_WORKER)
         return None
 
     def _unassign(self, request: Request, *, after_pending: bool = False) -> None:
@@ -413,7 +411,3 @@ class Scheduler:
         if request.worker is not None and request.worker in self.registry:
             request.ended = True
             self.delivering.hold(request.rid, request, request.worker, self._now)
-
-    def _reject(self, rid: str, error: str, kind: str = REJECT_FAILED) -> Reject:
-        self.rejected += 1
-        return Reject(rid, error, kind=kind)

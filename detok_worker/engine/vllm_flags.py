@@ -16,7 +16,6 @@ front started on its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -25,7 +24,6 @@ from typing import Any
 
 import huggingface_hub
 import msgspec
-from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -244,20 +242,6 @@ def serve_parser() -> FlexibleArgumentParser:
     return make_arg_parser(FlexibleArgumentParser())
 
 
-def front_end_dests(parser: argparse.ArgumentParser) -> set[str]:
-    """Every flag of `vllm serve` that is not an engine argument (by its argparse dest)."""
-    engine = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    return {action.dest for action in parser._actions if action.dest != "help" and action.dest not in engine}
-
-
-def unclassified_flags(parser: argparse.ArgumentParser | None = None) -> set[str]:
-    """Front-end flags of the installed vLLM that are neither honoured nor refused here (must be none), and
-    entries of the tables that vLLM no longer has."""
-    front = front_end_dests(parser or serve_parser())
-    known = set(HONOURED) | set(REFUSED)
-    return front ^ known
-
-
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """The flags whose value is not vLLM's default (by dest)."""
     return {
@@ -347,7 +331,7 @@ def apply_vllm_flags(config: DetokConfig, environ: Mapping[str, str] | None = No
     conflicts = []
     for key, value in flags.items():
         current = _get(tree, key)
-        if current not in _unset(key, config) and current != _plain(value):
+        if current not in _unset(key, config) and current != msgspec.to_builtins(value):
             conflicts.append(f"{key} = {current!r} but the vLLM flags give {value!r}")
         _set(tree, key, value)
     if conflicts:
@@ -363,10 +347,6 @@ def apply_vllm_flags(config: DetokConfig, environ: Mapping[str, str] | None = No
     return result
 
 
-def _plain(value: Any) -> Any:
-    return msgspec.to_builtins(value)
-
-
 def _get(tree: dict[str, Any], key: str) -> Any:
     section, name = key.split(".")
     return tree[section][name]
@@ -374,7 +354,7 @@ def _get(tree: dict[str, Any], key: str) -> Any:
 
 def _set(tree: dict[str, Any], key: str, value: Any) -> None:
     section, name = key.split(".")
-    tree[section][name] = _plain(value)
+    tree[section][name] = msgspec.to_builtins(value)
 
 
 def _unset(key: str, config: DetokConfig) -> list[Any]:
@@ -382,5 +362,5 @@ def _unset(key: str, config: DetokConfig) -> list[Any]:
     section, name = key.split(".")
     defaults = DetokConfig()
     struct = {"front": FrontConfig(), "tokenizer": defaults.tokenizer, "worker": defaults.worker}[section]
-    unset = [_plain(getattr(struct, name))]
+    unset = [msgspec.to_builtins(getattr(struct, name))]
     return [*unset, config.engine.model] if key == "tokenizer.path" else unset

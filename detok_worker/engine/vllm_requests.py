@@ -49,6 +49,13 @@ from detok_worker.errors import ParameterError
 # how the engine core ends a request -> the bus's finish; ABORT and ERROR are handled by the source itself
 FINISHES = {FinishReason.STOP: FINISH_STOP, FinishReason.LENGTH: FINISH_LENGTH, FinishReason.REPETITION: FINISH_STOP}
 SUPPORTED_TASKS = ("generate",)
+# a constraint kind whose spec is the whole constraint -> StructuredOutputsParams' keyword for it
+_SPEC_KEYWORDS = {
+    CONSTRAINT_JSON_SCHEMA: "json",
+    CONSTRAINT_REGEX: "regex",
+    CONSTRAINT_GRAMMAR: "grammar",
+    CONSTRAINT_STRUCTURAL_TAG: "structural_tag",
+}
 # a PromptLogprobs frame's bytes per (id, logprob) pair at most: a msgpack uint32 and a float64, with room to spare
 FRAME_BYTES_PER_VALUE = 16
 
@@ -166,14 +173,8 @@ def structured_outputs(
         return StructuredOutputsParams(json_object=True)
     if kind == CONSTRAINT_CHOICE:
         return StructuredOutputsParams(choice=list(constraint.choices))
-    if kind == CONSTRAINT_JSON_SCHEMA:
-        return StructuredOutputsParams(json=constraint.spec)
-    if kind == CONSTRAINT_REGEX:
-        return StructuredOutputsParams(regex=constraint.spec)
-    if kind == CONSTRAINT_GRAMMAR:
-        return StructuredOutputsParams(grammar=constraint.spec)
-    if kind == CONSTRAINT_STRUCTURAL_TAG:
-        return StructuredOutputsParams(structural_tag=constraint.spec)
+    if (keyword := _SPEC_KEYWORDS.get(kind)) is not None:
+        return StructuredOutputsParams(**{keyword: constraint.spec})
     raise ParameterError(f"unknown constraint kind {kind!r}", "response_format")
 
 

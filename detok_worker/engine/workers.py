@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from detok_worker.bus.messages import REJECT_INVALID, REJECT_STOP_BUDGET
+from detok_worker.bus.messages import REJECT_INVALID, REJECT_STOP_BUDGET, Reject
 
 
 @dataclass(slots=True)
@@ -52,9 +52,6 @@ class WorkerRegistry:
     def __bool__(self) -> bool:
         return bool(self.workers)
 
-    def get(self, worker: str) -> WorkerInfo | None:
-        return self.workers.get(worker)
-
     def names(self) -> list[str]:
         return list(self.workers)
 
@@ -81,15 +78,15 @@ class WorkerRegistry:
             info.stop_chars += stop_chars
         return info
 
-    def refusal(self, stop_chars: int) -> tuple[str, str]:
-        """(message, Reject kind) for a new request no live worker has room for."""
+    def refusal(self, rid: str, stop_chars: int) -> Reject:
+        """The Reject of a new request no live worker has room for."""
         budget = self.max_live_stop_chars
         held = f"{stop_chars} characters of stop strings"
         if budget is not None and stop_chars > budget:  # more than a worker ever holds: retrying cannot help
             message = f"the request has {held}, more than a detok worker holds (worker.max_live_stop_chars = {budget})"
-            return f"{message}: use fewer or shorter stop strings", REJECT_INVALID
+            return Reject(rid, f"{message}: use fewer or shorter stop strings", kind=REJECT_INVALID)
         message = f"no detok worker has room for {held} more (worker.max_live_stop_chars = {budget} per worker)"
-        return f"{message}: retry later, or use fewer or shorter stop strings", REJECT_STOP_BUDGET
+        return Reject(rid, f"{message}: retry later, or use fewer or shorter stop strings", kind=REJECT_STOP_BUDGET)
 
     def unassign(self, worker: str, rid: str, stop_chars: int, *, after_pending: bool = False) -> None:
         """`rid` left `worker`: its stop strings' room is free at once, or (after_pending: its abort item is still to

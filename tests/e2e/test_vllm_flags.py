@@ -109,8 +109,14 @@ for name, (argv, env) in json.loads(sys.argv[1]).items():
     os.environ.clear()
     os.environ.update(saved)
     out[name] = [code, stdout.getvalue(), stderr.getvalue()]
-from detok_worker.engine.vllm_flags import unclassified_flags
-print(json.dumps({"runs": out, "unclassified": sorted(unclassified_flags())}))
+import dataclasses
+from vllm.engine.arg_utils import AsyncEngineArgs
+from detok_worker.engine.vllm_flags import HONOURED, REFUSED, serve_parser
+engine_args = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+front_end = {action.dest for action in serve_parser()._actions if action.dest not in ("help", *engine_args)}
+# the installed vLLM's front-end flags in neither table, and entries of the tables that vLLM no longer has
+unclassified = front_end ^ (set(HONOURED) | set(REFUSED))
+print(json.dumps({"runs": out, "unclassified": sorted(unclassified)}))
 """
 
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import grpc
@@ -36,9 +37,8 @@ from detok_worker.engine.grpc_api import (
     new_ids_of_complete,
     output_logprobs,
 )
-from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink
 from detok_worker.engine.sources.base import RunOptions
-from detok_worker.errors import ParameterError
 from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
@@ -57,9 +57,7 @@ def gateway_link(config: DetokConfig, tokenizer: Tokenizer, api: EngineApi) -> E
     """The gateway's bus side: Opens carry the engine's vocabulary size, the fronts serve its model name."""
     return EngineLink(
         config,
-        eos_ids=tokenizer.eos_token_ids,
-        special_ids=tokenizer.special_token_ids,
-        recorder=recorder_for(config, tokenizer),
+        tokenizer,
         vocab_size=api.vocab_size,
         served_model_name=api.served_model_name,
         max_model_len=api.max_context_length,
@@ -81,8 +79,6 @@ class GrpcGateway:
         self.streams: dict[str, asyncio.Task[None]] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.stopping = False
-        self.engine_aborts = 0
-        self.start_retries = 0  # Generate streams opened again after a failed start
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -139,16 +135,10 @@ class GrpcGateway:
             self.due.set()
 
     def _start(self, submit: Submit) -> None:
-        link = self.link
-        detok = link.accept(submit)
-        if detok is None or submit.params.max_tokens == 0:
-            return  # rejected, or ends at once ("length") without the engine
-        try:
-            request = self.api.dialect.generate_request(submit.rid, submit.prompt_ids, submit.params, detok)
-        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
-            link.fail(submit.rid, f"{exc} ({self.api.dialect.service} at {self.api.url})", param=exc.param)
-            return
-        self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, request))
+        api = self.api
+        build = partial(api.dialect.generate_request, submit.rid, submit.prompt_ids, submit.params)
+        if (accepted := self.link.accept_relayed(submit, build, f"{api.dialect.service} at {api.url}")) is not None:
+            self.streams[submit.rid] = asyncio.create_task(self._generate(submit.rid, accepted[1]))
 
     def _stop(self, rid: str) -> None:
         """A worker found a stop string, or the client went away: stop generating on the engine."""
@@ -165,7 +155,6 @@ class GrpcGateway:
         api = self.api
         try:
             await api.stub.Abort(api.dialect.abort_request(rid), timeout=ABORT_TIMEOUT_S)
-            self.engine_aborts += 1
         except grpc.aio.AioRpcError as exc:  # the cancelled stream tells the engine too
             log.debug("engine: Abort(%s) on %s failed: %s", rid, api.url, exc.code().name)
         finally:
@@ -180,7 +169,6 @@ class GrpcGateway:
                 code = await self._stream(rid, request)
                 if code is None:
                     return
-                self.start_retries += 1
                 log.info(
                     "engine: Generate(%s) on %s ended %s before any output; retry %d",
                     rid,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 import vllm.envs as envs
 import zmq
@@ -39,14 +40,13 @@ from vllm.version import __version__ as VLLM_VERSION
 
 from detok_worker.bus.messages import AdapterCall, PromptCached, Submit
 from detok_worker.config import DetokConfig
-from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink, recorder_for
+from detok_worker.engine.link import BLOCKED_RETRY_S, EngineLink
 from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.stream_interval import StreamInterval
 from detok_worker.engine.vllm_loras import LoraAdapters
 from detok_worker.engine.vllm_requests import FINISHES, PromptRows, RequestBuilder, output_logprobs
 from detok_worker.engine.vllm_stats import VllmStats
 from detok_worker.engine.vllm_tool_grammar import ToolGrammar
-from detok_worker.errors import ParameterError
 from detok_worker.process.runtime import run_event_loop, stop_on_signals
 from detok_worker.tokenizer import load_configured_tokenizer
 
@@ -134,11 +134,9 @@ class VllmSource:
                 timer.cancel()
                 bus.clear()
         finally:
-            outputs.cancel()
-            connections.cancel()
-            if stats_log is not None:
-                stats_log.cancel()
             tasks = [outputs, connections, *([stats_log] if stats_log is not None else [])]
+            for task in tasks:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for fd in fds:
                 loop.remove_reader(fd)
@@ -151,15 +149,9 @@ class VllmSource:
         self.bus.set()  # the answer went out on a bus socket: look again (see _read_outputs)
 
     async def _start(self, submit: Submit) -> None:
-        link = self.link
-        detok = link.accept(submit)
-        if detok is None or submit.params.max_tokens == 0:
-            return  # rejected, or ends at once ("length") without the engine
-        try:
-            request = self.requests.build(submit, detok)
-        except ParameterError as exc:  # the client's parameter: the front answers 400 naming it
-            link.fail(submit.rid, str(exc), param=exc.param)
+        if (accepted := self.link.accept_relayed(submit, partial(self.requests.build, submit))) is None:
             return
+        detok, request = accepted
         self.on_engine.add(submit.rid)
         if self.stats is not None:
             arrival = submit.sent_ns / 1e9 if submit.sent_ns else time.time()
@@ -305,7 +297,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
     tokenizer = load_configured_tokenizer(config)
     generation = model_config.try_get_generation_config()
     eos = generation.get("eos_token_id")
-    eos_ids = set(tokenizer.eos_token_ids) | set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]  # the generation config's
 
     async def main() -> int:
         log_stats = not args.disable_log_stats
@@ -324,9 +316,8 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
             requests = RequestBuilder(processor, model_config, adapters.requests, tool_grammar)
             link = EngineLink(
                 config,
+                tokenizer,
                 eos_ids=eos_ids,
-                special_ids=tokenizer.special_token_ids,
-                recorder=recorder_for(config, tokenizer),
                 vocab_size=model_config.get_vocab_size(),
                 served_model_name=model_config.served_model_name,
                 engine_version=VLLM_VERSION,

@@ -19,8 +19,14 @@ from detok_worker.bus.messages import (
     TokenLogprob,
     Tokens,
 )
-from detok_worker.engine.limits import SubmitLimits
-from detok_worker.engine.plans import MAX_PROMPT_TAIL, NO_LOGPROB, PROMPT_CONTEXT, PROMPT_TAIL, prompt_tail
+from detok_worker.engine.plans import (
+    MAX_PROMPT_TAIL,
+    NO_LOGPROB,
+    PROMPT_CONTEXT,
+    PROMPT_TAIL,
+    SubmitLimits,
+    prompt_tail,
+)
 from detok_worker.engine.scheduler import (
     BAD_DUPLICATE_RID,
     BAD_STRAY_FINISH,
