@@ -169,7 +169,7 @@ class SentencePieceTokenizer(TokenizerBase):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         self.check_ids(ids)
         if skip_special_tokens:
-            ids = self.without_special(ids)
+            ids = [token_id for token_id in ids if token_id not in self._special_token_ids]
         atomic = self._atomic_text
         if not any(i in atomic for i in ids):
             return self._sp.decode(list(ids))

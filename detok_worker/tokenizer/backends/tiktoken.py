@@ -32,16 +32,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from detok_worker.tokenizer.base import (
-    TokenizerBase,
-    bytes_to_token_string,
-    char_spans_from_byte_lengths,
-    id_of_token_string,
-)
+from detok_worker.tokenizer.base import ByteTableTokenizer, char_spans_from_byte_lengths
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
 from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError, check_token_ids
-from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +115,7 @@ def named_encodings() -> list[str]:
     return tiktoken.list_encoding_names()
 
 
-class TiktokenTokenizer(TokenizerBase):
+class TiktokenTokenizer(ByteTableTokenizer):
     """A tiktoken BPE with added tokens; see the module docstring for the token-string mapping."""
 
     def __init__(
@@ -138,20 +132,21 @@ class TiktokenTokenizer(TokenizerBase):
         import tiktoken
 
         side = side or SideConfig()
-        self._ranks = dict(mergeable_ranks)
+        ranks = dict(mergeable_ranks)
         self._encoding = tiktoken.Encoding(
-            name=name, pat_str=pattern, mergeable_ranks=self._ranks, special_tokens=dict(added_tokens)
+            name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(added_tokens)
         )
-        self._id_to_bytes: dict[int, bytes] = {rank: token for token, rank in self._ranks.items()}
-        self._added = dict(added_tokens)
         # Several texts may name one id (o200k_harmony: <|endofprompt|> and <|reserved_200018|> are both 200018);
         # which one decodes is tiktoken's choice, so ask tiktoken rather than guess from the mapping's order.
         decode_single = self._encoding.decode_single_token_bytes
-        self._added_by_id = {token_id: decode_single(token_id).decode() for token_id in set(added_tokens.values())}
-        for token_id, text in self._added_by_id.items():
-            self._id_to_bytes[token_id] = text.encode()
+        added_by_id = {token_id: decode_single(token_id).decode() for token_id in set(added_tokens.values())}
+        pieces: list[bytes | None] = [None] * (max([*ranks.values(), *added_by_id]) + 1)
+        for token, rank in ranks.items():
+            pieces[rank] = token
+        for token_id, text in added_by_id.items():
+            pieces[token_id] = text.encode()
         # Ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275).
-        self._gap_ids = frozenset(range(max(self._id_to_bytes) + 1)) - self._id_to_bytes.keys()
+        self._gap_ids = frozenset(i for i, piece in enumerate(pieces) if piece is None)
         special_texts = set(added_tokens) if special_texts is None else special_texts
         named = {role: text for role, text in side.named.items() if text in added_tokens}
         special_texts |= set(named.values())
@@ -162,22 +157,21 @@ class TiktokenTokenizer(TokenizerBase):
         if not eos_ids and _ENDOFTEXT in added_tokens:
             eos_ids.add(added_tokens[_ENDOFTEXT])
         super().__init__(
+            pieces=pieces,
+            special_text=added_by_id,
+            ids_by_text=dict(added_tokens),
+            ids_by_bytes=ranks,
             name=name,
-            vocab_size=max(self._id_to_bytes) + 1,
+            vocab_size=len(pieces),
             special_tokens=build_special_tokens(named, special_texts),
             special_token_ids={added_tokens[text] for text in special_texts},
             eos_token_ids=eos_ids,
             chat_templates=chat_templates,
         )
 
-    def token_bytes_table(self) -> TokenBytesTable:
-        """Byte-level: decode is the concatenation of these pieces (None for ids that name no token)."""
-        table = self._id_to_bytes
-        return TokenBytesTable(pieces=[table.get(i) for i in range(self.vocab_size)])
-
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         ids = self._encoding.encode(text, allowed_special="all", disallowed_special=())
-        offsets = char_spans_from_byte_lengths(text, [len(self._id_to_bytes[i]) for i in ids])
+        offsets = char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
         if add_special_tokens:
             if self._add_bos:
                 ids.insert(0, self._named_ids["bos"])
@@ -187,28 +181,9 @@ class TiktokenTokenizer(TokenizerBase):
                 offsets.append((len(text), len(text)))
         return Encoding(ids=ids, offsets=offsets)
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        self.check_ids(ids)
-        table = self._id_to_bytes
-        if skip_special_tokens:
-            special = self.special_token_ids
-            data = b"".join([table[i] for i in ids if i not in special])
-        else:
-            data = b"".join([table[i] for i in ids])
-        return data.decode("utf-8", errors="replace")
-
     def check_ids(self, ids: Sequence[int]) -> None:
         """Raise InvalidTokenIdError for the first id outside [0, vocab_size) or in a gap of the ranks."""
         check_token_ids(ids, self.vocab_size, self._gap_ids)
-
-    def token_to_id(self, token: str) -> int | None:
-        return id_of_token_string(token, self._added, self._ranks)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        if token_id in self._added_by_id:
-            return self._added_by_id[token_id]
-        data = self._id_to_bytes.get(token_id)
-        return None if data is None else bytes_to_token_string(data)
 
 
 def _provide(encoding_name: str, cache_file: Path | None) -> str:
