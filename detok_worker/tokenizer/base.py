@@ -71,13 +71,21 @@ class TokenizerBase:
         special_token_ids: Iterable[int],
         eos_token_ids: Iterable[int],
         chat_templates: ChatTemplates | None = None,
+        unknown_ids: Iterable[int] = (),
+        add_bos_id: int | None = None,
+        add_eos_id: int | None = None,
     ) -> None:
+        """`unknown_ids`: ids in [0, vocab_size) that name no token; `add_bos_id`/`add_eos_id`: what
+        add_special_tokens=True adds around `encode_plain`'s ids (None: nothing)."""
         self.name = name
         self._vocab_size = vocab_size
         self._special_tokens = special_tokens
         self._special_token_ids = frozenset(special_token_ids)
         self._eos_token_ids = frozenset(eos_token_ids)
         self._chat_templates = chat_templates
+        self._unknown_ids = frozenset(unknown_ids)
+        self._add_bos_id = add_bos_id
+        self._add_eos_id = add_eos_id
 
     @property
     def vocab_size(self) -> int:
@@ -96,14 +104,27 @@ class TokenizerBase:
         return self._eos_token_ids
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        """`encode_plain`; with add_special_tokens, the BOS/EOS to add on the empty span at their end of the text."""
+        ids, offsets = self.encode_plain(text)
+        if add_special_tokens:
+            if self._add_bos_id is not None:
+                ids.insert(0, self._add_bos_id)
+                offsets.insert(0, (0, 0))
+            if self._add_eos_id is not None:
+                ids.append(self._add_eos_id)
+                offsets.append((len(text), len(text)))
+        return Encoding(ids=ids, offsets=offsets)
+
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character spans of `text`, nothing added."""
         raise NotImplementedError
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         return [self.encode(text, add_special_tokens) for text in texts]
 
-    def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise InvalidTokenIdError for the first entry that is not an int in [0, vocab_size)."""
-        check_token_ids(ids, self._vocab_size)
+    def check_ids(self, ids: Iterable[int]) -> None:
+        """Raise InvalidTokenIdError naming the first id that is not a token of this tokenizer."""
+        check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
 
 class ByteTableTokenizer(TokenizerBase):

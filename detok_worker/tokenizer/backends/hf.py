@@ -13,7 +13,7 @@ import lzma
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,12 @@ from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
 from detok_worker.tokenizer.loading import load_cache
 from detok_worker.tokenizer.loading.load_cache import VocabFacts
-from detok_worker.tokenizer.loading.side_files import json_ids, token_text
+from detok_worker.tokenizer.loading.side_files import json_ids, read_json_file, token_text
 from detok_worker.tokenizer.protocol import (
+    SPECIAL_TOKEN_ROLES,
     Encoding,
     SpecialTokens,
     TokenizerLoadError,
-    check_token_ids,
     is_count,
 )
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
@@ -43,7 +43,6 @@ CONFIG_FILE = "tokenizer_config.json"
 # encode_batch releases it while it works, so longer texts go through it (same pipeline, same ids).
 GIL_FREE_ENCODE_CHARS = 4096
 GENERATION_CONFIG_FILE = "generation_config.json"
-_NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +77,6 @@ class HFTokenizer(TokenizerBase):
         config = config or {}
         facts = vocab_facts if vocab_facts is not None else read_vocab_facts(self._tokenizer)
         vocab_size = facts.vocab_size
-        # Ids in [0, vocab_size) that name no token (rare; tokenizers would silently drop them).
-        self._unknown_ids = facts.unknown_ids
         self._word_start_marker = facts.word_start_marker
         added = {token_id: (content, special) for token_id, content, special in facts.added_tokens}
         contents = [content for content, _ in added.values()]
@@ -99,6 +96,7 @@ class HFTokenizer(TokenizerBase):
             special_token_ids=(i for i, (_, special) in added.items() if special),
             eos_token_ids=(i for i in eos_ids if 0 <= i < vocab_size),
             chat_templates=templates_from_config(config, f"{name}/{CONFIG_FILE}"),
+            unknown_ids=facts.unknown_ids,  # rare; tokenizers would silently drop them
         )
         max_length = config.get("model_max_length")
         # transformers writes a huge sentinel (int(1e30)) when the length is unknown
@@ -140,7 +138,7 @@ class HFTokenizer(TokenizerBase):
     def _read_special_tokens(
         config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, tuple[str, bool]]
     ) -> SpecialTokens:
-        named = {kind: token_text(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
+        named = {kind: token_text(config.get(f"{kind}_token")) for kind in SPECIAL_TOKEN_ROLES}
         taken = set(named.values())
         additional: dict[str, None] = {}
         for token in config.get("additional_special_tokens") or ():
@@ -159,10 +157,6 @@ class HFTokenizer(TokenizerBase):
     def hf_tokenizer(self) -> RustTokenizer:
         """The underlying `tokenizers.Tokenizer` (read-only use)."""
         return self._tokenizer
-
-    def check_ids(self, ids: Iterable[int]) -> None:
-        """Raise InvalidTokenIdError naming the first id that is not a token of this tokenizer."""
-        check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         fast = self._tiktoken_encoder
@@ -244,18 +238,6 @@ def _word_start_marker(tokenizer: RustTokenizer) -> str | None:
     return None
 
 
-def _read_json_file(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerLoadError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerLoadError(f"{path} does not hold a JSON object")
-    return data
-
-
 def find_hf_tokenizer_file(path: Path) -> Path | None:
     """The tokenizer.json(.xz) that `path` names (a file, or a directory holding one), or None."""
     if path.is_dir():
@@ -287,8 +269,8 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
     return HFTokenizer(
         tokenizer,
         name=name,
-        config=_read_json_file(directory / CONFIG_FILE),
-        generation_config=_read_json_file(directory / GENERATION_CONFIG_FILE),
+        config=read_json_file(directory / CONFIG_FILE),
+        generation_config=read_json_file(directory / GENERATION_CONFIG_FILE),
         source_digest=source_digest,
         vocab_facts=facts,
         build=lambda: _deferred_build(file, source_digest, key),

@@ -27,7 +27,7 @@ from detok_worker.tokenizer.base import (
 )
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 _NAMED = {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
 
@@ -61,17 +61,14 @@ class TekkenTokenizer(ByteTableTokenizer):
             special_token_ids=range(n_special),
             eos_token_ids={model.eos_id, *side.generation_eos_ids},
             chat_templates=chat_templates,
+            add_bos_id=model.bos_id,
         )
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         byte_lengths: list[int] = []
         for _, item in self._splitter.split(text):
             pieces = [item] if isinstance(item, int) else self._tekken.encode(item, bos=False, eos=False)
             ids += pieces
             byte_lengths += [len(self._pieces[i]) for i in pieces]
-        offsets = char_spans_from_byte_lengths(text, byte_lengths)
-        if add_special_tokens:
-            ids.insert(0, self._tekken.bos_id)
-            offsets.insert(0, (0, 0))
-        return Encoding(ids=ids, offsets=offsets)
+        return ids, char_spans_from_byte_lengths(text, byte_lengths)

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from detok_worker.tokenizer.base import ByteTableTokenizer, char_spans_from_byte_lengths
 from detok_worker.tokenizer.chat.source import load_chat_template
 from detok_worker.tokenizer.loading.side_files import build_special_tokens
-from detok_worker.tokenizer.protocol import Encoding
 
 DEFAULT_WORDS = ("hello", " world", " the", "ing", " and", "你好", "🙂")
 DEFAULT_SPECIALS = ("<bos>", "<eos>", "<pad>")
@@ -41,7 +40,6 @@ class MockTokenizer(ByteTableTokenizer):
         self._specials = {text: first_special + i for i, text in enumerate(specials)}
         pieces += [s.encode() for s in specials]
         named = dict(zip(("bos", "eos", "pad"), specials, strict=False))
-        self._bos_id = self._specials.get(named.get("bos", ""))
         super().__init__(
             pieces=pieces,
             special_text={token_id: text for text, token_id in self._specials.items()},
@@ -51,6 +49,7 @@ class MockTokenizer(ByteTableTokenizer):
             special_token_ids=self._specials.values(),
             eos_token_ids=[self._specials[named["eos"]]] if "eos" in named else [],
             chat_templates=load_chat_template(None, chat_template) if chat_template else None,
+            add_bos_id=self._specials.get(named.get("bos", "")),
         )
 
     def _match_at(self, text: str, position: int) -> tuple[list[int], int]:
@@ -62,15 +61,11 @@ class MockTokenizer(ByteTableTokenizer):
                 return [token_id], len(word)
         return list(text[position].encode()), 1
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         position = 0
         while position < len(text):
             matched, length = self._match_at(text, position)
             ids += matched
             position += length
-        offsets = char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
-        if add_special_tokens and self._bos_id is not None:
-            ids.insert(0, self._bos_id)
-            offsets.insert(0, (0, 0))
-        return Encoding(ids=ids, offsets=offsets)
+        return ids, char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])

@@ -27,7 +27,7 @@ from typing import Any
 from detok_worker.tokenizer.base import SpecialTextSplitter, TokenizerBase, import_optional
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, TokenizerLoadError
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 SPACE = "▁"
 
@@ -107,19 +107,21 @@ class SentencePieceTokenizer(TokenizerBase):
         self._atomic_ids = {text: token_id for token_id, text in self._atomic_text.items()}
         self._splitter = SpecialTextSplitter(self._atomic_ids)
         named = self._named_tokens(side)
-        self._bos_id = self._atomic_ids.get(named.get("bos", "")) if side.add_bos_token is not False else None
-        self._eos_id = self._atomic_ids.get(named.get("eos", "")) if side.add_eos_token else None
         eos_ids = set(side.generation_eos_ids)
         if "eos" in named and named["eos"] in self._atomic_ids:
             eos_ids.add(self._atomic_ids[named["eos"]])
         self._strips_leading_space = self._model_strips_leading_space()
+        vocab_size = max(n_pieces, max(self._atomic_text, default=-1) + 1)
         super().__init__(
             name=name,
-            vocab_size=max(n_pieces, max(self._atomic_text, default=-1) + 1),
+            vocab_size=vocab_size,
             special_tokens=build_special_tokens(named, {self._atomic_text[i] for i in special_ids}),
             special_token_ids=special_ids,
             eos_token_ids=eos_ids,
             chat_templates=chat_templates,
+            unknown_ids=set(range(n_pieces, vocab_size)) - self._atomic_text.keys(),
+            add_bos_id=self._atomic_ids.get(named.get("bos", "")) if side.add_bos_token is not False else None,
+            add_eos_id=self._atomic_ids.get(named.get("eos", "")) if side.add_eos_token else None,
         )
 
     def _named_tokens(self, side: SideConfig) -> dict[str, str]:
@@ -139,7 +141,7 @@ class SentencePieceTokenizer(TokenizerBase):
                 return sp.decode([token_id]) == piece[1:].replace(SPACE, " ")
         return False
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         for position, item in self._splitter.split(text):
@@ -151,14 +153,7 @@ class SentencePieceTokenizer(TokenizerBase):
             mapping = processor.encode_as_offset_mapping(item)
             ids.extend(mapping["ids"])
             offsets.extend((position + s, position + e) for s, e in _fill_byte_piece_spans(mapping["offsets"]))
-        if add_special_tokens:
-            if self._bos_id is not None:
-                ids.insert(0, self._bos_id)
-                offsets.insert(0, (0, 0))
-            if self._eos_id is not None:
-                ids.append(self._eos_id)
-                offsets.append((len(text), len(text)))
-        return Encoding(ids=ids, offsets=offsets)
+        return ids, offsets
 
     def _decode_run(self, run: list[int], after_text: bool) -> str:
         text = self._sp.decode(run)
@@ -199,13 +194,6 @@ class SentencePieceTokenizer(TokenizerBase):
         if 0 <= token_id < self._sp.vocab_size():
             return self._sp.id_to_piece(token_id)
         return None
-
-    def check_ids(self, ids: Sequence[int]) -> None:
-        super().check_ids(ids)
-        n_pieces = self._sp.vocab_size()
-        for token_id in ids:
-            if token_id >= n_pieces and token_id not in self._atomic_text:
-                raise InvalidTokenIdError(token_id, self.vocab_size)
 
 
 def load_sentencepiece(

@@ -35,7 +35,7 @@ from pathlib import Path
 from detok_worker.tokenizer.base import ByteTableTokenizer, char_spans_from_byte_lengths
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError, check_token_ids
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -145,15 +145,11 @@ class TiktokenTokenizer(ByteTableTokenizer):
             pieces[rank] = token
         for token_id, text in added_by_id.items():
             pieces[token_id] = text.encode()
-        # Ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275).
-        self._gap_ids = frozenset(i for i, piece in enumerate(pieces) if piece is None)
         special_texts = set(added_tokens) if special_texts is None else special_texts
         named = {role: text for role, text in side.named.items() if text in added_tokens}
         special_texts |= set(named.values())
-        self._add_bos = side.add_bos_token is True and "bos" in named
-        self._add_eos = side.add_eos_token is True and "eos" in named
-        self._named_ids = {role: added_tokens[text] for role, text in named.items()}
-        eos_ids = set(side.generation_eos_ids) | ({self._named_ids["eos"]} if "eos" in named else set())
+        named_ids = {role: added_tokens[text] for role, text in named.items()}
+        eos_ids = set(side.generation_eos_ids) | ({named_ids["eos"]} if "eos" in named else set())
         if not eos_ids and _ENDOFTEXT in added_tokens:
             eos_ids.add(added_tokens[_ENDOFTEXT])
         super().__init__(
@@ -167,23 +163,15 @@ class TiktokenTokenizer(ByteTableTokenizer):
             special_token_ids={added_tokens[text] for text in special_texts},
             eos_token_ids=eos_ids,
             chat_templates=chat_templates,
+            # ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275)
+            unknown_ids=(i for i, piece in enumerate(pieces) if piece is None),
+            add_bos_id=named_ids.get("bos") if side.add_bos_token is True else None,
+            add_eos_id=named_ids.get("eos") if side.add_eos_token is True else None,
         )
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids = self._encoding.encode(text, allowed_special="all", disallowed_special=())
-        offsets = char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
-        if add_special_tokens:
-            if self._add_bos:
-                ids.insert(0, self._named_ids["bos"])
-                offsets.insert(0, (0, 0))
-            if self._add_eos:
-                ids.append(self._named_ids["eos"])
-                offsets.append((len(text), len(text)))
-        return Encoding(ids=ids, offsets=offsets)
-
-    def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise InvalidTokenIdError for the first id outside [0, vocab_size) or in a gap of the ranks."""
-        check_token_ids(ids, self.vocab_size, self._gap_ids)
+        return ids, char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
 
 
 def _provide(encoding_name: str, cache_file: Path | None) -> str:

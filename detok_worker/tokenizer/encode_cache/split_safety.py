@@ -196,8 +196,7 @@ class SplitPlan:
 def _candidate_tokens(tokenizer: Tokenizer) -> tuple[dict[str, int], list[str]]:
     """Special-token strings that map to an id, and which of them are named (bos, eos, ..., additional)."""
     special = tokenizer.special_tokens
-    named = [special.bos, special.eos, special.unk, special.sep, special.pad, special.cls, special.mask]
-    named_tokens = [token for token in [*named, *special.additional] if token]
+    named_tokens = [token for token in [*special.named().values(), *special.additional] if token]
     others = [tokenizer.id_to_token(token_id) for token_id in sorted(tokenizer.special_token_ids)]
     candidates: dict[str, int] = {}
     for token in [*named_tokens, *others]:
