@@ -261,7 +261,7 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
     tokenizer = None
     if facts is None or (compressed and load_cache.cached_json_path(key) is None):
         decompressed = _decompress(file, raw)
-        tokenizer = _from_json(file, decompressed)
+        tokenizer = tokenizer_from_json(file, decompressed)
         facts = facts or read_vocab_facts(tokenizer)
         load_cache.write_entry(key, facts, decompressed if compressed else None)
     directory = file.parent
@@ -291,11 +291,38 @@ def _decompress(file: Path, raw: bytes) -> str:
         raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
 
 
-def _from_json(file: Path, text: str) -> RustTokenizer:
+def tokenizer_from_json(source: str | Path, text: str) -> RustTokenizer:
+    """The library tokenizer of tokenizer.json text (TokenizerLoadError naming `source` when it is not one)."""
     try:
         return RustTokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises plain Exception on malformed JSON or unknown components
-        raise TokenizerLoadError(f"{file} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+        raise TokenizerLoadError(f"{source} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+
+
+def bpe_document(
+    vocab: dict[str, int],
+    merges: list[list[str]],
+    *,
+    pre_tokenizer: dict[str, Any],
+    decoder: dict[str, Any],
+    normalizer: dict[str, Any] | None = None,
+    added_tokens: list[dict[str, Any]] | None = None,
+    post_processor: dict[str, Any] | None = None,
+    **model: Any,
+) -> str:
+    """The tokenizer.json text of a BPE without byte fallback (`model`: more fields of its model)."""
+    document = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added_tokens or [],
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": decoder,
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": False, "unk_token": None, **model},
+    }
+    return json.dumps(document, ensure_ascii=False)
 
 
 def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
@@ -311,7 +338,7 @@ def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
     if hashlib.sha256(raw).hexdigest() != source_digest:
         raise TokenizerLoadError(f"{file} changed since it was loaded: restart to load the new file")
     decompressed = _decompress(file, raw)
-    tokenizer = _from_json(file, decompressed)
+    tokenizer = tokenizer_from_json(file, decompressed)
     if file.name.endswith(".xz"):
         load_cache.write_entry(key, read_vocab_facts(tokenizer), decompressed)
     return tokenizer
