@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -169,17 +170,11 @@ class SentencePieceTokenizer(TokenizerBase):
         if not any(i in atomic for i in ids):
             return self._sp.decode(list(ids))
         parts: list[str] = []
-        run: list[int] = []
-        for token_id in ids:
-            if token_id not in atomic:
-                run.append(token_id)
-                continue
-            if run:
-                parts.append(self._decode_run(run, bool(parts)))
-                run = []
-            parts.append(atomic[token_id])
-        if run:
-            parts.append(self._decode_run(run, bool(parts)))
+        for is_atomic, run in groupby(ids, key=atomic.__contains__):
+            if is_atomic:
+                parts += [atomic[token_id] for token_id in run]
+            else:
+                parts.append(self._decode_run(list(run), bool(parts)))
         return "".join(parts)
 
     def token_to_id(self, token: str) -> int | None:

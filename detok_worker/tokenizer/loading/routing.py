@@ -1,5 +1,5 @@
 """From a user's tokenizer spec to a loaded tokenizer: detection (`detect_source`), Hub download
-(`download_tokenizer_files`), then the backend. `load_tokenizer` is what `create_tokenizer` calls. Hugging Face
+(`download_tokenizer_files`), then the backend (`load_source`), as `create_tokenizer` runs them. Hugging Face
 tokenizers (tokenizer.json, and the tokenizer.json documents built here from GGUF metadata or vocab.json +
 merges.txt) load through `load_hf`; every backend gets its chat templates from chat_template_source (explicit >
 chat_template.jinja > tokenizer_config.json).
@@ -27,7 +27,7 @@ from detok_worker.tokenizer.backends.hf import (
     tokenizer_from_json,
 )
 from detok_worker.tokenizer.chat.source import DEFAULT_NAME, ChatTemplates, load_chat_template
-from detok_worker.tokenizer.loading.detect import SourceKind, TokenizerSource, detect_directory, detect_source
+from detok_worker.tokenizer.loading.detect import SourceKind, TokenizerSource, detect_directory
 from detok_worker.tokenizer.loading.side_files import read_side_config
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerLoadError
 
@@ -79,7 +79,7 @@ def load_hf(path: Path, chat_template: str | Path | None = None) -> HFTokenizer:
     return _hf_from_document(document, name=path.name, config_dir=directory, templates=templates)
 
 
-def _forced_source(spec: str, backend: str) -> TokenizerSource:
+def forced_source(spec: str, backend: str) -> TokenizerSource:
     path = Path(spec).expanduser()
     if backend in ("python", "sglang", "vllm", "mock"):
         return TokenizerSource(SourceKind.PYTHON, name=spec)
@@ -94,35 +94,6 @@ def _forced_source(spec: str, backend: str) -> TokenizerSource:
             raise TokenizerLoadError(f"directory {path} holds a {found.kind.value} tokenizer, not {backend}")
         return found if kind is not SourceKind.HF_JSON else TokenizerSource(kind, path)
     return TokenizerSource(kind, path)
-
-
-def load_tokenizer(
-    name_or_path: str | Path,
-    *,
-    backend: str | None = None,
-    chat_template: str | Path | None = None,
-    revision: str | None = None,
-    model_encodings: Mapping[str, str] | None = None,
-    options: Mapping[str, Any] | None = None,
-) -> Tokenizer:
-    """Detect (or take `backend`), download from the Hub if needed, and load."""
-    spec = str(name_or_path)
-    options = dict(options or {})
-    if backend is not None and backend not in BACKENDS:
-        raise TokenizerLoadError(f"unknown tokenizer backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend in ("sglang", "vllm"):
-        from detok_worker.tokenizer.backends.python import load_engine_tokenizer
-
-        return load_engine_tokenizer(backend, spec, **options)
-    if backend == "mock":
-        from detok_worker.tokenizer.backends.mock import MockTokenizer
-
-        return MockTokenizer(**options)
-    source = _forced_source(spec, backend) if backend else detect_source(spec, model_encodings)
-    if source.kind is SourceKind.HUB:
-        directory = download_tokenizer_files(spec, revision)
-        source = detect_directory(directory)
-    return load_source(source, chat_template=chat_template, options=options)
 
 
 def load_source(
