@@ -1,8 +1,8 @@
 """Shared plumbing for the tokenizer backends.
 
 `TokenizerBase` holds what every backend has in common: the vocabulary size, the special-token sets, id
-validation, batch encoding and chat templates. A backend subclasses it and implements `encode`, `decode`,
-`token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
+validation, batch encoding and chat templates. A backend subclasses it and implements `encode_plain` (or `encode`),
+`decode`, `token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
 does for batches and id checks); `ByteTableTokenizer` implements all but `encode` for a backend whose decode joins
 per-token bytes. `char_spans_from_byte_lengths` turns per-token byte lengths into the character
 offsets `Encoding` carries.

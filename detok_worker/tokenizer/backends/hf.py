@@ -151,8 +151,6 @@ class HFTokenizer(TokenizerBase):
                 additional[content] = None
         return SpecialTokens(**named, additional=tuple(additional))
 
-    # ---- protocol ------------------------------------------------------------------------------------------
-
     @property
     def hf_tokenizer(self) -> RustTokenizer:
         """The underlying `tokenizers.Tokenizer` (read-only use)."""
@@ -216,8 +214,7 @@ class HFTokenizer(TokenizerBase):
 
 
 def read_vocab_facts(tokenizer: RustTokenizer) -> VocabFacts:
-    """The vocabulary size, the unknown ids (from the whole vocabulary) and the added
-    tokens."""
+    """The vocabulary size, the unknown ids (from the whole vocabulary) and the added tokens."""
     known_ids = set(tokenizer.get_vocab(with_added_tokens=True).values())
     vocab_size = max(known_ids, default=-1) + 1
     unknown = frozenset(range(vocab_size)) - known_ids if len(known_ids) < vocab_size else frozenset()

@@ -91,10 +91,6 @@ _RANK_FILE_OF_ENCODING = {
 }
 
 
-def offline_mode() -> bool:
-    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on") for var in _OFFLINE_VARS)
-
-
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TIKTOKEN_OFFLINE")
 
 
@@ -107,12 +103,6 @@ def tiktoken_cache_file(encoding_name: str) -> Path | None:
     if rank_file is None or cache_dir == "":
         return None
     return Path(cache_dir) / hashlib.sha1(_TIKTOKEN_BLOB.format(rank_file).encode()).hexdigest()
-
-
-def named_encodings() -> list[str]:
-    import tiktoken
-
-    return tiktoken.list_encoding_names()
 
 
 class TiktokenTokenizer(ByteTableTokenizer):
@@ -174,6 +164,10 @@ class TiktokenTokenizer(ByteTableTokenizer):
         return ids, char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
 
 
+def _offline() -> bool:
+    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on") for var in _OFFLINE_VARS)
+
+
 def _provide(encoding_name: str, cache_file: Path | None) -> str:
     where = (
         f"copy {encoding_name}.tiktoken to {cache_file} (TIKTOKEN_CACHE_DIR sets the directory), " if cache_file else ""
@@ -185,7 +179,7 @@ def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | N
     """One of tiktoken's named encodings (downloaded on first use, then cached; see the module docstring)."""
     import tiktoken.registry
 
-    known = named_encodings()
+    known = tiktoken.registry.list_encoding_names()
     if encoding_name not in known:
         raise TokenizerLoadError(f"unknown tiktoken encoding {encoding_name!r}; known: {', '.join(known)}")
     cache_file = tiktoken_cache_file(encoding_name)
@@ -193,7 +187,7 @@ def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | N
     constructor_name = encoding_name
     if (cache_file is None or not cache_file.is_file()) and offline in known:
         constructor_name = offline
-    elif offline_mode() and (cache_file is None or not cache_file.is_file()):
+    elif _offline() and (cache_file is None or not cache_file.is_file()):
         raise TokenizerLoadError(
             f"tiktoken encoding {encoding_name!r} is not cached and offline mode is on "
             f"({'/'.join(_OFFLINE_VARS)}); {_provide(encoding_name, cache_file)}"
