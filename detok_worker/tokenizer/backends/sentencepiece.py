@@ -192,9 +192,8 @@ class SentencePieceTokenizer(TokenizerBase):
 
 
 def load_sentencepiece(
-    model_file: str | Path, *, config_dir: str | Path | None = None, chat_templates: ChatTemplates | None = None
+    model_file: str | Path, *, chat_templates: ChatTemplates | None = None
 ) -> SentencePieceTokenizer:
-    """A `.model` file, with the side files of `config_dir` (default: the model's directory)."""
-    model_file = Path(model_file)
-    side = read_side_config(Path(config_dir) if config_dir is not None else model_file.parent)
+    """A `.model` file, with the side files of its directory."""
+    side = read_side_config(Path(model_file).parent)
     return SentencePieceTokenizer(model_file, side=side, chat_templates=chat_templates)
