@@ -257,8 +257,7 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
     facts = load_cache.read_vocab_facts(key)
     tokenizer = None
     if facts is None or (compressed and load_cache.cached_json_path(key) is None):
-        decompressed = _decompress(file, raw)
-        tokenizer = tokenizer_from_json(file, decompressed)
+        tokenizer, decompressed = _parse(file, raw)
         facts = facts or read_vocab_facts(tokenizer)
         load_cache.write_entry(key, facts, decompressed if compressed else None)
     directory = file.parent
@@ -281,11 +280,13 @@ def _read_source(file: Path) -> bytes:
         raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
 
 
-def _decompress(file: Path, raw: bytes) -> str:
+def _parse(file: Path, raw: bytes) -> tuple[RustTokenizer, str]:
+    """The library tokenizer of a tokenizer.json(.xz) file's bytes, and its JSON text."""
     try:
-        return (lzma.decompress(raw) if file.name.endswith(".xz") else raw).decode("utf-8")
+        text = (lzma.decompress(raw) if file.name.endswith(".xz") else raw).decode("utf-8")
     except (lzma.LZMAError, UnicodeDecodeError) as exc:
         raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
+    return tokenizer_from_json(file, text), text
 
 
 def tokenizer_from_json(source: str | Path, text: str) -> RustTokenizer:
@@ -334,8 +335,7 @@ def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
     raw = _read_source(file)
     if hashlib.sha256(raw).hexdigest() != source_digest:
         raise TokenizerLoadError(f"{file} changed since it was loaded: restart to load the new file")
-    decompressed = _decompress(file, raw)
-    tokenizer = tokenizer_from_json(file, decompressed)
+    tokenizer, decompressed = _parse(file, raw)
     if file.name.endswith(".xz"):
         load_cache.write_entry(key, read_vocab_facts(tokenizer), decompressed)
     return tokenizer
