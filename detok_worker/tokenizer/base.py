@@ -1,9 +1,10 @@
 """Shared plumbing for the tokenizer backends.
 
 `TokenizerBase` holds what every backend has in common: the vocabulary size, the special-token sets, id
-validation, batch encoding and chat templates. A backend subclasses it and implements `encode`, `decode`,
-`token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
-does for batches and id checks). `char_spans_from_byte_lengths` turns per-token byte lengths into the character
+validation, batch encoding and chat templates. A backend subclasses it and implements `encode_plain` (or `encode`),
+`decode`, `token_to_id` and `id_to_token` (and overrides the rest where its library does better, as the Hugging Face one
+does for batches and id checks); `ByteTableTokenizer` implements all but `encode` for a backend whose decode joins
+per-token bytes. `char_spans_from_byte_lengths` turns per-token byte lengths into the character
 offsets `Encoding` carries.
 """
 
@@ -12,21 +13,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from detok_worker.tokenizer.chat.source import ChatTemplates, load_chat_template, missing_template_error
 from detok_worker.tokenizer.chat.template import special_tokens_template_vars
 from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, TokenizerLoadError, check_token_ids
+from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 
-class ChatTemplateSupport:
-    """Chat templates of a backend (a ChatTemplates, or None) rendered as transformers' apply_chat_template does.
-    The backend sets `name`, `_special_tokens` and `_chat_templates`."""
-
-    name: str
-    _special_tokens: SpecialTokens
-    _chat_templates: ChatTemplates | None = None
+class TokenizerBase:
+    """Common state and behaviour of a backend; see the module docstring. Chat templates (a ChatTemplates, or None)
+    render as transformers' apply_chat_template does."""
 
     @property
     def chat_templates(self) -> ChatTemplates | None:
@@ -63,10 +62,6 @@ class ChatTemplateSupport:
             **template_kwargs,
         )
 
-
-class TokenizerBase(ChatTemplateSupport):
-    """Common state and behaviour of a backend; see the module docstring."""
-
     def __init__(
         self,
         *,
@@ -76,13 +71,21 @@ class TokenizerBase(ChatTemplateSupport):
         special_token_ids: Iterable[int],
         eos_token_ids: Iterable[int],
         chat_templates: ChatTemplates | None = None,
+        unknown_ids: Iterable[int] = (),
+        add_bos_id: int | None = None,
+        add_eos_id: int | None = None,
     ) -> None:
+        """`unknown_ids`: ids in [0, vocab_size) that name no token; `add_bos_id`/`add_eos_id`: what
+        add_special_tokens=True adds around `encode_plain`'s ids (None: nothing)."""
         self.name = name
         self._vocab_size = vocab_size
         self._special_tokens = special_tokens
         self._special_token_ids = frozenset(special_token_ids)
         self._eos_token_ids = frozenset(eos_token_ids)
         self._chat_templates = chat_templates
+        self._unknown_ids = frozenset(unknown_ids)
+        self._add_bos_id = add_bos_id
+        self._add_eos_id = add_eos_id
 
     @property
     def vocab_size(self) -> int:
@@ -101,18 +104,83 @@ class TokenizerBase(ChatTemplateSupport):
         return self._eos_token_ids
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+        """`encode_plain`; with add_special_tokens, the BOS/EOS to add on the empty span at their end of the text."""
+        ids, offsets = self.encode_plain(text)
+        if add_special_tokens:
+            if self._add_bos_id is not None:
+                ids.insert(0, self._add_bos_id)
+                offsets.insert(0, (0, 0))
+            if self._add_eos_id is not None:
+                ids.append(self._add_eos_id)
+                offsets.append((len(text), len(text)))
+        return Encoding(ids=ids, offsets=offsets)
+
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character spans of `text`, nothing added."""
         raise NotImplementedError
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         return [self.encode(text, add_special_tokens) for text in texts]
 
-    def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise InvalidTokenIdError for the first entry that is not an int in [0, vocab_size)."""
-        check_token_ids(ids, self._vocab_size)
+    def check_ids(self, ids: Iterable[int]) -> None:
+        """Raise InvalidTokenIdError naming the first id that is not a token of this tokenizer."""
+        check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
-    def without_special(self, ids: Sequence[int]) -> list[int]:
+
+class ByteTableTokenizer(TokenizerBase):
+    """A backend whose decode joins per-token bytes, then UTF-8 with replacement (tiktoken, Tekken, the mock):
+    decode, token strings and the fast path's byte table all come from `pieces` (None for an id naming no token).
+    `special_text`: id -> text of the added/special tokens, which token strings spell as themselves; every other
+    token is spelled in the GPT-2 byte-level alphabet. `ids_by_text` (default: `special_text` inverted) and
+    `ids_by_bytes` (default: every other piece) are what token_to_id looks a token up in.
+    `skipped_special_ends_text`: see TokenBytesTable."""
+
+    skipped_special_ends_text = False
+
+    def __init__(
+        self,
+        *,
+        pieces: list[bytes | None],
+        special_text: Mapping[int, str],
+        ids_by_text: Mapping[str, int] | None = None,
+        ids_by_bytes: Mapping[bytes, int] | None = None,
+        **base: Any,
+    ) -> None:
+        self._pieces = pieces
+        self._special_text = special_text
+        self._ids_by_text = ids_by_text if ids_by_text is not None else {t: i for i, t in special_text.items()}
+        if ids_by_bytes is None:
+            ids_by_bytes = {p: i for i, p in enumerate(pieces) if p is not None and i not in special_text}
+        self._ids_by_bytes = ids_by_bytes
+        super().__init__(**base)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        self.check_ids(ids)
+        pieces = self._pieces
+        if not skip_special_tokens:
+            return b"".join([pieces[i] for i in ids]).decode("utf-8", errors="replace")
         special = self._special_token_ids
-        return [token_id for token_id in ids if token_id not in special]
+        if not self.skipped_special_ends_text:
+            return b"".join([pieces[i] for i in ids if i not in special]).decode("utf-8", errors="replace")
+        runs = groupby(ids, key=special.__contains__)
+        return "".join(
+            b"".join([pieces[i] for i in run]).decode("utf-8", errors="replace")
+            for is_special, run in runs
+            if not is_special
+        )
+
+    def token_to_id(self, token: str) -> int | None:
+        return id_of_token_string(token, self._ids_by_text, self._ids_by_bytes)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        text = self._special_text.get(token_id)
+        if text is not None:
+            return text
+        piece = self._pieces[token_id] if 0 <= token_id < len(self._pieces) else None
+        return None if piece is None else bytes_to_token_string(piece)
+
+    def token_bytes_table(self) -> TokenBytesTable:
+        return TokenBytesTable(pieces=self._pieces, skipped_special_ends_text=self.skipped_special_ends_text)
 
 
 def _utf8_length(ch: str) -> int:

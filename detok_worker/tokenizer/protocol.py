@@ -94,6 +94,14 @@ class SpecialTokens:
     mask: str | None = None
     additional: tuple[str, ...] = ()
 
+    def named(self) -> dict[str, str]:
+        """role -> text of the named special tokens the tokenizer has, in SPECIAL_TOKEN_ROLES order."""
+        return {role: text for role in SPECIAL_TOKEN_ROLES if (text := getattr(self, role)) is not None}
+
+
+# The named roles of SpecialTokens, in transformers' order (its special_tokens_map).
+SPECIAL_TOKEN_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+
 
 @runtime_checkable
 class Tokenizer(Protocol):

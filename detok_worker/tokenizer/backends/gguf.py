@@ -16,13 +16,13 @@ BOS/EOS/UNK/PAD ids, add_bos/add_eos and the chat template come from the same me
 
 from __future__ import annotations
 
-import json
 import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from detok_worker.tokenizer.backends.hf import bpe_document
 from detok_worker.tokenizer.backends.sentencepiece import model_proto_class
 from detok_worker.tokenizer.backends.tiktoken import TIKTOKEN_PATTERNS
 from detok_worker.tokenizer.protocol import TokenizerLoadError
@@ -177,7 +177,7 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
     ]
 
 
-def _byte_level_document(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
+def _byte_level_document(meta: dict[str, Any], tokens: list[str], types: list[int], post: dict[str, Any] | None) -> str:
     pre_name = meta.get("tokenizer.ggml.pre", "default")
     spec = PRE_TOKENIZERS.get(pre_name)
     if spec is None:
@@ -192,20 +192,17 @@ def _byte_level_document(meta: dict[str, Any], tokens: list[str]) -> dict[str, A
     splits = [
         {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False} for regex in spec.splits
     ]
-    return {
-        "normalizer": {"type": spec.normalizer} if spec.normalizer else None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*splits, byte_level]},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "vocab": {token: token_id for token_id, token in enumerate(tokens)},
-            "merges": [merge.split(" ", 1) for merge in merges],
-            "ignore_merges": spec.ignore_merges,
-            "byte_fallback": False,
-            "fuse_unk": False,
-            "unk_token": None,
-        },
-    }
+    return bpe_document(
+        {token: token_id for token_id, token in enumerate(tokens)},
+        [merge.split(" ", 1) for merge in merges],
+        normalizer={"type": spec.normalizer} if spec.normalizer else None,
+        pre_tokenizer={"type": "Sequence", "pretokenizers": [*splits, byte_level]},
+        decoder={"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        added_tokens=_added_tokens(tokens, types),
+        post_processor=post,
+        ignore_merges=spec.ignore_merges,
+        fuse_unk=False,
+    )
 
 
 def _with_all_byte_pieces(tokens: list[str], types: list[int]) -> tuple[list[str], list[int]]:
@@ -310,16 +307,6 @@ def tokenizer_parts(meta: dict[str, Any], source: str = "GGUF file") -> GGUFToke
     if model == "llama":
         parts.sentencepiece_proto = sentencepiece_model_proto(meta, tokens, types)
         return parts
-    document = _byte_level_document(meta, tokens)
-    document = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": _added_tokens(tokens, types),
-        **document,
-        "post_processor": _post_processor(
-            tokens, parts.bos_id if parts.add_bos else None, parts.eos_id if parts.add_eos else None
-        ),
-    }
-    parts.tokenizer_json = json.dumps(document, ensure_ascii=False)
+    post = _post_processor(tokens, parts.bos_id if parts.add_bos else None, parts.eos_id if parts.add_eos else None)
+    parts.tokenizer_json = _byte_level_document(meta, tokens, types, post)
     return parts

@@ -13,7 +13,7 @@ import lzma
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,12 @@ from detok_worker.tokenizer.base import TokenizerBase
 from detok_worker.tokenizer.chat.source import templates_from_config
 from detok_worker.tokenizer.loading import load_cache
 from detok_worker.tokenizer.loading.load_cache import VocabFacts
-from detok_worker.tokenizer.loading.side_files import json_ids, token_text
+from detok_worker.tokenizer.loading.side_files import json_ids, read_json_file, token_text
 from detok_worker.tokenizer.protocol import (
+    SPECIAL_TOKEN_ROLES,
     Encoding,
     SpecialTokens,
     TokenizerLoadError,
-    check_token_ids,
     is_count,
 )
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
@@ -43,7 +43,6 @@ CONFIG_FILE = "tokenizer_config.json"
 # encode_batch releases it while it works, so longer texts go through it (same pipeline, same ids).
 GIL_FREE_ENCODE_CHARS = 4096
 GENERATION_CONFIG_FILE = "generation_config.json"
-_NAMED_SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +77,6 @@ class HFTokenizer(TokenizerBase):
         config = config or {}
         facts = vocab_facts if vocab_facts is not None else read_vocab_facts(self._tokenizer)
         vocab_size = facts.vocab_size
-        # Ids in [0, vocab_size) that name no token (rare; tokenizers would silently drop them).
-        self._unknown_ids = facts.unknown_ids
         self._word_start_marker = facts.word_start_marker
         added = {token_id: (content, special) for token_id, content, special in facts.added_tokens}
         contents = [content for content, _ in added.values()]
@@ -99,6 +96,7 @@ class HFTokenizer(TokenizerBase):
             special_token_ids=(i for i, (_, special) in added.items() if special),
             eos_token_ids=(i for i in eos_ids if 0 <= i < vocab_size),
             chat_templates=templates_from_config(config, f"{name}/{CONFIG_FILE}"),
+            unknown_ids=facts.unknown_ids,  # rare; tokenizers would silently drop them
         )
         max_length = config.get("model_max_length")
         # transformers writes a huge sentinel (int(1e30)) when the length is unknown
@@ -140,7 +138,7 @@ class HFTokenizer(TokenizerBase):
     def _read_special_tokens(
         config: Mapping[str, Any], added_in_order: list[str], added: Mapping[int, tuple[str, bool]]
     ) -> SpecialTokens:
-        named = {kind: token_text(config.get(f"{kind}_token")) for kind in _NAMED_SPECIAL}
+        named = {kind: token_text(config.get(f"{kind}_token")) for kind in SPECIAL_TOKEN_ROLES}
         taken = set(named.values())
         additional: dict[str, None] = {}
         for token in config.get("additional_special_tokens") or ():
@@ -153,16 +151,10 @@ class HFTokenizer(TokenizerBase):
                 additional[content] = None
         return SpecialTokens(**named, additional=tuple(additional))
 
-    # ---- protocol ------------------------------------------------------------------------------------------
-
     @property
     def hf_tokenizer(self) -> RustTokenizer:
         """The underlying `tokenizers.Tokenizer` (read-only use)."""
         return self._tokenizer
-
-    def check_ids(self, ids: Iterable[int]) -> None:
-        """Raise InvalidTokenIdError naming the first id that is not a token of this tokenizer."""
-        check_token_ids(ids if isinstance(ids, (list, tuple)) else list(ids), self._vocab_size, self._unknown_ids)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         fast = self._tiktoken_encoder
@@ -222,8 +214,7 @@ class HFTokenizer(TokenizerBase):
 
 
 def read_vocab_facts(tokenizer: RustTokenizer) -> VocabFacts:
-    """The vocabulary size, the unknown ids (from the whole vocabulary) and the added
-    tokens."""
+    """The vocabulary size, the unknown ids (from the whole vocabulary) and the added tokens."""
     known_ids = set(tokenizer.get_vocab(with_added_tokens=True).values())
     vocab_size = max(known_ids, default=-1) + 1
     unknown = frozenset(range(vocab_size)) - known_ids if len(known_ids) < vocab_size else frozenset()
@@ -242,18 +233,6 @@ def _word_start_marker(tokenizer: RustTokenizer) -> str | None:
         if isinstance(part, dict) and part.get("type") == "Metaspace":
             return str(part.get("replacement", "\u2581"))
     return None
-
-
-def _read_json_file(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerLoadError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerLoadError(f"{path} does not hold a JSON object")
-    return data
 
 
 def find_hf_tokenizer_file(path: Path) -> Path | None:
@@ -278,8 +257,7 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
     facts = load_cache.read_vocab_facts(key)
     tokenizer = None
     if facts is None or (compressed and load_cache.cached_json_path(key) is None):
-        decompressed = _decompress(file, raw)
-        tokenizer = _from_json(file, decompressed)
+        tokenizer, decompressed = _parse(file, raw)
         facts = facts or read_vocab_facts(tokenizer)
         load_cache.write_entry(key, facts, decompressed if compressed else None)
     directory = file.parent
@@ -287,8 +265,8 @@ def load_hf_tokenizer(path: Path) -> HFTokenizer:
     return HFTokenizer(
         tokenizer,
         name=name,
-        config=_read_json_file(directory / CONFIG_FILE),
-        generation_config=_read_json_file(directory / GENERATION_CONFIG_FILE),
+        config=read_json_file(directory / CONFIG_FILE),
+        generation_config=read_json_file(directory / GENERATION_CONFIG_FILE),
         source_digest=source_digest,
         vocab_facts=facts,
         build=lambda: _deferred_build(file, source_digest, key),
@@ -302,18 +280,47 @@ def _read_source(file: Path) -> bytes:
         raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
 
 
-def _decompress(file: Path, raw: bytes) -> str:
+def _parse(file: Path, raw: bytes) -> tuple[RustTokenizer, str]:
+    """The library tokenizer of a tokenizer.json(.xz) file's bytes, and its JSON text."""
     try:
-        return (lzma.decompress(raw) if file.name.endswith(".xz") else raw).decode("utf-8")
+        text = (lzma.decompress(raw) if file.name.endswith(".xz") else raw).decode("utf-8")
     except (lzma.LZMAError, UnicodeDecodeError) as exc:
         raise TokenizerLoadError(f"cannot read {file}: {exc}") from exc
+    return tokenizer_from_json(file, text), text
 
 
-def _from_json(file: Path, text: str) -> RustTokenizer:
+def tokenizer_from_json(source: str | Path, text: str) -> RustTokenizer:
+    """The library tokenizer of tokenizer.json text (TokenizerLoadError naming `source` when it is not one)."""
     try:
         return RustTokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises plain Exception on malformed JSON or unknown components
-        raise TokenizerLoadError(f"{file} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+        raise TokenizerLoadError(f"{source} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+
+
+def bpe_document(
+    vocab: dict[str, int],
+    merges: list[list[str]],
+    *,
+    pre_tokenizer: dict[str, Any],
+    decoder: dict[str, Any],
+    normalizer: dict[str, Any] | None = None,
+    added_tokens: list[dict[str, Any]] | None = None,
+    post_processor: dict[str, Any] | None = None,
+    **model: Any,
+) -> str:
+    """The tokenizer.json text of a BPE without byte fallback (`model`: more fields of its model)."""
+    document = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added_tokens or [],
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": decoder,
+        "model": {"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": False, "unk_token": None, **model},
+    }
+    return json.dumps(document, ensure_ascii=False)
 
 
 def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
@@ -328,8 +335,7 @@ def _deferred_build(file: Path, source_digest: str, key: str) -> RustTokenizer:
     raw = _read_source(file)
     if hashlib.sha256(raw).hexdigest() != source_digest:
         raise TokenizerLoadError(f"{file} changed since it was loaded: restart to load the new file")
-    decompressed = _decompress(file, raw)
-    tokenizer = _from_json(file, decompressed)
+    tokenizer, decompressed = _parse(file, raw)
     if file.name.endswith(".xz"):
         load_cache.write_entry(key, read_vocab_facts(tokenizer), decompressed)
     return tokenizer

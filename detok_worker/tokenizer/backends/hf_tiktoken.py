@@ -28,7 +28,7 @@ from typing import Any
 import tiktoken
 from tokenizers import Tokenizer as RustTokenizer
 
-from detok_worker.tokenizer.base import byte_to_unicode
+from detok_worker.tokenizer.base import unicode_to_byte
 from detok_worker.tokenizer.protocol import Encoding
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class TiktokenEncoder:
 
     @classmethod
     def _from_spec(cls, spec: dict[str, Any]) -> TiktokenEncoder | None:
-        alphabet = {ch: b for b, ch in byte_to_unicode().items()}
+        alphabet = unicode_to_byte()
         model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
         made_ids = _merges_follow_ids(model.get("merges") or [], vocab)

@@ -16,31 +16,25 @@ Mistral's SentencePiece `.model` files need no adapter: the SentencePiece backen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from detok_worker.tokenizer.base import (
+    ByteTableTokenizer,
     SpecialTextSplitter,
-    TokenizerBase,
-    bytes_to_token_string,
     char_spans_from_byte_lengths,
-    id_of_token_string,
     import_optional,
 )
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError
-from detok_worker.tokenizer.token_bytes import TokenBytesTable
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 _NAMED = {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>"}
 
 
-class TekkenTokenizer(TokenizerBase):
+class TekkenTokenizer(ByteTableTokenizer):
     """A mistral-common Tekkenizer behind the tokenizer protocol; see the module docstring."""
 
-    # With skip_special_tokens, a special token's text is dropped but it still ends the text before it.
     skipped_special_ends_text = True
 
     def __init__(self, path: str | Path, *, chat_templates: ChatTemplates | None = None) -> None:
@@ -53,56 +47,28 @@ class TekkenTokenizer(TokenizerBase):
         model = self._tekken
         keep = base.SpecialTokenPolicy.KEEP
         n_special = model.num_special_tokens
-        self._bytes: list[bytes] = [model.id_to_byte_piece(i, keep) for i in range(model.n_words)]
-        self._special_text = {i: self._bytes[i].decode() for i in range(n_special)}
-        self._ids_by_bytes = {data: i for i, data in enumerate(self._bytes) if i >= n_special}
-        self._ids_by_special_text = {text: i for i, text in self._special_text.items()}
-        self._splitter = SpecialTextSplitter(self._ids_by_special_text)
-        named = {role: text for role, text in _NAMED.items() if text in self._ids_by_special_text}
+        pieces: list[bytes | None] = [model.id_to_byte_piece(i, keep) for i in range(model.n_words)]
+        special_text = {i: pieces[i].decode() for i in range(n_special)}
+        self._splitter = SpecialTextSplitter({text: i for i, text in special_text.items()})
+        named = {role: text for role, text in _NAMED.items() if text in special_text.values()}
         side = read_side_config(Path(path).parent)
-        eos_ids = {model.eos_id, *side.generation_eos_ids}
         super().__init__(
+            pieces=pieces,
+            special_text=special_text,
             name=str(path),
             vocab_size=model.n_words,
-            special_tokens=build_special_tokens(named, set(self._special_text.values())),
+            special_tokens=build_special_tokens(named, set(special_text.values())),
             special_token_ids=range(n_special),
-            eos_token_ids=eos_ids,
+            eos_token_ids={model.eos_id, *side.generation_eos_ids},
             chat_templates=chat_templates,
+            add_bos_id=model.bos_id,
         )
 
-    def token_bytes_table(self) -> TokenBytesTable:
-        return TokenBytesTable(pieces=self._bytes, skipped_special_ends_text=self.skipped_special_ends_text)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         byte_lengths: list[int] = []
         for _, item in self._splitter.split(text):
             pieces = [item] if isinstance(item, int) else self._tekken.encode(item, bos=False, eos=False)
             ids += pieces
-            byte_lengths += [len(self._bytes[i]) for i in pieces]
-        offsets = char_spans_from_byte_lengths(text, byte_lengths)
-        if add_special_tokens:
-            ids.insert(0, self._tekken.bos_id)
-            offsets.insert(0, (0, 0))
-        return Encoding(ids=ids, offsets=offsets)
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        self.check_ids(ids)
-        table = self._bytes
-        if not skip_special_tokens:
-            return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
-        n_special = self._tekken.num_special_tokens
-        runs = groupby(ids, key=lambda token_id: token_id < n_special)
-        return "".join(
-            b"".join([table[i] for i in run]).decode("utf-8", errors="replace") for special, run in runs if not special
-        )
-
-    def token_to_id(self, token: str) -> int | None:
-        return id_of_token_string(token, self._ids_by_special_text, self._ids_by_bytes)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        if not 0 <= token_id < self.vocab_size:
-            return None
-        if token_id in self._special_text:
-            return self._special_text[token_id]
-        return bytes_to_token_string(self._bytes[token_id])
+            byte_lengths += [len(self._pieces[i]) for i in pieces]
+        return ids, char_spans_from_byte_lengths(text, byte_lengths)

@@ -22,7 +22,13 @@ from typing import Any, Protocol, runtime_checkable
 from detok_worker.tokenizer.base import TokenizerBase, char_spans_from_byte_lengths
 from detok_worker.tokenizer.chat.source import load_chat_template
 from detok_worker.tokenizer.loading.side_files import build_special_tokens
-from detok_worker.tokenizer.protocol import Encoding, SpecialTokens, Tokenizer, TokenizerLoadError
+from detok_worker.tokenizer.protocol import (
+    SPECIAL_TOKEN_ROLES,
+    Encoding,
+    SpecialTokens,
+    Tokenizer,
+    TokenizerLoadError,
+)
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 
@@ -124,9 +130,6 @@ class CustomTokenizerAdapter(TokenizerBase):
             return Encoding(ids=ids, offsets=char_spans_from_byte_lengths(text, lengths))
         return Encoding(ids=ids, offsets=prefix_decode_offsets(self.decode, ids, text))
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
-        return [self.encode(text, add_special_tokens) for text in texts]
-
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         self.check_ids(ids)
         return self._inner.decode(list(ids), skip_special_tokens)
@@ -147,7 +150,7 @@ class TransformersTokenizerAdapter(TokenizerBase):
         self._inner = inner
         named = {
             role: value
-            for role in ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+            for role in SPECIAL_TOKEN_ROLES
             if isinstance(value := getattr(inner, f"{role}_token", None), str)
         }
         special_texts = set(inner.all_special_tokens)

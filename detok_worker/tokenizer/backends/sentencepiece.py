@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from detok_worker.tokenizer.base import SpecialTextSplitter, TokenizerBase, import_optional
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, InvalidTokenIdError, TokenizerLoadError
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 SPACE = "▁"
 
@@ -107,19 +108,21 @@ class SentencePieceTokenizer(TokenizerBase):
         self._atomic_ids = {text: token_id for token_id, text in self._atomic_text.items()}
         self._splitter = SpecialTextSplitter(self._atomic_ids)
         named = self._named_tokens(side)
-        self._bos_id = self._atomic_ids.get(named.get("bos", "")) if side.add_bos_token is not False else None
-        self._eos_id = self._atomic_ids.get(named.get("eos", "")) if side.add_eos_token else None
         eos_ids = set(side.generation_eos_ids)
         if "eos" in named and named["eos"] in self._atomic_ids:
             eos_ids.add(self._atomic_ids[named["eos"]])
         self._strips_leading_space = self._model_strips_leading_space()
+        vocab_size = max(n_pieces, max(self._atomic_text, default=-1) + 1)
         super().__init__(
             name=name,
-            vocab_size=max(n_pieces, max(self._atomic_text, default=-1) + 1),
+            vocab_size=vocab_size,
             special_tokens=build_special_tokens(named, {self._atomic_text[i] for i in special_ids}),
             special_token_ids=special_ids,
             eos_token_ids=eos_ids,
             chat_templates=chat_templates,
+            unknown_ids=set(range(n_pieces, vocab_size)) - self._atomic_text.keys(),
+            add_bos_id=self._atomic_ids.get(named.get("bos", "")) if side.add_bos_token is not False else None,
+            add_eos_id=self._atomic_ids.get(named.get("eos", "")) if side.add_eos_token else None,
         )
 
     def _named_tokens(self, side: SideConfig) -> dict[str, str]:
@@ -139,7 +142,7 @@ class SentencePieceTokenizer(TokenizerBase):
                 return sp.decode([token_id]) == piece[1:].replace(SPACE, " ")
         return False
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         for position, item in self._splitter.split(text):
@@ -151,14 +154,7 @@ class SentencePieceTokenizer(TokenizerBase):
             mapping = processor.encode_as_offset_mapping(item)
             ids.extend(mapping["ids"])
             offsets.extend((position + s, position + e) for s, e in _fill_byte_piece_spans(mapping["offsets"]))
-        if add_special_tokens:
-            if self._bos_id is not None:
-                ids.insert(0, self._bos_id)
-                offsets.insert(0, (0, 0))
-            if self._eos_id is not None:
-                ids.append(self._eos_id)
-                offsets.append((len(text), len(text)))
-        return Encoding(ids=ids, offsets=offsets)
+        return ids, offsets
 
     def _decode_run(self, run: list[int], after_text: bool) -> str:
         text = self._sp.decode(run)
@@ -169,22 +165,16 @@ class SentencePieceTokenizer(TokenizerBase):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         self.check_ids(ids)
         if skip_special_tokens:
-            ids = self.without_special(ids)
+            ids = [token_id for token_id in ids if token_id not in self._special_token_ids]
         atomic = self._atomic_text
         if not any(i in atomic for i in ids):
             return self._sp.decode(list(ids))
         parts: list[str] = []
-        run: list[int] = []
-        for token_id in ids:
-            if token_id not in atomic:
-                run.append(token_id)
-                continue
-            if run:
-                parts.append(self._decode_run(run, bool(parts)))
-                run = []
-            parts.append(atomic[token_id])
-        if run:
-            parts.append(self._decode_run(run, bool(parts)))
+        for is_atomic, run in groupby(ids, key=atomic.__contains__):
+            if is_atomic:
+                parts += [atomic[token_id] for token_id in run]
+            else:
+                parts.append(self._decode_run(list(run), bool(parts)))
         return "".join(parts)
 
     def token_to_id(self, token: str) -> int | None:
@@ -200,18 +190,10 @@ class SentencePieceTokenizer(TokenizerBase):
             return self._sp.id_to_piece(token_id)
         return None
 
-    def check_ids(self, ids: Sequence[int]) -> None:
-        super().check_ids(ids)
-        n_pieces = self._sp.vocab_size()
-        for token_id in ids:
-            if token_id >= n_pieces and token_id not in self._atomic_text:
-                raise InvalidTokenIdError(token_id, self.vocab_size)
-
 
 def load_sentencepiece(
-    model_file: str | Path, *, config_dir: str | Path | None = None, chat_templates: ChatTemplates | None = None
+    model_file: str | Path, *, chat_templates: ChatTemplates | None = None
 ) -> SentencePieceTokenizer:
-    """A `.model` file, with the side files of `config_dir` (default: the model's directory)."""
-    model_file = Path(model_file)
-    side = read_side_config(Path(config_dir) if config_dir is not None else model_file.parent)
+    """A `.model` file, with the side files of its directory."""
+    side = read_side_config(Path(model_file).parent)
     return SentencePieceTokenizer(model_file, side=side, chat_templates=chat_templates)

@@ -32,16 +32,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from detok_worker.tokenizer.base import (
-    TokenizerBase,
-    bytes_to_token_string,
-    char_spans_from_byte_lengths,
-    id_of_token_string,
-)
+from detok_worker.tokenizer.base import ByteTableTokenizer, char_spans_from_byte_lengths
 from detok_worker.tokenizer.chat.source import ChatTemplates
 from detok_worker.tokenizer.loading.side_files import SideConfig, build_special_tokens, read_side_config
-from detok_worker.tokenizer.protocol import Encoding, TokenizerLoadError, check_token_ids
-from detok_worker.tokenizer.token_bytes import TokenBytesTable
+from detok_worker.tokenizer.protocol import TokenizerLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +91,6 @@ _RANK_FILE_OF_ENCODING = {
 }
 
 
-def offline_mode() -> bool:
-    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on") for var in _OFFLINE_VARS)
-
-
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TIKTOKEN_OFFLINE")
 
 
@@ -115,13 +105,7 @@ def tiktoken_cache_file(encoding_name: str) -> Path | None:
     return Path(cache_dir) / hashlib.sha1(_TIKTOKEN_BLOB.format(rank_file).encode()).hexdigest()
 
 
-def named_encodings() -> list[str]:
-    import tiktoken
-
-    return tiktoken.list_encoding_names()
-
-
-class TiktokenTokenizer(TokenizerBase):
+class TiktokenTokenizer(ByteTableTokenizer):
     """A tiktoken BPE with added tokens; see the module docstring for the token-string mapping."""
 
     def __init__(
@@ -138,77 +122,50 @@ class TiktokenTokenizer(TokenizerBase):
         import tiktoken
 
         side = side or SideConfig()
-        self._ranks = dict(mergeable_ranks)
+        ranks = dict(mergeable_ranks)
         self._encoding = tiktoken.Encoding(
-            name=name, pat_str=pattern, mergeable_ranks=self._ranks, special_tokens=dict(added_tokens)
+            name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(added_tokens)
         )
-        self._id_to_bytes: dict[int, bytes] = {rank: token for token, rank in self._ranks.items()}
-        self._added = dict(added_tokens)
         # Several texts may name one id (o200k_harmony: <|endofprompt|> and <|reserved_200018|> are both 200018);
         # which one decodes is tiktoken's choice, so ask tiktoken rather than guess from the mapping's order.
         decode_single = self._encoding.decode_single_token_bytes
-        self._added_by_id = {token_id: decode_single(token_id).decode() for token_id in set(added_tokens.values())}
-        for token_id, text in self._added_by_id.items():
-            self._id_to_bytes[token_id] = text.encode()
-        # Ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275).
-        self._gap_ids = frozenset(range(max(self._id_to_bytes) + 1)) - self._id_to_bytes.keys()
+        added_by_id = {token_id: decode_single(token_id).decode() for token_id in set(added_tokens.values())}
+        pieces: list[bytes | None] = [None] * (max([*ranks.values(), *added_by_id]) + 1)
+        for token, rank in ranks.items():
+            pieces[rank] = token
+        for token_id, text in added_by_id.items():
+            pieces[token_id] = text.encode()
         special_texts = set(added_tokens) if special_texts is None else special_texts
         named = {role: text for role, text in side.named.items() if text in added_tokens}
         special_texts |= set(named.values())
-        self._add_bos = side.add_bos_token is True and "bos" in named
-        self._add_eos = side.add_eos_token is True and "eos" in named
-        self._named_ids = {role: added_tokens[text] for role, text in named.items()}
-        eos_ids = set(side.generation_eos_ids) | ({self._named_ids["eos"]} if "eos" in named else set())
+        named_ids = {role: added_tokens[text] for role, text in named.items()}
+        eos_ids = set(side.generation_eos_ids) | ({named_ids["eos"]} if "eos" in named else set())
         if not eos_ids and _ENDOFTEXT in added_tokens:
             eos_ids.add(added_tokens[_ENDOFTEXT])
         super().__init__(
+            pieces=pieces,
+            special_text=added_by_id,
+            ids_by_text=dict(added_tokens),
+            ids_by_bytes=ranks,
             name=name,
-            vocab_size=max(self._id_to_bytes) + 1,
+            vocab_size=len(pieces),
             special_tokens=build_special_tokens(named, special_texts),
             special_token_ids={added_tokens[text] for text in special_texts},
             eos_token_ids=eos_ids,
             chat_templates=chat_templates,
+            # ids inside [0, vocab_size) that name no token (cl100k_base has no 100256 and no 100261..100275)
+            unknown_ids=(i for i, piece in enumerate(pieces) if piece is None),
+            add_bos_id=named_ids.get("bos") if side.add_bos_token is True else None,
+            add_eos_id=named_ids.get("eos") if side.add_eos_token is True else None,
         )
 
-    def token_bytes_table(self) -> TokenBytesTable:
-        """Byte-level: decode is the concatenation of these pieces (None for ids that name no token)."""
-        table = self._id_to_bytes
-        return TokenBytesTable(pieces=[table.get(i) for i in range(self.vocab_size)])
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
+    def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         ids = self._encoding.encode(text, allowed_special="all", disallowed_special=())
-        offsets = char_spans_from_byte_lengths(text, [len(self._id_to_bytes[i]) for i in ids])
-        if add_special_tokens:
-            if self._add_bos:
-                ids.insert(0, self._named_ids["bos"])
-                offsets.insert(0, (0, 0))
-            if self._add_eos:
-                ids.append(self._named_ids["eos"])
-                offsets.append((len(text), len(text)))
-        return Encoding(ids=ids, offsets=offsets)
+        return ids, char_spans_from_byte_lengths(text, [len(self._pieces[i]) for i in ids])
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        self.check_ids(ids)
-        table = self._id_to_bytes
-        if skip_special_tokens:
-            special = self.special_token_ids
-            data = b"".join([table[i] for i in ids if i not in special])
-        else:
-            data = b"".join([table[i] for i in ids])
-        return data.decode("utf-8", errors="replace")
 
-    def check_ids(self, ids: Sequence[int]) -> None:
-        """Raise InvalidTokenIdError for the first id outside [0, vocab_size) or in a gap of the ranks."""
-        check_token_ids(ids, self.vocab_size, self._gap_ids)
-
-    def token_to_id(self, token: str) -> int | None:
-        return id_of_token_string(token, self._added, self._ranks)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        if token_id in self._added_by_id:
-            return self._added_by_id[token_id]
-        data = self._id_to_bytes.get(token_id)
-        return None if data is None else bytes_to_token_string(data)
+def _offline() -> bool:
+    return any(os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on") for var in _OFFLINE_VARS)
 
 
 def _provide(encoding_name: str, cache_file: Path | None) -> str:
@@ -222,7 +179,7 @@ def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | N
     """One of tiktoken's named encodings (downloaded on first use, then cached; see the module docstring)."""
     import tiktoken.registry
 
-    known = named_encodings()
+    known = tiktoken.registry.list_encoding_names()
     if encoding_name not in known:
         raise TokenizerLoadError(f"unknown tiktoken encoding {encoding_name!r}; known: {', '.join(known)}")
     cache_file = tiktoken_cache_file(encoding_name)
@@ -230,7 +187,7 @@ def load_named_encoding(encoding_name: str, *, chat_templates: ChatTemplates | N
     constructor_name = encoding_name
     if (cache_file is None or not cache_file.is_file()) and offline in known:
         constructor_name = offline
-    elif offline_mode() and (cache_file is None or not cache_file.is_file()):
+    elif _offline() and (cache_file is None or not cache_file.is_file()):
         raise TokenizerLoadError(
             f"tiktoken encoding {encoding_name!r} is not cached and offline mode is on "
             f"({'/'.join(_OFFLINE_VARS)}); {_provide(encoding_name, cache_file)}"

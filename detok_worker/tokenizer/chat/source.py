@@ -139,11 +139,15 @@ def _named_templates(value: Any, origin: str) -> dict[str, str]:
     raise ChatTemplateLoadError(f"{origin}: chat_template must be a string or a list of {{name, template}} objects")
 
 
-def _from_json_file(path: Path) -> ChatTemplates:
+def _read_json(path: Path) -> Any:
     try:
-        data = json.loads(_read_text(path))
+        return json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise ChatTemplateLoadError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _from_json_file(path: Path) -> ChatTemplates:
+    data = _read_json(path)
     if isinstance(data, dict):
         if "chat_template" not in data:
             raise ChatTemplateLoadError(f"{path} has no 'chat_template' key")
@@ -182,10 +186,7 @@ def _from_directory(directory: Path) -> ChatTemplates | None:
     config_file = directory / TOKENIZER_CONFIG_FILE
     if not config_file.is_file():
         return None
-    try:
-        config = json.loads(_read_text(config_file))
-    except json.JSONDecodeError as exc:
-        raise ChatTemplateLoadError(f"{config_file} is not valid JSON: {exc}") from exc
+    config = _read_json(config_file)
     return templates_from_config(config if isinstance(config, dict) else {}, str(config_file))
 
 

@@ -36,8 +36,6 @@ _MIN_JINJA2 = (3, 1, 6)
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # Names a message's reasoning may be passed under; templates read the first, gpt-oss-style ones read "thinking".
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-# SpecialTokens field -> template variable, in transformers' order (its special_tokens_map).
-_NAMED_SPECIAL_TOKENS = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
 class ChatTemplateError(TokenizerError):
@@ -162,8 +160,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
 def special_tokens_template_vars(special: SpecialTokens, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The special-token variables transformers puts into every template's context (bos_token, eos_token, ...)
     plus named extra special tokens (tokenizer_config `extra_special_tokens`, e.g. image_token)."""
-    names = {f"{field}_token": getattr(special, field) for field in _NAMED_SPECIAL_TOKENS}
-    result = {name: value for name, value in names.items() if value is not None}
+    result = {f"{role}_token": text for role, text in special.named().items()}
     result.update(extra or {})
     return result
 

@@ -196,8 +196,7 @@ class SplitPlan:
 def _candidate_tokens(tokenizer: Tokenizer) -> tuple[dict[str, int], list[str]]:
     """Special-token strings that map to an id, and which of them are named (bos, eos, ..., additional)."""
     special = tokenizer.special_tokens
-    named = [special.bos, special.eos, special.unk, special.sep, special.pad, special.cls, special.mask]
-    named_tokens = [token for token in [*named, *special.additional] if token]
+    named_tokens = [token for token in [*special.named().values(), *special.additional] if token]
     others = [tokenizer.id_to_token(token_id) for token_id in sorted(tokenizer.special_token_ids)]
     candidates: dict[str, int] = {}
     for token in [*named_tokens, *others]:
@@ -352,8 +351,12 @@ def plan_prefix_split(tokenizer: Tokenizer) -> SplitPlan:
     try:
         return _plan(tokenizer)
     except (TokenizerError, ValueError, TypeError) as exc:
-        reason = f"test encodes failed: {type(exc).__name__}: {exc}"
-        return SplitPlan(finder=None, disabled={False: reason, True: reason})
+        return _off(f"test encodes failed: {type(exc).__name__}: {exc}")
+
+
+def _off(reason: str, dropped: dict[str, str] | None = None) -> SplitPlan:
+    """A plan with L1 off for both add_special_tokens values, for `reason`."""
+    return SplitPlan(finder=None, disabled={False: reason, True: reason}, dropped_tokens=dropped or {})
 
 
 def _probes_per_token(atomic: dict[str, int], named: list[str]) -> dict[str, list[str]]:
@@ -379,14 +382,12 @@ def _length_dependent(tokenizer: Tokenizer) -> bool:
 
 def _plan(tokenizer: Tokenizer) -> SplitPlan:
     if _length_dependent(tokenizer):
-        reason = "the tokenizer truncates or pads encodings (tokenizer.json truncation/padding)"
-        return SplitPlan(finder=None, disabled={False: reason, True: reason})
+        return _off("the tokenizer truncates or pads encodings (tokenizer.json truncation/padding)")
     dropped: dict[str, str] = {}
     candidates, named = _candidate_tokens(tokenizer)
     atomic = _atomic_tokens(tokenizer, candidates, dropped)
     if not atomic:
-        reason = "no special token is encoded atomically, so there is no safe split point"
-        return SplitPlan(finder=None, disabled={False: reason, True: reason}, dropped_tokens=dropped)
+        return _off("no special token is encoded atomically, so there is no safe split point", dropped)
     framings: dict[bool, Framing] = {False: Framing()}
     disabled: dict[bool, str] = {}
     framing_with = _find_framing(tokenizer, [*FRAMING_TEXTS, *(token + " x" for token in list(atomic)[:2])])
@@ -406,8 +407,7 @@ def _plan(tokenizer: Tokenizer) -> SplitPlan:
                 dropped[owner] = f"{problem} (add_special_tokens={flag}, probe {_excerpt(text)})"
     usable = {token: token_id for token, token_id in atomic.items() if token not in dropped}
     if not usable:
-        reason = "no special token passed the split test encodes"
-        return SplitPlan(finder=None, disabled={False: reason, True: reason}, dropped_tokens=dropped)
+        return _off("no special token passed the split test encodes", dropped)
     finder = BoundaryFinder(usable)
     ordered = list(dict.fromkeys([token for token in named if token in usable] + list(usable)))
     mixed = _mixed_probes(ordered)

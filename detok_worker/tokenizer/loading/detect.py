@@ -118,17 +118,6 @@ def _read_head(path: Path) -> bytes:
     return head
 
 
-def _looks_like_sentencepiece(head: bytes) -> bool:
-    """A ModelProto starts with field 1 (a SentencePiece message, non-empty) whose own field 1 is the piece
-    string; a byte signature, so detection needs neither protobuf nor sentencepiece."""
-    return len(head) >= 4 and _SENTENCEPIECE_START.match(head) is not None
-
-
-def _json_kind(text_head: bytes) -> SourceKind:
-    tekken = b'"token_bytes"' in text_head or b'"default_num_special_tokens"' in text_head
-    return SourceKind.TEKKEN if tekken else SourceKind.HF_JSON
-
-
 def detect_file(path: str | Path) -> SourceKind:
     """The kind of a tokenizer file, from its content; TokenizerLoadError if it is none we support."""
     path = Path(path)
@@ -137,11 +126,14 @@ def detect_file(path: str | Path) -> SourceKind:
         return SourceKind.GGUF
     body = head.removeprefix(_BOM).lstrip()
     if body.startswith(b"{"):
-        return _json_kind(body)
+        tekken = b'"token_bytes"' in body or b'"default_num_special_tokens"' in body
+        return SourceKind.TEKKEN if tekken else SourceKind.HF_JSON
     first_line = body.split(b"\n", 1)[0]
     if _TIKTOKEN_LINE.match(first_line):
         return SourceKind.TIKTOKEN_FILE
-    if _looks_like_sentencepiece(head):
+    # a ModelProto starts with field 1 (a SentencePiece message, non-empty) whose own field 1 is the piece string:
+    # a byte signature, so detection needs neither protobuf nor sentencepiece
+    if len(head) >= 4 and _SENTENCEPIECE_START.match(head) is not None:
         return SourceKind.SENTENCEPIECE
     raise TokenizerLoadError(
         f"{path}: not a supported tokenizer file (supported: tokenizer.json / Tekken JSON, xz-compressed JSON, "

@@ -1,7 +1,7 @@
 """create_tokenizer(name_or_path): detect what the spec names and load it with the right backend.
 
-Detection and loading live in routing.py (by content, directory layout, OpenAI model names, module:Class, Hub
-ids; see detect.py); Hugging Face tokenizer.json files load through hf.py.
+Detection is `detect_source` (by content, directory layout, OpenAI model names, module:Class, Hub ids), loading
+`routing.load_source`; Hugging Face tokenizer.json files load through `load_hf_tokenizer`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detok_worker.tokenizer.protocol import BuildsLazily, Tokenizer
+from detok_worker.tokenizer.protocol import BuildsLazily, Tokenizer, TokenizerLoadError
 
 if TYPE_CHECKING:
     from detok_worker.config import DetokConfig
@@ -32,16 +32,24 @@ def create_tokenizer(
     name (`model_encodings` extends the model-name table), or module:Class. `backend` skips detection;
     `chat_template` (a .jinja/.json path or a template) replaces the tokenizer's own; `options` go to the backend.
     Raises TokenizerLoadError saying what was tried and what is supported."""
-    from detok_worker.tokenizer.loading.routing import load_tokenizer
+    from detok_worker.tokenizer.loading import routing
+    from detok_worker.tokenizer.loading.detect import SourceKind, detect_directory, detect_source
 
-    return load_tokenizer(
-        name_or_path,
-        backend=backend,
-        chat_template=chat_template,
-        revision=revision,
-        model_encodings=model_encodings,
-        options=options,
-    )
+    spec = str(name_or_path)
+    if backend is not None and backend not in routing.BACKENDS:
+        raise TokenizerLoadError(f"unknown tokenizer backend {backend!r}; known: {', '.join(routing.BACKENDS)}")
+    if backend in ("sglang", "vllm"):
+        from detok_worker.tokenizer.backends.python import load_engine_tokenizer
+
+        return load_engine_tokenizer(backend, spec, **options)
+    if backend == "mock":
+        from detok_worker.tokenizer.backends.mock import MockTokenizer
+
+        return MockTokenizer(**options)
+    source = routing.forced_source(spec, backend) if backend else detect_source(spec, model_encodings)
+    if source.kind is SourceKind.HUB:
+        source = detect_directory(routing.download_tokenizer_files(spec, revision))
+    return routing.load_source(source, chat_template=chat_template, options=options)
 
 
 def load_default_tokenizer() -> Tokenizer:

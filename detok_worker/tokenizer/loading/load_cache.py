@@ -113,15 +113,8 @@ def write_entry(key: str, facts: VocabFacts, decompressed: str | None) -> None:
     """Store the facts (and the decompressed JSON, for a compressed source); a cache that cannot be written is
     skipped with a debug log: loading works without it."""
     directory = _directory()
-    if directory is None:
+    if directory is None or (decompressed is not None and not _write_file(directory, f"{key}.json", decompressed)):
         return
-    if decompressed is not None:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            write_atomically(directory / f"{key}.json", decompressed)
-        except OSError as exc:
-            log.debug("tokenizer load cache not written in %s: %s", directory, exc)
-            return
     payload = {
         "vocab_size": facts.vocab_size,
         "unknown_ids": sorted(facts.unknown_ids),
@@ -148,14 +141,18 @@ def write_json_entry(folder: str, key: str, payload: dict[str, Any], suffix: str
     """Store `payload` (with its key) where read_json_entry finds it, atomically; a cache that cannot be written is
     skipped with a debug log: every cache's user works without it."""
     root = cache_root()
-    if root is None:
-        return
-    directory = root / folder
+    if root is not None:
+        _write_file(root / folder, f"{key}{suffix}", json.dumps({**payload, "key": key}, separators=(",", ":")))
+
+
+def _write_file(directory: Path, name: str, text: str) -> bool:
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomically(directory / f"{key}{suffix}", json.dumps({**payload, "key": key}, separators=(",", ":")))
+        write_atomically(directory / name, text)
     except OSError as exc:
         log.debug("disk cache not written in %s: %s", directory, exc)
+        return False
+    return True
 
 
 def write_atomically(target: Path, text: str) -> None:

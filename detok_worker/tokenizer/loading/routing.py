@@ -1,5 +1,5 @@
 """From a user's tokenizer spec to a loaded tokenizer: detection (`detect_source`), Hub download
-(`download_tokenizer_files`), then the backend. `load_tokenizer` is what `create_tokenizer` calls. Hugging Face
+(`download_tokenizer_files`), then the backend (`load_source`), as `create_tokenizer` runs them. Hugging Face
 tokenizers (tokenizer.json, and the tokenizer.json documents built here from GGUF metadata or vocab.json +
 merges.txt) load through `load_hf`; every backend gets its chat templates from chat_template_source (explicit >
 chat_template.jinja > tokenizer_config.json).
@@ -12,19 +12,25 @@ keyword arguments; for sglang/vllm get_tokenizer's keyword arguments.
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.backends.hf import HFTokenizer, find_hf_tokenizer_file, load_hf_tokenizer
+from detok_worker.tokenizer.backends.hf import (
+    HFTokenizer,
+    bpe_document,
+    find_hf_tokenizer_file,
+    load_hf_tokenizer,
+    tokenizer_from_json,
+)
 from detok_worker.tokenizer.chat.source import DEFAULT_NAME, ChatTemplates, load_chat_template
-from detok_worker.tokenizer.loading.detect import SourceKind, TokenizerSource, detect_directory, detect_source
+from detok_worker.tokenizer.loading.detect import SourceKind, TokenizerSource, detect_directory
 from detok_worker.tokenizer.loading.side_files import read_side_config
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerLoadError
 
-BACKENDS = ("hf", "tiktoken", "sentencepiece", "gguf", "tekken", "mistral", "python", "mock", "sglang", "vllm")
 _KIND_OF_BACKEND = {
     "hf": SourceKind.HF_JSON,
     "tiktoken": SourceKind.TIKTOKEN_FILE,
@@ -33,10 +39,7 @@ _KIND_OF_BACKEND = {
     "tekken": SourceKind.TEKKEN,
     "mistral": SourceKind.TEKKEN,
 }
-
-
-def _templates(directory: Path | None, explicit: str | Path | None) -> ChatTemplates | None:
-    return load_chat_template(directory, explicit or None)
+BACKENDS = (*_KIND_OF_BACKEND, "python", "mock", "sglang", "vllm")
 
 
 def _with_templates(tokenizer: HFTokenizer, templates: ChatTemplates | None) -> HFTokenizer:
@@ -47,35 +50,36 @@ def _with_templates(tokenizer: HFTokenizer, templates: ChatTemplates | None) -> 
 
 
 def _hf_from_document(
-    document: str, *, name: str, config_dir: Path | None, config: dict[str, Any] | None = None
+    document: str,
+    *,
+    name: str,
+    config_dir: Path | None,
+    templates: ChatTemplates | None,
+    config: dict[str, Any] | None = None,
 ) -> HFTokenizer:
     """An HF tokenizer from tokenizer.json text, with the side files of `config_dir` (or an explicit config)."""
-    from tokenizers import Tokenizer as RustTokenizer
-
-    try:
-        rust = RustTokenizer.from_str(document)
-    except Exception as exc:  # tokenizers raises plain Exception on malformed JSON or unknown components
-        raise TokenizerLoadError(f"{name} is not a valid Hugging Face tokenizer.json: {exc}") from exc
+    rust = tokenizer_from_json(name, document)
     side = read_side_config(config_dir)
     generation = {"eos_token_id": list(side.generation_eos_ids)} if side.generation_eos_ids else None
-    return HFTokenizer(rust, name=name, config={**side.raw, **(config or {})}, generation_config=generation)
+    tokenizer = HFTokenizer(rust, name=name, config={**side.raw, **(config or {})}, generation_config=generation)
+    return _with_templates(tokenizer, templates)
 
 
 def load_hf(path: Path, chat_template: str | Path | None = None) -> HFTokenizer:
     """A tokenizer.json file (any name, optionally xz-compressed) or a directory holding one."""
+    directory = path if path.is_dir() else path.parent
     if find_hf_tokenizer_file(path) is not None:
-        tokenizer = load_hf_tokenizer(path)
-    else:
-        try:
-            raw = path.read_bytes()
-            document = (lzma.decompress(raw) if raw.startswith(b"\xfd7zXZ\x00") else raw).decode("utf-8-sig")
-        except (OSError, lzma.LZMAError, UnicodeDecodeError) as exc:
-            raise TokenizerLoadError(f"cannot read {path}: {exc}") from exc
-        tokenizer = _hf_from_document(document, name=path.name, config_dir=path.parent)
-    return _with_templates(tokenizer, _templates(path if path.is_dir() else path.parent, chat_template))
+        return _with_templates(load_hf_tokenizer(path), load_chat_template(directory, chat_template))
+    try:
+        raw = path.read_bytes()
+        document = (lzma.decompress(raw) if raw.startswith(b"\xfd7zXZ\x00") else raw).decode("utf-8-sig")
+    except (OSError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        raise TokenizerLoadError(f"cannot read {path}: {exc}") from exc
+    templates = load_chat_template(directory, chat_template)
+    return _hf_from_document(document, name=path.name, config_dir=directory, templates=templates)
 
 
-def _forced_source(spec: str, backend: str) -> TokenizerSource:
+def forced_source(spec: str, backend: str) -> TokenizerSource:
     path = Path(spec).expanduser()
     if backend in ("python", "sglang", "vllm", "mock"):
         return TokenizerSource(SourceKind.PYTHON, name=spec)
@@ -92,35 +96,6 @@ def _forced_source(spec: str, backend: str) -> TokenizerSource:
     return TokenizerSource(kind, path)
 
 
-def load_tokenizer(
-    name_or_path: str | Path,
-    *,
-    backend: str | None = None,
-    chat_template: str | Path | None = None,
-    revision: str | None = None,
-    model_encodings: Mapping[str, str] | None = None,
-    options: Mapping[str, Any] | None = None,
-) -> Tokenizer:
-    """Detect (or take `backend`), download from the Hub if needed, and load."""
-    spec = str(name_or_path)
-    options = dict(options or {})
-    if backend is not None and backend not in BACKENDS:
-        raise TokenizerLoadError(f"unknown tokenizer backend {backend!r}; known: {', '.join(BACKENDS)}")
-    if backend in ("sglang", "vllm"):
-        from detok_worker.tokenizer.backends.python import load_engine_tokenizer
-
-        return load_engine_tokenizer(backend, spec, **options)
-    if backend == "mock":
-        from detok_worker.tokenizer.backends.mock import MockTokenizer
-
-        return MockTokenizer(**options)
-    source = _forced_source(spec, backend) if backend else detect_source(spec, model_encodings)
-    if source.kind is SourceKind.HUB:
-        directory = download_tokenizer_files(spec, revision)
-        source = detect_directory(directory)
-    return load_source(source, chat_template=chat_template, options=options)
-
-
 def load_source(
     source: TokenizerSource,
     *,
@@ -130,41 +105,35 @@ def load_source(
     """Load an already-detected source with its backend."""
     options = dict(options or {})
     kind, path = source.kind, source.path
-    directory = None if path is None else (path if path.is_dir() else path.parent)
-    if kind is SourceKind.HF_JSON:
-        assert path is not None
-        return load_hf(path, chat_template)
-    if kind is SourceKind.TIKTOKEN_NAME:
-        from detok_worker.tokenizer.backends.tiktoken import load_named_encoding
-
-        return load_named_encoding(str(source.name), chat_templates=_templates(None, chat_template))
-    if kind is SourceKind.TIKTOKEN_FILE:
-        from detok_worker.tokenizer.backends.tiktoken import load_rank_file
-
-        assert path is not None
-        return load_rank_file(path, chat_templates=_templates(directory, chat_template), **options)
-    if kind is SourceKind.SENTENCEPIECE:
-        from detok_worker.tokenizer.backends.sentencepiece import load_sentencepiece
-
-        assert path is not None
-        return load_sentencepiece(path, chat_templates=_templates(directory, chat_template))
-    if kind is SourceKind.TEKKEN:
-        from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
-
-        assert path is not None
-        return TekkenTokenizer(path, chat_templates=_templates(directory, chat_template))
-    if kind is SourceKind.GGUF:
-        assert path is not None
-        return _load_gguf(path, chat_template=chat_template)
-    if kind is SourceKind.VOCAB_MERGES:
-        assert path is not None
-        tokenizer = _hf_from_document(vocab_merges_document(path), name=path.name, config_dir=path)
-        return _with_templates(tokenizer, _templates(path, chat_template))
     if kind is SourceKind.PYTHON:
         from detok_worker.tokenizer.backends.python import load_python_class
 
         return load_python_class(str(source.name), options)
-    raise TokenizerLoadError(f"no loader for tokenizer kind {kind.value}")
+    if kind is SourceKind.TIKTOKEN_NAME:
+        from detok_worker.tokenizer.backends.tiktoken import load_named_encoding
+
+        return load_named_encoding(str(source.name), chat_templates=load_chat_template(None, chat_template))
+    if path is None:  # a Hub id: load_tokenizer downloads it first
+        raise TokenizerLoadError(f"no loader for tokenizer kind {kind.value}")
+    if kind is SourceKind.HF_JSON:
+        return load_hf(path, chat_template)
+    if kind is SourceKind.GGUF:
+        return _load_gguf(path, chat_template=chat_template)
+    templates = load_chat_template(path if path.is_dir() else path.parent, chat_template)
+    if kind is SourceKind.TIKTOKEN_FILE:
+        from detok_worker.tokenizer.backends.tiktoken import load_rank_file
+
+        return load_rank_file(path, chat_templates=templates, **options)
+    if kind is SourceKind.SENTENCEPIECE:
+        from detok_worker.tokenizer.backends.sentencepiece import load_sentencepiece
+
+        return load_sentencepiece(path, chat_templates=templates)
+    if kind is SourceKind.TEKKEN:
+        from detok_worker.tokenizer.backends.mistral import TekkenTokenizer
+
+        return TekkenTokenizer(path, chat_templates=templates)
+    assert kind is SourceKind.VOCAB_MERGES
+    return _hf_from_document(vocab_merges_document(path), name=path.name, config_dir=path, templates=templates)
 
 
 def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
@@ -173,7 +142,7 @@ def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
     from detok_worker.tokenizer.base import import_optional
 
     parts = tokenizer_parts(read_metadata(path), str(path))
-    templates = _templates(None, chat_template)
+    templates = load_chat_template(None, chat_template)
     if templates is None and parts.chat_template:
         templates = ChatTemplates({DEFAULT_NAME: parts.chat_template}, f"{path} (tokenizer.chat_template)")
     if parts.sentencepiece_proto is not None:
@@ -181,14 +150,11 @@ def _load_gguf(path: Path, *, chat_template: str | Path | None) -> Tokenizer:
         return SentencePieceTokenizer(model_proto=parts.sentencepiece_proto, name=str(path), chat_templates=templates)
     named = {"bos": parts.bos_id, "eos": parts.eos_id, "unk": parts.unk_id, "pad": parts.pad_id}
     config = {f"{role}_token": parts.token_texts[i] for role, i in named.items() if i is not None}
-    tokenizer = _hf_from_document(parts.tokenizer_json, name=path.name, config_dir=None, config=config)
-    return _with_templates(tokenizer, templates)
+    return _hf_from_document(parts.tokenizer_json, name=path.name, config_dir=None, templates=templates, config=config)
 
 
 def vocab_merges_document(directory: Path) -> str:
     """A GPT-2 style byte-level BPE tokenizer.json for a vocab.json + merges.txt directory."""
-    import json
-
     try:
         vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
         lines = (directory / "merges.txt").read_text(encoding="utf-8").splitlines()
@@ -196,18 +162,7 @@ def vocab_merges_document(directory: Path) -> str:
         raise TokenizerLoadError(f"cannot read vocab.json/merges.txt in {directory}: {exc}") from exc
     merges = [line.split(" ", 1) for line in lines if line and not line.startswith("#version") and " " in line]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    document = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": None,
-        "decoder": byte_level,
-        "model": {"type": "BPE", "vocab": vocab, "merges": merges, "byte_fallback": False, "unk_token": None},
-    }
-    return json.dumps(document, ensure_ascii=False)
+    return bpe_document(vocab, merges, pre_tokenizer=byte_level, decoder=byte_level)
 
 
 # Hub download: only a model's tokenizer files (huggingface_hub's snapshot_download).

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detok_worker.tokenizer.protocol import SpecialTokens, TokenizerLoadError, is_int_id
-
-SPECIAL_TOKEN_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+from detok_worker.tokenizer.protocol import SPECIAL_TOKEN_ROLES, SpecialTokens, TokenizerLoadError, is_int_id
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,6 @@ class SideConfig:
     """What the side files say, with token contents normalised to plain strings."""
 
     named: dict[str, str] = field(default_factory=dict)  # role ("bos", "eos", ...) -> token text
-    additional: tuple[str, ...] = ()
     added_tokens: dict[int, AddedToken] = field(default_factory=dict)
     add_bos_token: bool | None = None
     add_eos_token: bool | None = None
@@ -46,7 +43,10 @@ def token_text(value: Any) -> str | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path` (None when there is no such file); TokenizerLoadError when it holds none."""
+    if not path.is_file():
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as exc:
@@ -70,38 +70,26 @@ def read_side_config(directory: Path | None) -> SideConfig:
     """Read the side files of `directory` (missing files count as empty)."""
     if directory is None:
         return SideConfig()
-    raw: dict[str, Any] = {}
-    special_map = directory / "special_tokens_map.json"
-    if special_map.is_file():
-        raw.update(_read_json(special_map))
-    tokenizer_config = directory / "tokenizer_config.json"
-    if tokenizer_config.is_file():
-        raw.update(_read_json(tokenizer_config))
-    named = {}
-    for role in SPECIAL_TOKEN_ROLES:
-        text = token_text(raw.get(f"{role}_token"))
-        if text is not None:
-            named[role] = text
-    additional_raw = raw.get("additional_special_tokens") or []
-    additional = tuple(t for t in map(token_text, additional_raw if isinstance(additional_raw, list) else []) if t)
+    raw = {
+        **(read_json_file(directory / "special_tokens_map.json") or {}),
+        **(read_json_file(directory / "tokenizer_config.json") or {}),
+    }
+    roles = ((role, token_text(raw.get(f"{role}_token"))) for role in SPECIAL_TOKEN_ROLES)
+    named = {role: text for role, text in roles if text is not None}
     added_tokens = {}
     for key, value in (raw.get("added_tokens_decoder") or {}).items():
         text = token_text(value)
         if text is not None and str(key).isdigit():
             added_tokens[int(key)] = AddedToken(text, bool(value.get("special", False)))
-    generation_eos: tuple[int, ...] = ()
-    generation_config = directory / "generation_config.json"
-    if generation_config.is_file():
-        generation_eos = json_ids(_read_json(generation_config).get("eos_token_id"))
+    generation_config = read_json_file(directory / "generation_config.json") or {}
     add_bos = raw.get("add_bos_token")
     add_eos = raw.get("add_eos_token")
     return SideConfig(
         named=named,
-        additional=additional,
         added_tokens=added_tokens,
         add_bos_token=add_bos if isinstance(add_bos, bool) else None,
         add_eos_token=add_eos if isinstance(add_eos, bool) else None,
-        generation_eos_ids=generation_eos,
+        generation_eos_ids=json_ids(generation_config.get("eos_token_id")),
         raw=raw,
     )
 
