@@ -1,10 +1,10 @@
-"""`detok trace synth | inspect | replay | record`: make, look at, and run token traces (detok_worker/trace/format.py).
+"""`detok trace synth | inspect | replay | record`: make, look at, and run token traces (`trace.format.Trace`).
 
 synth   text corpus or ShareGPT-style JSON -> trace (prompts through the chat template, outputs = the texts'
         tokens then EOS; Poisson arrivals, fixed inter-token time), seeded, so the same flags give the same file.
 inspect header + statistics of a trace (and an optional JSON-lines export).
 replay  engine stub replaying the trace + N workers as real processes, with this process as the front-side
-        collector (no HTTP): prints per-request texts (--texts) and a summary (detok_worker/trace/replay.py).
+        collector (no HTTP): prints per-request texts (--texts) and a summary (`trace.replay.replay_trace`).
 record  `detok serve` with the engine recording every request and emitted token to a file.
 """
 

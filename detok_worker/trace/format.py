@@ -38,6 +38,10 @@ class TraceFormatError(OperatorError, ValueError):
     """A file is not a trace, is corrupt before its last record, or cannot be opened or created."""
 
 
+class TraceInputError(OperatorError, ValueError):
+    """What a trace is made from (a corpus, ShareGPT JSON) or replayed with (the tokenizer) cannot be used."""
+
+
 class TraceHeader(msgspec.Struct, tag="header", array_like=True):
     version: int
     tokenizer: str  # tokenizer name

@@ -24,8 +24,7 @@ from detok_worker.config import DetokConfig
 from detok_worker.process.supervisor import Supervisor
 from detok_worker.tokenizer import load_configured_tokenizer
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.trace.format import Trace, percentile, read_trace, tokenizer_fingerprint
-from detok_worker.trace.synth import TraceInputError
+from detok_worker.trace.format import Trace, TraceInputError, percentile, read_trace, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 

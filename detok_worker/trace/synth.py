@@ -12,20 +12,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from detok_worker.bus.messages import RequestParams
-from detok_worker.errors import OperatorError
 from detok_worker.tokenizer.chat.template import ChatTemplateNotFoundError
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.trace.format import RecordedRequest, Trace, make_header
+from detok_worker.trace.format import RecordedRequest, Trace, TraceInputError, make_header
 
 SHAREGPT_ROLES = {
     **dict.fromkeys(("human", "user"), "user"),
     **dict.fromkeys(("gpt", "assistant", "chatgpt", "bard", "model"), "assistant"),
     "system": "system",
 }
-
-
-class TraceInputError(OperatorError, ValueError):
-    """A synth input (corpus or ShareGPT JSON) cannot be used."""
 
 
 def sharegpt_conversations(path: Path) -> list[list[dict[str, str]]]:
