@@ -14,19 +14,12 @@ from helpers.front_harness import FrontUnderTest, running_front
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.messages import Reject, Submit
-from detok_worker.config import load_config
-from detok_worker.tokenizer import load_configured_tokenizer
 
 openai = pytest.importorskip("openai")
 
 ALLOWED = "https://app.example.com"
 TEXTS = ["Hello there! How are you today?", "日本語と中文 😀👍🏽 family 👨‍👩‍👧‍👦", "def f(x):\n    return [1, 2]\n"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 😀"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_configured_tokenizer(load_config())  # the embedded default (Qwen3)
 
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,8 @@ from detok_worker.bus.messages import (
     Submit,
     TextDelta,
 )
-from detok_worker.config import load_config
-from detok_worker.tokenizer import load_configured_tokenizer
 
 REFUSAL_DELAY_S = 0.3  # the engine's Reject comes this long after the Submit (as from a step, not at once)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_configured_tokenizer(load_config())
 
 
 @pytest.fixture(scope="module")
