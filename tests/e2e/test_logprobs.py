@@ -219,7 +219,7 @@ def refuses_prompt_logprobs(client: Any, source: str) -> None:
             "prompt_logprobs",
             "unsupported_parameter",
         )
-        assert "'vllm' engine source" in error["message"] and f"is '{source}'" in error["message"]
+        assert "'vllm' engine source" in error["message"] and f"engine source '{source}'" in error["message"]
 
 
 def test_a_local_source_refuses_prompt_logprobs(client: Any) -> None:
