@@ -15,7 +15,7 @@ With --profile, one more detok run (not in the table) is recorded with py-spy on
 
     python bench/bench_gateway.py [--clients 100 500 1500] [--streams 1500] [--max-tokens 64]
                                   [--systems smg detok-1 detok-2] [--endpoints completions chat]
-                                  [--tick-ms 5] [--engine-step-ms 0] [--profile] [--quick] [--json FILE]
+                                  [--engine-step-ms 0] [--profile] [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -190,12 +190,10 @@ def measure(
     }
 
 
-def start_system(
-    system: str, engine_url: str, tokenizer_dir: Path, workdir: Path, tick_ms: float
-) -> tuple[Service, str]:
+def start_system(system: str, engine_url: str, tokenizer_dir: Path, workdir: Path) -> tuple[Service, str]:
     if system == "smg":
         return start_smg(engine_url, tokenizer_dir, workdir)
-    return start_detok(engine_url, tokenizer_dir, workdir, int(system.split("-")[1]), tick_ms)
+    return start_detok(engine_url, tokenizer_dir, workdir, int(system.split("-")[1]))
 
 
 def profile_detok(
@@ -203,7 +201,7 @@ def profile_detok(
 ) -> list[str]:
     """py-spy on detok's front (1 worker) under the chat load of the largest client count."""
     clients = max(args.clients)
-    service, url = start_detok(engine_url, tokenizer_dir, workdir, 1, args.tick_ms)
+    service, url = start_detok(engine_url, tokenizer_dir, workdir, 1)
     with running(service):
         wait_until_serving(service, url)
         front = service.processes()["front"]
@@ -247,9 +245,6 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=["smg", "detok-1", "detok-2"])
     parser.add_argument("--endpoints", nargs="+", choices=sorted(PATHS), default=["completions", "chat"])
     parser.add_argument(
-        "--tick-ms", type=float, default=5.0, help="engine.step_interval_ms: the tick of a detok before the relay"
-    )
-    parser.add_argument(
         "--engine-step-ms", type=float, default=0.0, help="the engine server's pace: one id per chunk this often"
     )
     parser.add_argument("--profile", action="store_true", help="py-spy detok's front in one more run")
@@ -264,7 +259,7 @@ def main() -> None:
     print(machine_line())
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     runs = f"{args.streams}+ streams per run, max_tokens {args.max_tokens}"
-    print(f"{runs}; detok tick {args.tick_ms} ms (before the relay); engine step {args.engine_step_ms} ms\n")
+    print(f"{runs}; engine step {args.engine_step_ms} ms\n")
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     profile: list[str] = []
@@ -275,7 +270,7 @@ def main() -> None:
         engine, engine_url = start_engine_server(tokenizer_dir, workdir, args.engine_step_ms)
         with running(engine):
             for system in args.systems:
-                service, url = start_system(system, engine_url, tokenizer_dir, workdir, args.tick_ms)
+                service, url = start_system(system, engine_url, tokenizer_dir, workdir)
                 with running(service):
                     wait_until_serving(service, url)
                     asyncio.run(run_clients(url, "chat", 16, 1, 16))  # warm-up: connections, code paths
@@ -295,7 +290,6 @@ def main() -> None:
     payload = {
         "max_tokens": args.max_tokens,
         "streams_per_run": args.streams,
-        "tick_ms": args.tick_ms,
         "engine_step_ms": args.engine_step_ms,
     }
     print(f"wrote {write_json('gateway', {**payload, 'rows': rows, 'profile': profile}, args.json)}")

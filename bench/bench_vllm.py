@@ -251,7 +251,7 @@ class Bench:
         args = self.args
         print(f"{name}: {DESCRIPTIONS[name]}", flush=True)
         outputs: dict[int, list[dict[int, StreamOutput]]] = {}
-        with running_system(name, self.model, self.flags, self.workdir, args.workers, args.tick_ms, self.env) as system:
+        with running_system(name, self.model, self.flags, self.workdir, args.workers, self.env) as system:
             asyncio.run(run_clients(system.url, 16, 16, args.timeout))  # warm-up: connections, code paths
             for clients in args.clients:
                 for repeat in range(args.repeats):
@@ -324,7 +324,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per level (the table shows medians)")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--workers", type=int, default=2, help="detok workers (both detok systems)")
-    parser.add_argument("--tick-ms", type=float, default=5.0, help="detok-grpc's gateway tick")
     parser.add_argument("--max-num-seqs", type=int, default=512, help="vLLM's engine flag, the same everywhere")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=8192,

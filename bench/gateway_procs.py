@@ -132,14 +132,10 @@ def start_smg(engine_url: str, tokenizer_dir: Path, workdir: Path) -> tuple[Serv
     return service, f"http://127.0.0.1:{port}"
 
 
-def start_detok(
-    engine_url: str, tokenizer_dir: Path, workdir: Path, workers: int, tick_ms: float
-) -> tuple[Service, str]:
-    """tick_ms and --max-batch matter to a detok from before its gateway became a relay (a tick, an admission cap of
-    engine.max_batch); the relay ignores both."""
+def start_detok(engine_url: str, tokenizer_dir: Path, workdir: Path, workers: int) -> tuple[Service, str]:
     argv = detok_argv(
         "serve", "--port", "0", "--workers", str(workers), "--source", "grpc", "--engine-url", engine_url,
-        "--tokenizer", str(tokenizer_dir), "--step-interval-ms", str(tick_ms), "--max-batch", "4096",
+        "--tokenizer", str(tokenizer_dir),
         "--set", f'front.model_name="{MODEL}"', "--log-level", "WARNING",
     )  # fmt: skip
     service = Service("serve", argv, workdir / f"detok-{workers}.log")

@@ -174,9 +174,7 @@ def detok_vllm(model: Path, flags: list[str], workdir: Path, workers: int, env: 
     return service, service.wait_for_line(HTTP_URL, START_TIMEOUT_S)
 
 
-def start_system(
-    name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float, env: dict[str, str]
-) -> System:
+def start_system(name: str, model: Path, flags: list[str], workdir: Path, workers: int, env: dict[str, str]) -> System:
     """Start one system and wait until it serves a one-token chat completion; on a failed start, stop what began.
     `env`: more variables for the processes that run vLLM's engine core."""
     services: list[Service] = []
@@ -192,7 +190,7 @@ def start_system(
             elif name == "smg":
                 service, url = start_smg(address, model, workdir)
             else:
-                service, url = start_detok(address, model, workdir, workers, tick_ms)
+                service, url = start_detok(address, model, workdir, workers)
             if service is not engine:
                 services.append(service)
         wait_until_serving(service, url, START_TIMEOUT_S)
@@ -204,9 +202,9 @@ def start_system(
 
 @contextlib.contextmanager
 def running_system(
-    name: str, model: Path, flags: list[str], workdir: Path, workers: int, tick_ms: float, env: dict[str, str]
+    name: str, model: Path, flags: list[str], workdir: Path, workers: int, env: dict[str, str]
 ) -> Iterator[System]:
-    system = start_system(name, model, flags, workdir, workers, tick_ms, env)
+    system = start_system(name, model, flags, workdir, workers, env)
     try:
         yield system
     finally:
