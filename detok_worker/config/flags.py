@@ -69,7 +69,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             {"metavar": "URL"},
         ),
         ("--trace", "engine.trace", "trace file for --source trace", {"metavar": "FILE"}),
-        ("--model", "engine.model", "GGUF model for --source llama-cpp", {"metavar": "FILE"}),
+        ("--model", "engine.model", "GGUF file (--source llama-cpp) or vLLM's model (--source vllm)", {}),
         ("--step-interval-ms", "engine.step_interval_ms", "decode step interval (0 = flat out)", {"type": float}),
         ("--max-batch", "engine.max_batch", "max rids generating at once", {"type": int}),
         ("--tokens-per-step", "engine.tokens_per_step", "ids per rid per step (k > 1: speculative)", {"type": int}),

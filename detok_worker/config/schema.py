@@ -297,8 +297,44 @@ def _literal_values(key: str) -> tuple[object, ...]:
     return get_args(kind) if get_origin(kind) is Literal else ()
 
 
+_LOCAL = ("corpus", "echo", "trace", "llama-cpp")  # the stub's sources: detok paces and batches their steps
+# The options that only some engine sources read (every other option is every source's). Set to anything but its
+# default with another source, an option is refused at start rather than ignored.
+SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "engine.engine_url": ("grpc",),
+    "engine.engine_service": ("grpc",),
+    "engine.connect_timeout_s": ("grpc",),
+    "engine.start_retries": ("grpc",),
+    "engine.trace": ("trace",),
+    "engine.corpus": ("corpus",),
+    "engine.seed": ("corpus",),
+    "engine.step_interval_ms": _LOCAL,
+    "engine.max_batch": _LOCAL,
+    "engine.tokens_per_step": _LOCAL,
+    "engine.replay_speed": _LOCAL,
+    "engine.model": ("llama-cpp", "vllm"),
+    "engine.model_threads": ("llama-cpp",),
+    "engine.vllm_args": ("vllm",),
+    "front.lora_adapters": ("vllm",),  # LoRA adapters
+    "front.runtime_lora_updating": ("vllm",),  # LoRA adapters loaded at run time
+    "front.prompt_tokens_details": ("vllm",),  # the engine's cached prompt tokens
+    "front.tool_choice_grammar": ("vllm",),  # tool_parser: the engine builds the tool-call grammar
+}
+
+
+def _check_source_options(config: DetokConfig) -> None:
+    default = DetokConfig()
+    source = config.engine.source
+    for key, sources in SOURCE_OPTIONS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if source not in sources and value != getattr(getattr(default, section), name):
+            raise ConfigError(f"{key} = {value!r} needs engine.source = {' or '.join(sources)}, not {source}")
+
+
 def _check_relations(config: DetokConfig) -> None:
     """What one option's type cannot say: options that need each other."""
+    _check_source_options(config)
     engine = config.engine
     checks = [
         (engine.source != "trace" or bool(engine.trace), "engine.source = trace needs engine.trace"),
@@ -310,23 +346,6 @@ def _check_relations(config: DetokConfig) -> None:
         (
             engine.source == "vllm" or config.front.max_tokens_default > 0,
             "front.max_tokens_default = 0 (the engine's own default) needs engine.source = vllm",
-        ),
-        (
-            engine.source == "vllm" or not config.front.lora_adapters,
-            "front.lora_adapters (LoRA adapters) needs engine.source = vllm",
-        ),
-        (
-            engine.source == "vllm" or not config.front.runtime_lora_updating,
-            "front.runtime_lora_updating (LoRA adapters loaded at run time) needs engine.source = vllm",
-        ),
-        (
-            engine.source == "vllm" or not config.front.prompt_tokens_details,
-            "front.prompt_tokens_details (the engine's cached prompt tokens) needs engine.source = vllm",
-        ),
-        (
-            engine.source == "vllm" or config.front.tool_choice_grammar == "json_schema",
-            "front.tool_choice_grammar = tool_parser (the engine builds the tool-call grammar) needs engine.source = "
-            "vllm",
         ),
         (
             bool(config.front.ssl_keyfile) == bool(config.front.ssl_certfile),

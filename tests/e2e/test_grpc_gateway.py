@@ -37,7 +37,7 @@ STEP_MS = "4"  # the engine server's pace: long prompts are still generating whe
 
 def gateway(engine: EngineServer, *extra: str) -> ServeProcess:
     return ServeProcess(
-        "--workers", "2", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "5", *extra,
+        "--workers", "2", "--source", "grpc", "--engine-url", engine.url, *extra,
         "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
     )  # fmt: skip
 

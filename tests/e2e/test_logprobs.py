@@ -230,7 +230,7 @@ def test_through_the_grpc_gateway(qwen3: Any) -> None:
     """`detok serve --source grpc` in front of `detok engine-server` (echo, fake logprobs in output_logprobs)."""
     engine = EngineServer("--source", "echo", "--step-interval-ms", "2")
     try:
-        args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url, "--step-interval-ms", "2")
+        args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url)
         with healthy_serve(*args) as process, api_client(process) as client:
             whole_completion(client, qwen3, as_float32)
             entries, count = streamed_chat(client)

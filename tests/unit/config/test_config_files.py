@@ -120,6 +120,62 @@ def test_a_bad_value_is_named_with_what_it_must_be(overrides: dict, message: str
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"engine.source": "vllm", "engine.model": "m", "engine.max_batch": 64},
+            "engine.max_batch = 64 needs engine.source = corpus or echo or trace or llama-cpp, not vllm",
+        ),
+        (
+            {"engine.source": "grpc", "engine.engine_url": "grpc://h:1", "engine.step_interval_ms": 5.0},
+            "engine.step_interval_ms = 5.0 needs engine.source = corpus or echo or trace or llama-cpp, not grpc",
+        ),
+        (
+            {"engine.engine_url": "grpc://h:1"},
+            "engine.engine_url = 'grpc://h:1' needs engine.source = grpc, not corpus",
+        ),
+        ({"engine.source": "echo", "engine.seed": 3}, "engine.seed = 3 needs engine.source = corpus, not echo"),
+        (
+            {"engine.vllm_args": ["--max-model-len", "8"]},
+            "engine.vllm_args = ['--max-model-len', '8'] needs engine.source = vllm, not corpus",
+        ),
+        (
+            {"engine.source": "vllm", "engine.model": "m", "engine.model_threads": 2},
+            "engine.model_threads = 2 needs engine.source = llama-cpp, not vllm",
+        ),
+        (
+            {"front.prompt_tokens_details": True},
+            "front.prompt_tokens_details = True needs engine.source = vllm, not corpus",
+        ),
+    ],
+)
+def test_an_option_of_another_engine_source_is_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"engine.source": "grpc", "engine.engine_url": "grpc://h:1", "engine.start_retries": 0},
+        {"engine.source": "vllm", "engine.model": "m", "engine.vllm_args": ["--max-model-len", "8"]},
+        {"engine.source": "llama-cpp", "engine.model": "m.gguf", "engine.model_threads": 2, "engine.max_batch": 4},
+        {"engine.source": "echo", "engine.step_interval_ms": 0.0, "engine.tokens_per_step": 4},
+        {"engine.source": "trace", "engine.trace": "t.jsonl", "engine.replay_speed": 0.0},
+        {"engine.source": "corpus", "engine.corpus": "texts", "engine.seed": 9},
+        # another source's option at its default (as configs/default.toml writes it) is not a choice
+        {"engine.source": "vllm", "engine.model": "m", "engine.max_batch": 256, "engine.engine_url": ""},
+    ],
+)
+def test_an_option_of_its_own_engine_source_is_taken(overrides: dict) -> None:
+    engine = load_config(None, overrides).engine
+    assert {key.removeprefix("engine."): getattr(engine, key.removeprefix("engine.")) for key in overrides} == {
+        key.removeprefix("engine."): value for key, value in overrides.items()
+    }
+
+
 def test_logging_level_in_any_case() -> None:
     assert load_config(None, {"logging.level": "debug"}).logging.level == "DEBUG"
 
