@@ -143,7 +143,9 @@ class ServeProcess:
             if match:
                 return match.group(1)
         self.stop()
-        raise AssertionError(f"detok serve did not start (exit code {self.proc.returncode}); log:\n{self.log()}")
+        log = self.log()
+        self.cleanup()
+        raise AssertionError(f"detok serve did not start (exit code {self.proc.returncode}); log:\n{log}")
 
     def log(self, tail: int | None = 6000) -> str:
         text = self.log_path.read_text(errors="replace")
