@@ -14,7 +14,7 @@ import httpx
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.parse_cases import CASES, write_case_trace
-from helpers.serve_helpers import ServeProcess, serving
+from helpers.serve_helpers import ServeProcess, serving, trace_service
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -38,8 +38,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def replayed(trace: Path) -> Iterator[Any]:
     """A service replaying the recorded tool call (parsers on auto: Qwen3's reasoning and hermes tool calls)."""
-    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0")
-    with serving(serve):
+    with trace_service(trace) as serve:
         yield anthropic.Anthropic(base_url=serve.url, api_key="unused", max_retries=0)
 
 
@@ -47,8 +46,7 @@ def replayed(trace: Path) -> Iterator[Any]:
 def stub() -> Iterator[ServeProcess]:
     """The stub engine echoing each prompt's ids (its output is known: the decode of the rendered prompt's ids),
     with an API key."""
-    serve = ServeProcess("--workers", "2", "--source", "echo", env={"DETOK_API_KEY": KEY})
-    with serving(serve):
+    with serving("--workers", "2", "--source", "echo", env={"DETOK_API_KEY": KEY}) as serve:
         yield serve
 
 

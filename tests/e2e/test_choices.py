@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.echo_source import chat_prompt_ids, expected_echo
-from helpers.serve_helpers import ServeProcess, healthy_serve, http_json, wait_for
+from helpers.serve_helpers import ServeProcess, http_json, serving, wait_for
 
 openai = pytest.importorskip("openai")
 
@@ -22,7 +22,7 @@ USAGE = {"include_usage": True}
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with healthy_serve("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as serve:
+    with serving("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as serve:
         yield serve
 
 

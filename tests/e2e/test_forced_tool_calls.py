@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
-from helpers.serve_helpers import ServeProcess, serving
+from helpers.serve_helpers import ServeProcess, trace_service
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.trace.format import TraceWriter, make_header
@@ -36,7 +37,7 @@ WRITTEN = ['{"city":  "Paris"}', '{"tz": "CET", "note": "caf\u00e9"}']  # the ar
 NAMED_OUTPUT = '{"city": "Paris", "when": "now \u2600"}'
 
 
-def replaying(tmp_path: Path, output: str, *extra: str) -> ServeProcess:
+def replaying(tmp_path: Path, output: str, *extra: str) -> AbstractContextManager[ServeProcess]:
     """A service whose engine answers every request with `output` (Qwen3's ids, then <|im_end|>)."""
     tokenizer = load_fixture_tokenizer("qwen3")
     path = tmp_path / f"replay-{abs(hash((output, extra)))}.trace"
@@ -44,7 +45,7 @@ def replaying(tmp_path: Path, output: str, *extra: str) -> ServeProcess:
     with TraceWriter(path, make_header(tokenizer, "test")) as writer:
         writer.request("rec-1", [], RequestParams(max_tokens=500), t_ns=0)
         writer.tokens("rec-1", ids, "stop", t_ns=1)
-    return ServeProcess("--workers", "1", "--source", "trace", "--trace", str(path), "--replay-speed", "0", *extra)
+    return trace_service(path, *extra)
 
 
 def chat(http: httpx.Client, **fields: Any) -> dict[str, Any]:
@@ -86,8 +87,10 @@ def calls_of(pieces: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 @pytest.fixture(scope="module")
 def required(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    serve = replaying(tmp_path_factory.mktemp("required"), REQUIRED_OUTPUT)
-    with serving(serve), httpx.Client(base_url=serve.url, timeout=60) as http:
+    with (
+        replaying(tmp_path_factory.mktemp("required"), REQUIRED_OUTPUT) as serve,
+        httpx.Client(base_url=serve.url, timeout=60) as http,
+    ):
         yield http
 
 
@@ -123,7 +126,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(required: httpx.Client) 
 
 def test_named_function_gives_one_call_whose_arguments_are_the_output(tmp_path: Path) -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
-    with serving(replaying(tmp_path, NAMED_OUTPUT)) as serve, httpx.Client(base_url=serve.url, timeout=60) as http:
+    with replaying(tmp_path, NAMED_OUTPUT) as serve, httpx.Client(base_url=serve.url, timeout=60) as http:
         choice = chat(http, tool_choice=named)
         pieces, finish = streamed(http, tool_choice=named)
     message = choice["message"]
@@ -139,8 +142,10 @@ def test_named_function_gives_one_call_whose_arguments_are_the_output(tmp_path: 
 def test_without_a_tool_call_parser_the_json_stays_content(tmp_path: Path) -> None:
     """front.tool_call_parser "none" (on --source vllm: no --enable-auto-tool-choice): as vLLM's server without
     its auto tool choice, the constrained JSON is the content."""
-    serve = replaying(tmp_path, REQUIRED_OUTPUT, "--set", "front.tool_call_parser=none")
-    with serving(serve), httpx.Client(base_url=serve.url, timeout=60) as http:
+    with (
+        replaying(tmp_path, REQUIRED_OUTPUT, "--set", "front.tool_call_parser=none") as serve,
+        httpx.Client(base_url=serve.url, timeout=60) as http,
+    ):
         message = chat(http, tool_choice="required")["message"]
     assert message["content"] == REQUIRED_OUTPUT
     assert not message.get("tool_calls")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
@@ -22,11 +23,10 @@ from helpers.fault_helpers import (
     echo_cases,
     http_client,
     reference,
-    serving,
     stream_completion,
 )
 from helpers.grpc_engine_server import EngineServer, engine_server
-from helpers.serve_helpers import REPO, ServeProcess, wait_for
+from helpers.serve_helpers import REPO, ServeProcess, serving, wait_for
 from smg_grpc_proto import vllm_engine_pb2 as pb2
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb2_grpc
 
@@ -35,8 +35,8 @@ from engine_stub.planned import load_corpus
 STEP_MS = "4"  # the engine server's pace: long prompts are still generating when a stop or a disconnect comes
 
 
-def gateway(engine: EngineServer, *extra: str) -> ServeProcess:
-    return ServeProcess(
+def gateway(engine: EngineServer, *extra: str) -> AbstractContextManager[ServeProcess]:
+    return serving(
         "--workers", "2", "--source", "grpc", "--engine-url", engine.url, *extra,
         "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
     )  # fmt: skip
@@ -50,7 +50,7 @@ def engine() -> Iterator[EngineServer]:
 
 @pytest.fixture(scope="module")
 def service(engine: EngineServer) -> Iterator[ServeProcess]:
-    with serving(gateway(engine)) as serve:
+    with gateway(engine) as serve:
         yield serve
 
 
@@ -124,7 +124,7 @@ def test_a_client_disconnect_aborts_the_engine_request_within_1s(service, engine
 def test_engine_down_mid_stream_fails_every_open_request_then_serves_again(qwen3):
     engine = EngineServer("--source", "echo", "--step-interval-ms", "10")
     try:
-        with serving(gateway(engine)) as service:
+        with gateway(engine) as service:
             prompt = long_prompt(1000)  # ~10 s of generation: all still open when the engine dies
 
             async def streams_while_engine_dies() -> list[Outcome]:
@@ -157,7 +157,7 @@ def test_engine_down_mid_stream_fails_every_open_request_then_serves_again(qwen3
 def test_a_stream_the_engine_cancels_at_start_is_opened_again_up_to_the_retry_limit(qwen3):
     engine = EngineServer("--source", "echo", "--cancel-starts", "4")
     try:
-        with serving(gateway(engine, "--set", "engine.start_retries=2")) as service:
+        with gateway(engine, "--set", "engine.start_retries=2") as service:
 
             async def one(text: str) -> Outcome:
                 async with http_client(service) as client:

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 from helpers import fault_helpers as faults
 from helpers.fault_helpers import EchoCase, Outcome, bounded, reference
 from helpers.grpc_engine_server import EngineServer, engine_server
-from helpers.serve_helpers import ServeProcess, wait_for
+from helpers.serve_helpers import ServeProcess, serving, wait_for
 
 ENGINE_MODEL = "engine-served-model"
 STALLED = 300
@@ -36,20 +37,15 @@ def engine() -> Iterator[EngineServer]:
         yield server
 
 
-def relay(engine: EngineServer, *extra: str) -> ServeProcess:
-    """Default settings but for the stats intervals (so /stats and the served name follow quickly)."""
-    return ServeProcess(
+def relay(engine: EngineServer, *extra: str) -> AbstractContextManager[ServeProcess]:
+    """Default settings but for the stats intervals (so /stats and the served name follow quickly); ready once both
+    workers are registered with the engine (/health says 200 from the first one on, and a test that fills each
+    worker's stop budget needs both)."""
+    return serving(
         "--workers", "2", "--source", "grpc", "--engine-url", engine.url, *extra,
         "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
+        ready=lambda service: len(service.stats()["engine"]["workers"]) == 2,
     )  # fmt: skip
-
-
-def healthy(service: ServeProcess) -> ServeProcess:
-    """Healthy with both workers registered with the engine: /health says 200 from the first one on, and a test
-    that fills each worker's stop budget needs both."""
-    wait_for(lambda: service.health() == 200, 30, what="a healthy service")
-    wait_for(lambda: len(service.stats()["engine"]["workers"]) == 2, 30, what="both workers with the engine")
-    return service
 
 
 def streamed_text(events: list[bytes]) -> str:
@@ -67,7 +63,7 @@ def streamed_text(events: list[bytes]) -> str:
 def test_300_clients_that_never_read_do_not_hold_back_a_normal_client(engine: EngineServer, qwen3: Any) -> None:
     stalled_cases = faults.echo_cases(qwen3, STALLED, seed=300, min_tokens=200, stop_share=0.0)
     normal_cases = faults.echo_cases(qwen3, 3, seed=301, min_tokens=12, stop_share=0.0)
-    with faults.serving(healthy(relay(engine))) as service:
+    with relay(engine) as service:
         pids = [service.proc.pid, *faults.service_pids(service).values()]
         requests_before = engine.count("requests")
         stalled = [faults.stalled_stream(service, case.body(True)) for case in stalled_cases]
@@ -123,7 +119,7 @@ def test_a_request_no_worker_has_room_for_gets_429_before_any_200(engine: Engine
             answers.append(await bounded(faults.stream_completion(client, body(short_case, True, 30))))
             return answers + await asyncio.gather(*holders)
 
-    with faults.serving(healthy(relay(engine, "--set", "worker.max_live_stop_chars=100"))) as service:
+    with relay(engine, "--set", "worker.max_live_stop_chars=100") as service:
         refused_stream, refused_whole, never, fits, *holders = asyncio.run(run(service))
     for refused in (refused_stream, refused_whole):
         assert refused.status_code == 429, refused.text
@@ -140,7 +136,7 @@ def test_a_request_no_worker_has_room_for_gets_429_before_any_200(engine: Engine
 
 def test_the_engines_served_model_name_is_served(engine: EngineServer, qwen3: Any) -> None:
     (case,) = faults.echo_cases(qwen3, 1, seed=304, min_tokens=12, stop_share=0.0)
-    with faults.serving(healthy(relay(engine))) as service:
+    with relay(engine) as service:
         models = httpx.get(f"{service.url}/v1/models", timeout=10).json()
         assert [card["id"] for card in models["data"]] == [ENGINE_MODEL]
         # the engine's context length (GetModelInfo's max_context_length), not the tokenizer's model_max_length
@@ -164,7 +160,7 @@ def test_a_frozen_front_pauses_the_relayed_streams_and_loses_nothing(qwen3: Any)
     cases += faults.echo_cases(qwen3, 20, seed=305, min_tokens=150, stop_share=0.3)
     with (
         engine_server("--source", "echo", "--step-interval-ms", "2", "--tokens-per-step", "4") as flat_out,
-        faults.serving(healthy(relay(flat_out, "--set", "bus.high_water_mark=4"))) as service,
+        relay(flat_out, "--set", "bus.high_water_mark=4") as service,
     ):
         front = faults.service_pids(service)["front"]
         arrivals: list[list[float]] = [[] for _ in cases]

@@ -66,7 +66,7 @@ class Streamed:
 def service() -> Iterator[ServeProcess]:
     args = ("--tokenizer", str(default_model_path()), "--source", "llama-cpp", "--step-interval-ms", "2",
             "--set", "engine.stats_interval_s=0.1")  # fmt: skip
-    with serving(ServeProcess(*args)) as serve:
+    with serving(*args) as serve:
         yield serve
 
 
@@ -213,8 +213,7 @@ def test_grpc_gateway_to_a_llama_cpp_engine_server_streams_exact_text(story: lis
     gguf = str(default_model_path())
     engine = EngineServer("--tokenizer", gguf, "--source", "llama-cpp", "--step-interval-ms", "2")
     try:
-        gateway = ServeProcess("--workers", "1", "--tokenizer", gguf, "--source", "grpc", "--engine-url", engine.url)
-        with serving(gateway) as serve:
+        with serving("--workers", "1", "--tokenizer", gguf, "--source", "grpc", "--engine-url", engine.url) as serve:
             model = _model(serve.url)
             text = llama_detokenize(story, special=False)
             stop = text[len(text) // 5 :][:6]

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.grpc_engine_server import EngineServer
-from helpers.serve_helpers import ServeProcess, healthy_serve
+from helpers.serve_helpers import ServeProcess, serving
 
 from engine_stub.fake_logprobs import fake_value
 
@@ -24,7 +24,7 @@ MESSAGES = [{"role": "user", "content": TEXT}]
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with healthy_serve("--workers", "1", "--source", "echo", "--step-interval-ms", "2") as process:
+    with serving("--workers", "1", "--source", "echo", "--step-interval-ms", "2") as process:
         yield process
 
 
@@ -231,7 +231,7 @@ def test_through_the_grpc_gateway(qwen3: Any) -> None:
     engine = EngineServer("--source", "echo", "--step-interval-ms", "2")
     try:
         args = ("--workers", "1", "--source", "grpc", "--engine-url", engine.url)
-        with healthy_serve(*args) as process, api_client(process) as client:
+        with serving(*args) as process, api_client(process) as client:
             whole_completion(client, qwen3, as_float32)
             entries, count = streamed_chat(client)
             check_chat_entries(entries, chat_ids(process, qwen3, count), qwen3, 2, as_float32)

@@ -28,19 +28,10 @@ LONG_PROMPT = "word " * 1500  # ~3 s of output at 2 ms per step: still streaming
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = ServeProcess(
-        "--workers",
-        "2",
-        "--source",
-        "echo",
-        "--step-interval-ms",
-        "2",
-        "--set",
-        "worker.stats_interval_s=0.1",
-        "--set",
-        "front.max_tokens_limit=4096",
-    )
-    with serving(serve):
+    with serving(
+        "--workers", "2", "--source", "echo", "--step-interval-ms", "2",
+        "--set", "worker.stats_interval_s=0.1", "--set", "front.max_tokens_limit=4096",
+    ) as serve:  # fmt: skip
         yield serve
 
 

@@ -28,11 +28,10 @@ LONG_PROMPT = "word " * 1500  # ~3 s of output at 2 ms per step: still streaming
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = ServeProcess(
+    with serving(
         "--workers", "1", "--source", "echo", "--step-interval-ms", "2",
         "--set", "worker.max_live_stop_chars=8", "--set", "front.max_tokens_limit=4096",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

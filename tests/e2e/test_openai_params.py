@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import ServeProcess, healthy_serve, http_json, serving
+from helpers.serve_helpers import ServeProcess, http_json, serving
 
 from detok_worker.bus.messages import Constraint
 from detok_worker.trace.format import read_trace
@@ -27,7 +27,7 @@ SERVE_ARGS = ("--workers", "1", "--source", "echo", "--step-interval-ms", "2")
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with healthy_serve(*SERVE_ARGS, "--set", f'front.cors_allowed_origins=["{ALLOWED}"]') as process:
+    with serving(*SERVE_ARGS, "--set", f'front.cors_allowed_origins=["{ALLOWED}"]') as process:
         yield process
 
 
@@ -44,7 +44,7 @@ def model_of(service: ServeProcess) -> str:
 def test_parameters_reach_the_engine(tmp_path: Path) -> None:
     trace = tmp_path / "engine.trace"
     with (
-        serving(ServeProcess(*SERVE_ARGS, "--set", f"engine.record={trace}")) as process,
+        serving(*SERVE_ARGS, "--set", f"engine.record={trace}") as process,
         openai.OpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0, timeout=30) as client,
     ):
         model = model_of(process)

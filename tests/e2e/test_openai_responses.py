@@ -14,7 +14,7 @@ import openai
 import pytest
 from helpers.fixtures import load_fixture_tokenizer
 from helpers.parse_cases import CASES, write_case_trace
-from helpers.serve_helpers import ServeProcess, serving
+from helpers.serve_helpers import ServeProcess, serving, trace_service
 
 CASE = CASES[0]  # qwen3-think-tool
 TOOLS = [
@@ -29,8 +29,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def echo() -> Iterator[ServeProcess]:
-    serve = ServeProcess("--workers", "2", "--source", "echo")
-    with serving(serve):
+    with serving("--workers", "2", "--source", "echo") as serve:
         yield serve
 
 
@@ -42,8 +41,7 @@ def client(echo: ServeProcess) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     trace = write_case_trace(tmp_path_factory.mktemp("trace") / "qwen3_tool.trace", CASE)
-    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0")
-    with serving(serve):
+    with trace_service(trace) as serve:
         yield openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none", max_retries=0)
 
 

@@ -34,7 +34,7 @@ import openai
 import pytest
 from helpers.fixtures import fixture_dir, load_fixture_tokenizer
 from helpers.parse_cases import CASES, TOOLS, OutputCase, calls_of, case_ids, random_splits, whole_parse
-from helpers.serve_helpers import ServeProcess, serving
+from helpers.serve_helpers import serving
 
 from detok_worker.bus.messages import RequestParams
 from detok_worker.trace.format import TraceWriter, make_header
@@ -123,12 +123,11 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         template = path.with_suffix(".jinja")
         template.write_text(CHAT_TEMPLATES[request.param])
         template_flags = ["--set", f"tokenizer.chat_template={template}"]
-    serve = ServeProcess(
+    with serving(
         "--workers", "1", "--tokenizer", str(fixture_dir(tokenizer_name)),
         "--source", "trace", "--trace", str(path), "--replay-speed", "1", "--step-interval-ms", "1",
         *parser_flags(cases), *template_flags,
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         client = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
         yield FamilyService(client, client.models.list().data[0].id, recordings, splits)
 

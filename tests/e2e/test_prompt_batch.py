@@ -12,14 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.serve_helpers import ServeProcess, healthy_serve
+from helpers.serve_helpers import ServeProcess, serving
 
 PROMPTS = ["Hello there", "Jellyfish \U0001fabc swim", "\u4eca\u5929\u7684\u5929\u6c14"]
 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with healthy_serve("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as process:
+    with serving("--workers", "2", "--source", "echo", "--step-interval-ms", "2") as process:
         yield process
 
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from helpers.parse_cases import CASES, write_case_trace
-from helpers.serve_helpers import ServeProcess, serving
+from helpers.serve_helpers import trace_service
 
 CASE = CASES[0]  # qwen3-think-tool
 TOOLS = [
@@ -34,19 +34,17 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(trace: Path) -> Iterator[openai.OpenAI]:
-    serve = ServeProcess("--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0")
-    with serving(serve):
+    with trace_service(trace) as serve:
         yield openai.OpenAI(base_url=f"{serve.url}/v1", api_key="none")
 
 
 def test_the_reasoning_goes_in_the_field_asked_or_nowhere(trace: Path) -> None:
     """front.reasoning_field = reasoning (vLLM 0.32's name, the default on --source vllm); include_reasoning false
     (vLLM's request field) leaves the reasoning out."""
-    serve = ServeProcess(
-        "--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0",
-        "--set", "front.reasoning_field=reasoning",
-    )  # fmt: skip
-    with serving(serve), httpx.Client(base_url=serve.url, timeout=60) as http:
+    with (
+        trace_service(trace, "--set", "front.reasoning_field=reasoning") as serve,
+        httpx.Client(base_url=serve.url, timeout=60) as http,
+    ):
         body = {"messages": MESSAGES, "tools": TOOLS}
         message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
         with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:

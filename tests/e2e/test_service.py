@@ -42,10 +42,9 @@ class Completion:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = ServeProcess(
+    with serving(
         "--workers", "2", "--source", "echo", "--step-interval-ms", "2", "--set", "worker.stats_interval_s=0.1"
-    )
-    with serving(serve):
+    ) as serve:
         yield serve
 
 
@@ -281,8 +280,7 @@ def test_tls_files_make_detok_serve_answer_https_only(tmp_path: Path) -> None:
          "-days", "1", "-subj", "/CN=localhost"],
         check=True, capture_output=True,
     )  # fmt: skip
-    process = ServeProcess("--set", f"front.ssl_keyfile={key}", "--set", f"front.ssl_certfile={cert}")
-    try:
+    with serving("--set", f"front.ssl_keyfile={key}", "--set", f"front.ssl_certfile={cert}") as process:
         assert process.url.startswith("https://")  # the supervisor's health probe went over TLS
         context = ssl.create_default_context(cafile=str(cert))
         context.check_hostname = False
@@ -292,6 +290,4 @@ def test_tls_files_make_detok_serve_answer_https_only(tmp_path: Path) -> None:
         plain = process.url.replace("https://", "http://")
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{plain}/health", timeout=5)
-    finally:
-        process.stop()
     assert answer.status_code == 200 and answer.json()["choices"][0]["text"]

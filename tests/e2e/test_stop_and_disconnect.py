@@ -23,11 +23,10 @@ FREED_WITHIN_S = 1.0 + STATS_INTERVAL_S  # the 1 s requirement + the reporting l
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = ServeProcess(
+    with serving(
         "--workers", "2", "--source", "echo", "--step-interval-ms", str(STEP_MS),
         "--set", f"worker.stats_interval_s={STATS_INTERVAL_S}", "--set", f"engine.stats_interval_s={STATS_INTERVAL_S}",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

@@ -136,14 +136,10 @@ def service(vllm_reference: dict[str, list[dict[str, Any]]], trace_path: Path) -
     """One detok serve --source vllm for the module (started once vLLM's own server has answered: it idles
     meanwhile). The last test kills its engine core."""
     # frames up to 256 KiB (every request here fits): prompt logprobs that would not fit are refused
-    process = detok_vllm(
+    with detok_vllm(
         "--record", str(trace_path), "--set", "engine.stats_interval_s=0.1", "--set", "bus.max_message_bytes=262144"
-    )
-    try:
+    ) as process:
         yield process
-    finally:
-        process.stop()
-        process.cleanup()
 
 
 def recorded_ids(trace_path: Path, request_id: str) -> list[int]:

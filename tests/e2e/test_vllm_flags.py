@@ -763,11 +763,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     flags = shared_flags()
     with vllm_server(*flags, model=model, env=RUNTIME_LORA) as server:
         expected = answers(server.url)
-    service = detok_vllm(engine_flags=flags, model=model, env=RUNTIME_LORA)
-    try:
+    with detok_vllm(engine_flags=flags, model=model, env=RUNTIME_LORA) as service:
         got = answers(service.url)
-    finally:
-        service.stop()
     assert (expected["no key"], expected["wrong key"], expected["health without key"]) == (401, 401, 200)
     assert expected["models"] == [("first", None), ("second", None), ("adapter", "first")]
     on_adapter = next(index for index, (_, body) in enumerate(SAME_REQUESTS) if body.get("model") == "adapter")
@@ -866,8 +863,7 @@ def test_disable_log_stats_then_sigterm_lets_vllms_engine_core_stop_on_its_own()
     Then `detok serve` stops as `vllm serve` does: the engine process shuts vLLM's engine core down itself (vLLM
     gives it seconds), and is not killed after the supervisor's usual few seconds. (One service for both: a vLLM
     start is the suite's dearest step.)"""
-    service = detok_vllm(engine_flags=("--disable-log-stats",), env=LOG_EVERY_SECOND)
-    try:
+    with detok_vllm(engine_flags=("--disable-log-stats",), env=LOG_EVERY_SECOND) as service:
         with httpx.Client(base_url=service.url, timeout=120) as client:
             body = {"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 64, "temperature": 1.0, "seed": 1}
             response = client.post("/v1/completions", json=body)
@@ -883,8 +879,6 @@ def test_disable_log_stats_then_sigterm_lets_vllms_engine_core_stop_on_its_own()
         assert cores
         code = service.stop(timeout=120)
         log = service.log(None)
-    finally:
-        service.cleanup()
     assert code == 0, log[-3000:]
     assert "did not exit in time" not in log
     assert not [pid for pid in [*engine, *cores] if pid_alive(pid)]

@@ -212,13 +212,10 @@ def vllm_run(reference_vllm: VllmServer) -> Run:
 @pytest.fixture(scope="module")
 def detok_run(vllm_run: Run) -> Iterator[Run]:
     """Started after vLLM's own server has stopped (two engine cores on two CPUs would slow both)."""
-    service = detok_vllm(engine_flags=("--max-num-seqs", str(REFERENCE_MAX_NUM_SEQS)), env=LOG_EVERY_SECOND)
-    try:
+    with detok_vllm(engine_flags=("--max-num-seqs", str(REFERENCE_MAX_NUM_SEQS)), env=LOG_EVERY_SECOND) as service:
         run = run_load(service.url)
         run.log = service.log(None)
         yield run
-    finally:
-        service.stop()
 
 
 @pytest.fixture(params=["vllm", "detok"])

@@ -105,6 +105,8 @@ class DataParallelService:
     def __init__(self, hosts: int) -> None:
         self.second_host = SecondHost() if hosts == 2 else None
         self.headless: subprocess.Popen[bytes] | None = None
+        self.running = contextlib.ExitStack()  # closed: detok serve stops, then the second host goes
+        self.running.callback(self.stop_headless)
         flags = (*MODEL_FREE, *DATA_PARALLEL, *(TWO_FRONTS if hosts == 1 else ()))
         try:
             if self.second_host is not None:
@@ -115,9 +117,9 @@ class DataParallelService:
                 argv = [str(VENV / "bin" / "vllm"), "serve", str(model_dir()), *ENGINE_FLAGS, *flags, "--headless",
                         "--data-parallel-start-rank", "1"]  # fmt: skip
                 self.headless = self.second_host.run(argv, {**ENV, **MODEL_FREE_ENV}, log)
-            self.serve = detok_vllm(engine_flags=flags, env=MODEL_FREE_ENV)
+            self.serve = self.running.enter_context(detok_vllm(engine_flags=flags, env=MODEL_FREE_ENV))
         except BaseException:
-            self.stop_headless()
+            self.running.close()
             raise
 
     def core_pid(self, rank: int) -> int:
@@ -137,8 +139,7 @@ class DataParallelService:
             self.second_host.remove()
 
     def stop(self) -> None:
-        self.serve.stop()
-        self.stop_headless()
+        self.running.close()
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-host", "two-hosts"])

@@ -26,7 +26,6 @@ from helpers.fault_helpers import (
     echo_service,
     http_client,
     reference,
-    serving,
     stream_completion,
 )
 from helpers.front_harness import free_port
@@ -68,7 +67,7 @@ async def sigterm_under_live_streams(tokenizer: Any, streams: int) -> None:
     cases = [
         EchoCase(passage_ids(tokenizer, 40 if i % 2 else 600, i), [], 1000) for i in range(streams)
     ]  # fmt: skip
-    with serving(echo_service(2, STEP_MS, "--set", f"front.drain_timeout_s={DRAIN_S}")) as service:
+    with echo_service(2, STEP_MS, "--set", f"front.drain_timeout_s={DRAIN_S}") as service:
         async with http_client(service, 400) as client:
             tasks = [asyncio.create_task(bounded(stream_completion(client, case.body(True)))) for case in cases]
             await asyncio.to_thread(

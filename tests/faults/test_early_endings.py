@@ -26,12 +26,11 @@ LONG_PROMPT = "Tell me a long story." + " filler" * 1500  # ~1500 tokens: 15 s o
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = ServeProcess(
+    with serving(
         "--workers", "2", "--source", "echo", "--step-interval-ms", str(STEP_MS),
         "--set", f"front.request_timeout_s={REQUEST_TIMEOUT_S}", "--set", "front.max_tokens_limit=4000",
         "--set", f"worker.stats_interval_s={STATS_INTERVAL_S}", "--set", f"engine.stats_interval_s={STATS_INTERVAL_S}",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

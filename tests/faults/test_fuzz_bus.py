@@ -23,7 +23,6 @@ from helpers.fault_helpers import (
     http_client,
     reference,
     service_pids,
-    serving,
     stream_completion,
 )
 from helpers.frame_fuzz import (
@@ -66,7 +65,7 @@ def max_warning_lines(frames_per_socket: int) -> int:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(echo_service(2, 2)) as serve:
+    with echo_service(2, 2) as serve:
         yield serve
 
 

@@ -23,7 +23,6 @@ from helpers.fault_helpers import (
     reference,
     rss_kb,
     service_pids,
-    serving,
     stream_completion,
 )
 from helpers.serve_helpers import ServeProcess
@@ -34,7 +33,7 @@ MAX_STOP_CHARS = 1024
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(echo_service(2, 2, "--set", "front.max_prompt_tokens=5000")) as serve:
+    with echo_service(2, 2, "--set", "front.max_prompt_tokens=5000") as serve:
         yield serve
 
 

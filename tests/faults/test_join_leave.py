@@ -22,16 +22,11 @@ from helpers.fault_helpers import (
     echo_service,
     http_client,
     reference,
-    serving,
     stream_completion,
 )
 from helpers.serve_helpers import REPO, ServeProcess, pid_alive, wait_for
 
 STEP_MS = 4
-
-
-def start_service() -> ServeProcess:
-    return echo_service(1, STEP_MS)
 
 
 def engine_workers(service: ServeProcess) -> dict[str, int]:
@@ -136,7 +131,7 @@ def join_and_leave_round(service: ServeProcess, tokenizer: Any, requests: int, s
 
 @pytest.fixture
 def service() -> Iterator[ServeProcess]:
-    with serving(start_service()) as serve:
+    with echo_service(1, STEP_MS) as serve:
         yield serve
 
 

@@ -26,7 +26,6 @@ from helpers.fault_helpers import (
     echo_service,
     http_client,
     reference,
-    serving,
     stream_completion,
 )
 from helpers.serve_helpers import ServeProcess, wait_for
@@ -37,13 +36,9 @@ STEP_MS = 4  # requests of 150+ tokens (stopped from a third of their text on) r
 HELD_AT_KILL = 4  # requests the victim holds when it is killed
 
 
-def start_service() -> ServeProcess:
-    return echo_service(2, STEP_MS)
-
-
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(start_service()) as serve:
+    with echo_service(2, STEP_MS) as serve:
         yield serve
 
 
@@ -127,7 +122,7 @@ def test_sigkill_a_worker_under_streaming_load_full(service: ServeProcess, token
 def fresh_service() -> Iterator[ServeProcess]:
     """A service of its own: the supervisor backs off restarting a slot that keeps dying (0.25 s doubling, reset
     after 10 s up), and after the rounds above a double kill would outlast the engine's ORPHAN_GRACE_S (5 s)."""
-    with serving(start_service()) as serve:
+    with echo_service(2, STEP_MS) as serve:
         yield serve
 
 

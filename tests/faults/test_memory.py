@@ -30,7 +30,6 @@ from helpers.fault_helpers import (
     reference,
     rss_kb,
     service_pids,
-    serving,
     stalled_stream,
     stream_completion,
 )
@@ -47,12 +46,11 @@ CONCURRENCY = 32
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = echo_service(
+    with echo_service(
         2, 1, "--tokens-per-step", "16",
         "--set", f"front.max_pending_chars={MAX_PENDING_CHARS}", "--set", "front.max_tokens_limit=200000",
         "--set", "front.max_prompt_tokens=1048576",  # the flood's prompt is longer than Qwen3's context
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

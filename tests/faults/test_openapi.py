@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers.fault_helpers import all_idle, echo_service, service_pids, serving
+from helpers.fault_helpers import all_idle, echo_service, service_pids
 from helpers.serve_helpers import ServeProcess, wait_for
 from hypothesis import HealthCheck, settings
 
@@ -26,7 +26,7 @@ CHECK_SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(echo_service(1, 0)) as serve:
+    with echo_service(1, 0) as serve:
         yield serve
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from helpers.fault_helpers import echo_service, read_sse_events, serving, stalled_stream
+from helpers.fault_helpers import echo_service, read_sse_events, stalled_stream
 from helpers.serve_helpers import ServeProcess, wait_for
 
 BUDGET_CHARS = 6_000_000
@@ -26,13 +26,12 @@ MAX_STALLED_CLIENTS = 5
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = echo_service(
+    with echo_service(
         1, 1, "--tokens-per-step", "64",
         "--set", f"front.max_total_pending_chars={BUDGET_CHARS}",
         "--set", "front.max_pending_chars=8000000",  # above one answer: only the global budget applies
         "--set", "front.max_tokens_limit=200000", "--set", "front.max_prompt_tokens=1048576",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

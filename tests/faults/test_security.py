@@ -82,7 +82,7 @@ def _listening(port: int) -> bool:
 def curve_service() -> Any:
     public, secret = (key.decode() for key in zmq.curve_keypair())
     ports = {name: free_port() for name in ("engine", "worker", "front")}
-    serve = ServeProcess(
+    with serving(
         "--workers", "1", "--source", "echo", "--step-interval-ms", "1",
         "--set", f"bus.engine_endpoint=tcp://0.0.0.0:{ports['engine']}",
         "--set", f"bus.worker_endpoint=tcp://0.0.0.0:{ports['worker']}",
@@ -90,8 +90,7 @@ def curve_service() -> Any:
         "--set", f"bus.curve_server_public_key={public}", "--set", f"bus.curve_server_secret_key={secret}",
         "--set", f"front.api_key={API_KEY}", "--set", "front.max_request_bytes=20000",
         "--set", "engine.stats_interval_s=0.1", "--set", "worker.stats_interval_s=0.1",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve, ports, public.encode()
 
 

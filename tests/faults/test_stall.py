@@ -23,7 +23,6 @@ from helpers.fault_helpers import (
     http_client,
     reference,
     service_pids,
-    serving,
     stream_completion,
 )
 from helpers.serve_helpers import ServeProcess, wait_for
@@ -41,10 +40,9 @@ STEP_MS = 3
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    serve = echo_service(
+    with echo_service(
         2, STEP_MS, "--tokens-per-step", "4", "--set", "bus.high_water_mark=4", "--set", "front.max_tokens_limit=10000",
-    )  # fmt: skip
-    with serving(serve):
+    ) as serve:  # fmt: skip
         yield serve
 
 

@@ -9,6 +9,7 @@ import json
 import random
 import socket
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,7 @@ from typing import Any
 import httpx
 
 from engine_stub.planned import load_corpus, primary_eos_id
-from helpers.serve_helpers import ServeProcess, wait_for
-from helpers.serve_helpers import serving as serving  # re-exported: the fault tests import it from here
+from helpers.serve_helpers import ServeProcess, serving, wait_for
 
 REQUEST_TIMEOUT_S = 60.0  # no request may hang: every one has this deadline (generous for a loaded 2-core box)
 
@@ -184,10 +184,10 @@ def service_pids(service: ServeProcess) -> dict[str, int]:
     return pids
 
 
-def echo_service(workers: int, step_ms: float | str, *extra: str) -> ServeProcess:
-    """A `detok serve` on the echo source (the test knows every output id) whose engine and workers report stats
-    every 0.1 s, so /stats follows live counts closely; `extra` are more CLI flags."""
-    return ServeProcess(
+def echo_service(workers: int, step_ms: float | str, *extra: str) -> AbstractContextManager[ServeProcess]:
+    """`serving` a `detok serve` on the echo source (the test knows every output id) whose engine and workers report
+    stats every 0.1 s, so /stats follows live counts closely; `extra` are more CLI flags."""
+    return serving(
         "--workers", str(workers), "--source", "echo", "--step-interval-ms", str(step_ms), *extra,
         "--set", "worker.stats_interval_s=0.1", "--set", "engine.stats_interval_s=0.1",
     )  # fmt: skip

@@ -12,6 +12,7 @@ import queue
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 URL_LINE = re.compile(r"serving at (https?://\S+)")
+LOOPBACK_TLS = ssl.create_default_context()
+LOOPBACK_TLS.check_hostname = False
+LOOPBACK_TLS.verify_mode = ssl.CERT_NONE
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
@@ -86,8 +90,10 @@ def named_sse_events(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
+    """GET `url`: (status, JSON body). A `detok serve` over TLS is asked on the loopback without checking its
+    certificate (a test's self-signed one)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout, context=LOOPBACK_TLS) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
@@ -137,7 +143,9 @@ class ServeProcess:
             if match:
                 return match.group(1)
         self.stop()
-        raise AssertionError(f"detok serve did not start (exit code {self.proc.returncode}); log:\n{self.log()}")
+        log = self.log()
+        self.cleanup()
+        raise AssertionError(f"detok serve did not start (exit code {self.proc.returncode}); log:\n{log}")
 
     def log(self, tail: int | None = 6000) -> str:
         text = self.log_path.read_text(errors="replace")
@@ -188,18 +196,28 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
-def serving(serve: ServeProcess) -> Iterator[ServeProcess]:
-    """Stop the service and remove its files however the block ends."""
+def serving(
+    *args: str, timeout: float = 30.0, ready: Callable[[ServeProcess], Any] | None = None, **options: Any
+) -> Iterator[ServeProcess]:
+    """The one way a test runs `detok serve`: started with `args` (`options`: ServeProcess's keywords), yielded once
+    /health says 200 and `ready(process)` (if given) holds within `timeout` seconds; stopped and its files removed
+    however the block ends. A service that does not get ready fails the test with its exit code and log tail."""
+    process = ServeProcess(*args, **options)
     try:
-        yield serve
-    finally:
-        serve.stop()
-        serve.cleanup()
-
-
-@contextlib.contextmanager
-def healthy_serve(*args: str, timeout: float = 30.0) -> Iterator[ServeProcess]:
-    """A `detok serve` with `args`, once /health says 200; stopped and cleaned up on exit."""
-    with serving(ServeProcess(*args)) as process:
-        wait_for(lambda: process.health() == 200, timeout, what="a healthy service")
+        try:
+            wait_for(
+                lambda: process.health() == 200 and (ready is None or ready(process)), timeout, what="a ready service"
+            )
+        except AssertionError as exc:
+            code = process.proc.poll()
+            raise AssertionError(f"detok serve: {exc} (exit code {code}); log:\n{process.log()}") from None
         yield process
+    finally:
+        process.stop()
+        process.cleanup()
+
+
+def trace_service(trace: Path, *extra: str) -> contextlib.AbstractContextManager[ServeProcess]:
+    """`serving` one worker on a recorded engine trace replayed without pauses: every request gets the recording's
+    output; `extra` are more CLI flags."""
+    return serving("--workers", "1", "--source", "trace", "--trace", str(trace), "--replay-speed", "0", *extra)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS
 from helpers.front_harness import free_port
-from helpers.serve_helpers import REPO, ServeProcess, wait_for
+from helpers.serve_helpers import REPO, ServeProcess, serving, wait_for
 
 VENV = Path(os.environ.get("DETOK_VLLM_VENV", REPO / ".venv-vllm"))
 PYTHON = VENV / "bin" / "python"
@@ -174,16 +174,14 @@ def detok_vllm(
     engine_flags: tuple[str, ...] = (),
     model: Path | None = None,
     env: dict[str, str] | None = None,
-) -> ServeProcess:
-    """`detok serve --source vllm` on the model, run by vLLM's interpreter; waits until /health says 200.
-    `engine_flags`: more `vllm serve` flags after ENGINE_FLAGS (a later one wins); `env`: more variables."""
-    service = ServeProcess(
+) -> contextlib.AbstractContextManager[ServeProcess]:
+    """`serving` a `detok serve --source vllm` on the model, run by vLLM's interpreter. `engine_flags`: more
+    `vllm serve` flags after ENGINE_FLAGS (a later one wins); `env`: more variables."""
+    return serving(
         "--source", "vllm", "--model", str(model or model_dir()), "--workers", str(workers),
         "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra, "--", *ENGINE_FLAGS, *engine_flags,
-        startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env={**ENV, **(env or {})},
+        timeout=60, startup_timeout=STARTUP_TIMEOUT_S, python=str(require_venv()), env={**ENV, **(env or {})},
     )  # fmt: skip
-    wait_for(lambda: service.health() == 200, 60, what="a healthy detok serve --source vllm")
-    return service
 
 
 class VllmServer:

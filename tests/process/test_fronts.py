@@ -27,7 +27,6 @@ from helpers.fault_helpers import (
     echo_service,
     http_client,
     reference,
-    serving,
 )
 from helpers.metrics_scrape import wait_for_value
 from helpers.serve_helpers import ServeProcess, wait_for
@@ -46,8 +45,7 @@ class StreamOutcome:
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServeProcess]:
-    with serving(echo_service(2, STEP_MS, "--fronts", "2")) as serve:
-        wait_for(lambda: serve.health() == 200, 30, what="a healthy service")
+    with echo_service(2, STEP_MS, "--fronts", "2") as serve:
         yield serve
 
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from helpers.fixtures import FIXTURE_TOKENIZER_DIRS, load_fixture_tokenizer
-from helpers.serve_helpers import REPO, ServeProcess, pid_alive, wait_for
+from helpers.serve_helpers import REPO, ServeProcess, pid_alive, serving, wait_for
 
 from detok_worker.process.supervisor import PID_FILE, RUNTIME_DIR_PREFIX, make_runtime_dir, sweep_stale_runtime_dirs
 from engine_stub.planned import load_corpus
@@ -63,8 +63,7 @@ def worker_pids_in_stats(serve: ServeProcess) -> dict[str, int]:
 
 
 def test_restart_scale_and_sigterm() -> None:
-    serve = ServeProcess("--workers", "2", "--step-interval-ms", "1", "--set", "worker.stats_interval_s=0.1")
-    try:
+    with serving("--workers", "2", "--step-interval-ms", "1", "--set", "worker.stats_interval_s=0.1") as serve:
         children = serve.children()
         roles = sorted(cmd.split("detok_worker.cli ")[1].split()[0] for cmd in children.values())
         assert roles == ["engine", "front", "worker", "worker"]
@@ -102,17 +101,14 @@ def test_restart_scale_and_sigterm() -> None:
         assert serve.proc.wait(timeout=10) == 0
         assert not serve.runtime_dir.exists()
         assert list(serve.xdg_dir.iterdir()) == []
-    finally:
-        serve.cleanup()
 
 
 def test_other_tokenizer_json_logs_and_sigkilled_supervisor_leaves_no_orphans() -> None:
     tokenizer_dir = FIXTURE_TOKENIZER_DIRS["deepseek-v3"]
-    serve = ServeProcess(
+    with serving(
         "--workers", "1", "--log-format", "json", "--tokenizer", str(tokenizer_dir), "--source", "echo",
         "--step-interval-ms", "1",
-    )  # fmt: skip
-    try:
+    ) as serve:  # fmt: skip
         pids = list(serve.children())
         assert len(pids) == 3
         # --tokenizer reaches every process: the front encodes and the worker decodes with it (byte-level BPE, so
@@ -136,13 +132,10 @@ def test_other_tokenizer_json_logs_and_sigkilled_supervisor_leaves_no_orphans() 
         assert not serve.runtime_dir.exists()
         assert fresh.exists() and (fresh / PID_FILE).read_text().strip() == str(os.getpid())
         shutil.rmtree(fresh)
-    finally:
-        serve.cleanup()
 
 
 def test_dead_engine_stops_the_service_with_exit_code_1() -> None:
-    serve = ServeProcess("--workers", "1")
-    try:
+    with serving("--workers", "1") as serve:
         pids = list(serve.children())
         (engine,) = serve.child_pids("engine")
         os.kill(engine, signal.SIGKILL)
@@ -150,8 +143,6 @@ def test_dead_engine_stops_the_service_with_exit_code_1() -> None:
         assert all(not pid_alive(pid) for pid in pids)
         assert "engine exited" in serve.log()
         assert list(serve.xdg_dir.iterdir()) == []
-    finally:
-        serve.cleanup()
 
 
 def test_sweep_keeps_dirs_of_live_supervisors_and_foreign_dirs(tmp_path: Path) -> None:
