@@ -542,7 +542,10 @@ class BlockFormatter(ChatFormatter):
         self.block_text += text
         return self._added(kind, text)
 
-    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
+    def text_chunk(
+        self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
+    ) -> bytes:
+        """The events of a choice's news: each block's deltas, after the events that open it (never a chat chunk)."""
         events: list[bytes] = []
         parsed = ParsedOutput(content=text) if isinstance(text, str) else text
         for kind, news in ((REASONING, self._reasoning(parsed)), (TEXT, parsed.content)):
