@@ -47,15 +47,22 @@ Ids = list[int] | None
 _TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
 
 
+_ENCODED_MARK = _encode(_TEXT_MARK)
+
+
 class ChunkTemplate:
     """A text chunk pre-encoded around its text: per chunk only the text is encoded (same bytes as encoding
     the whole chunk)."""
 
     def __init__(self, encoded_with_mark: bytes) -> None:
-        self.prefix, self.suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
+        self.prefix, self.suffix = encoded_with_mark.split(_ENCODED_MARK)
 
     def fill(self, text: str) -> bytes:
         return self.prefix + _encode(text) + self.suffix
+
+    def framed(self, framing: sse.Framing) -> ChunkTemplate:
+        """The chunk's whole SSE event around its text."""
+        return ChunkTemplate(framing.event(self.prefix + _ENCODED_MARK + self.suffix))
 
 
 def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
@@ -226,13 +233,17 @@ class FormatterBase:
             return self._text_template(index, stream).fill(text)
         return self._text_chunk(index, text, stream, logprobs, token_ids)
 
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        """The SSE event of a text chunk of choice `index` before and after its JSON-encoded text, when its chunks
-        carry nothing but plain text (no parsers, logprobs, token ids or running usage); else None."""
+    def text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes] | None:
+        """What makes choice `index`'s SSE event(s) of a piece of text from the text alone, when its chunks carry
+        nothing but plain text (no parsers, logprobs, token ids or running usage); else None. The bus intake writes
+        them (edge.EventSink) while the handler waits: the same bytes, and the same formatter state after them, as
+        `framing.event(text_chunk(...))` on the handler's path."""
         if not self._templated or stream.parsed_reassembly is not None:
             return None
-        template = self._text_template(index, stream)
-        return b"data: " + template.prefix, template.suffix + b"\n\n"
+        return self._plain_text_event(index, stream)
+
+    def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
+        return self._text_template(index, stream).framed(self.framing).fill
 
     def _text_template(self, index: int, stream: RequestStream) -> ChunkTemplate:
         """Choice `index`'s text chunk around its text: only for chunks whose other fields do not change."""
@@ -509,8 +520,10 @@ class BlockFormatter(ChatFormatter):
         self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
         self._call = -1  # the tool call index of the open tool call block
 
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        return None
+    def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
+        """Its step itself (its framing adds nothing): the first text opens the text block, and its events may be
+        numbered."""
+        return lambda text: self.text_chunk(index, text, stream)
 
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         raise NotImplementedError
