@@ -521,9 +521,12 @@ class BlockFormatter(ChatFormatter):
         self._call = -1  # the tool call index of the open tool call block
 
     def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
-        """Its step itself (its framing adds nothing): the first text opens the text block, and its events may be
-        numbered."""
-        return lambda text: self.text_chunk(index, text, stream)
+        """Its own step (its framing adds nothing): the first text opens the text block, the rest is its deltas."""
+
+        def event(text: str) -> bytes:
+            return self._add(TEXT, text) if self.block == TEXT else self.text_chunk(index, text, stream)
+
+        return event
 
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         raise NotImplementedError
