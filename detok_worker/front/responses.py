@@ -47,22 +47,15 @@ Ids = list[int] | None
 _TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
 
 
-_ENCODED_MARK = _encode(_TEXT_MARK)
-
-
 class ChunkTemplate:
     """A text chunk pre-encoded around its text: per chunk only the text is encoded (same bytes as encoding
     the whole chunk)."""
 
     def __init__(self, encoded_with_mark: bytes) -> None:
-        self.prefix, self.suffix = encoded_with_mark.split(_ENCODED_MARK)
+        self.prefix, self.suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
 
     def fill(self, text: str) -> bytes:
         return self.prefix + _encode(text) + self.suffix
-
-    def framed(self, framing: sse.Framing) -> ChunkTemplate:
-        """The chunk's whole SSE event around its text."""
-        return ChunkTemplate(framing.event(self.prefix + _ENCODED_MARK + self.suffix))
 
 
 def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
@@ -234,16 +227,15 @@ class FormatterBase:
         return self._text_chunk(index, text, stream, logprobs, token_ids)
 
     def text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes] | None:
-        """What makes choice `index`'s SSE event(s) of a piece of text from the text alone, when its chunks carry
-        nothing but plain text (no parsers, logprobs, token ids or running usage); else None. The bus intake writes
-        them (edge.EventSink) while the handler waits: the same bytes, and the same formatter state after them, as
-        `framing.event(text_chunk(...))` on the handler's path."""
+        """What makes choice `index`'s SSE event(s) of a piece of text when its chunks carry nothing but plain text (no
+        parsers, logprobs, token ids or running usage), else None: for edge.EventSink, the same bytes and formatter
+        state as the handler's `framing.event(text_chunk(...))`."""
         if not self._templated or stream.parsed_reassembly is not None:
             return None
         return self._plain_text_event(index, stream)
 
     def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
-        return self._text_template(index, stream).framed(self.framing).fill
+        return ChunkTemplate(self.framing.event(self._text_chunk_with_mark(index, stream))).fill
 
     def _text_template(self, index: int, stream: RequestStream) -> ChunkTemplate:
         """Choice `index`'s text chunk around its text: only for chunks whose other fields do not change."""
