@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from sse_client import is_text
 
 HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
 def sse_app(events: list[bytes], step_s: float) -> Any:
     """The ASGI app: replays `events` (whole SSE events, `data: ...\\n\\n`), sleeping step_s before each text one."""
-    paced = [(b'"text":"' in event or b'"content":"' in event) and b'"usage":{' not in event for event in events]
+    paced = [is_text(event) and b'"usage":{' not in event for event in events]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

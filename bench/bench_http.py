@@ -10,7 +10,7 @@ shares the machine's cores with the server).
     python bench/bench_http.py [--clients 100 1000] [--requests 2] [--max-tokens 128] [--workers 2]
                                [--step-interval-ms 0 20] [--quick] [--json FILE]
     python bench/bench_http.py --per-chunk [--clients 500 1500] [--runs 3] [--fronts 2] [--quick]
-                               (http_per_chunk.py)
+                               [--endpoint completions|chat|messages|responses] (http_per_chunk.py)
     python bench/bench_http.py --request-cost [--clients 16] [--requests 25] [--runs 3] [--prompt-chars 1024]
                                [--no-stream] [--profile] (request_cost.py)
 """
@@ -126,6 +126,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="--per-chunk: runs per client count (medians)")
     parser.add_argument("--http", default="httptools", help="--per-chunk: the bare server's uvicorn HTTP protocol")
     parser.add_argument("--fronts", type=int, default=1, help="--per-chunk: front processes (detok serve --fronts)")
+    parser.add_argument(
+        "--endpoint", default="completions", choices=["completions", "chat", "messages", "responses"],
+        help="--per-chunk: the streaming API the clients call",
+    )  # fmt: skip
     parser.add_argument("--request-cost", action="store_true", help="front CPU per 1-token chat completion")
     parser.add_argument("--prompt-chars", type=int, default=1024, help="--request-cost: the user message's size")
     parser.add_argument("--no-stream", action="store_true", help="--request-cost: whole answers, not SSE")

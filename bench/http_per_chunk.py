@@ -82,23 +82,35 @@ def bare_server(events_file: str, step_ms: float, http: str) -> Iterator[tuple[s
             stop_child(proc, signal.SIGINT, 10.0)
 
 
+PATHS = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+    "responses": "/v1/responses",
+}
+ENDPOINT = "completions"  # the API the clients call (--endpoint): set by run_per_chunk
+
+
 def request_body(model: str, index: int, round_: int, max_tokens: int) -> bytes:
-    body = {
-        "model": model,
-        "prompt": f"Client {index} request {round_}: write something.",
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+    text = f"Client {index} request {round_}: write something."
+    usage = {"stream_options": {"include_usage": True}}
+    chat = [{"role": "user", "content": text}]
+    bodies = {
+        "completions": {"prompt": text, "max_tokens": max_tokens, **usage},
+        "chat": {"messages": chat, "max_tokens": max_tokens, **usage},
+        "messages": {"messages": chat, "max_tokens": max_tokens},
+        "responses": {"input": text, "max_output_tokens": max_tokens},
     }
-    return json.dumps(body).encode()
+    return json.dumps({"model": model, "stream": True, **bodies[ENDPOINT]}).encode()
 
 
 async def load(url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[StreamStats, float]:
     stats = StreamStats()
+    path = PATHS[ENDPOINT]
 
     async def client_loop(index: int) -> None:
         for round_ in range(requests):
-            await stream_completion(url, "/v1/completions", request_body(model, index, round_, max_tokens), stats)
+            await stream_completion(url, path, request_body(model, index, round_, max_tokens), stats)
 
     start = time.perf_counter()
     await asyncio.gather(*(client_loop(index) for index in range(clients)))
@@ -143,12 +155,17 @@ def measure(url: str, pids: list[int], model: str, clients: int, requests: int, 
 def capture_events(url: str, model: str, max_tokens: int) -> list[str]:
     captured: list[bytes] = []
     body = request_body(model, 0, 0, max_tokens)
-    asyncio.run(stream_completion(url, "/v1/completions", body, StreamStats(), captured))
+    asyncio.run(stream_completion(url, PATHS[ENDPOINT], body, StreamStats(), captured))
     return [event.decode() + "\n\n" for event in captured]
 
 
 def run_per_chunk(args: Any) -> list[dict[str, Any]]:
+    global ENDPOINT
+    ENDPOINT = args.endpoint
+    # the chat-shaped endpoints stream plain text (no reasoning parser), as completions do
+    plain = [] if ENDPOINT == "completions" else ["--set", "front.reasoning_parser=none"]
     serve_args = [
+        *plain,
         "--workers",
         str(args.workers),
         "--step-interval-ms",
@@ -162,8 +179,8 @@ def run_per_chunk(args: Any) -> list[dict[str, Any]]:
     ]
     step_ms = args.step_interval_ms[-1]
     print(
-        f"per chunk: engine step {step_ms} ms, {args.fronts} front process(es) and one bare server on uvicorn "
-        f"http={args.http}, {args.runs} runs\n"
+        f"per chunk ({ENDPOINT}): engine step {step_ms} ms, {args.fronts} front process(es) and one bare server on "
+        f"uvicorn http={args.http}, {args.runs} runs\n"
     )
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     loads: dict[int, list[str]] = {}

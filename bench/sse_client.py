@@ -27,7 +27,20 @@ def install_uvloop() -> None:
 
 
 EMPTY_TEXT = (b'"text":""', b'"content":""')
-TEXT_KEYS = (b'"text":"', b'"content":"')
+TEXT_KEYS = (b'"text":"', b'"content":"', b'"delta":"')  # OpenAI's and Anthropic's deltas; the Responses API's
+
+
+def is_text(event: bytes) -> bool:
+    """Whether an SSE event carries text."""
+    return any(key in event for key in TEXT_KEYS) and not any(empty in event for empty in EMPTY_TEXT)
+
+
+def output_tokens(event: bytes) -> int:
+    """The output tokens a usage event counts: OpenAI's usage chunk, Anthropic's message_start and message_delta,
+    the Responses API's response.completed."""
+    data = json.loads(event[event.index(b"data: ") + len(b"data: ") :])
+    usage = data.get("usage") or data.get("response", {}).get("usage") or {}
+    return int(usage.get("completion_tokens", usage.get("output_tokens", 0)))
 
 
 class StreamFailedError(Exception):
@@ -129,8 +142,8 @@ async def _read_events(
             capture.extend(events)
         for event in events:
             if b'"usage":{' in event:
-                usage = json.loads(event[len(b"data: ") :])["usage"]["completion_tokens"]
-            elif any(key in event for key in TEXT_KEYS) and not any(empty in event for empty in EMPTY_TEXT):
+                usage = output_tokens(event)
+            elif is_text(event):
                 if last is None:
                     stats.ttft_ms.append((now - start) * 1000)
                 else:

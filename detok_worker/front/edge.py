@@ -32,19 +32,20 @@ reaches below uvicorn's and Starlette's public API (a layout test holds it to th
   500 when no head is out, then re-raised (as Starlette's ServerErrorMiddleware); the route, its endpoint and empty
   path params in the scope, as the router sets them. Other paths and methods, and every request while CORS is on
   (its middleware must see them), take the stack.
-- **SSE events written from the bus intake** (`ConnectionWriter`, `EventSink`): a plain text stream's chunks go
-  from the dispatcher straight to its client's connection, with no task wakeup per event. A response whose chunks
-  depend on nothing but their text (responses.FormatterBase.text_event_parts: no parsers, logprobs, token ids or
-  running usage) gives each of its streams an EventSink. When a delta arrives, the stream hands its new text to the
-  sink (request_stream.RequestStream.accept_text), which encodes the event around it and writes it, as one HTTP/1.1
-  chunk, to the connection's transport, if the connection can take it now: the response's handler is parked
-  waiting for news with nothing in hand (`armed`), the transport is not paused by flow control (a slow client), and
-  the client is still there. Otherwise the text stays in the stream's buffer and the handler task writes it
-  through the ASGI send, which waits for the slow client (bounded by the output budget): a slow client never holds
-  anyone else back. The connection is uvicorn's httptools request-response cycle (the ASGI `send` the server gave
-  the app is its bound method): a chunked response once its head is sent, whose body chunks carry no state in the
-  cycle, so a chunk written here is the same bytes the cycle would write. Any other server (h11, an in-process test
-  client) gets no writer: every event then goes through the handler task.
+- **SSE events written from the bus intake** (`ConnectionWriter`, `EventSink`): a plain text stream's chunks go from
+  the dispatcher straight to its client's connection, with no task wakeup per event. A response of any streaming API
+  whose chunks depend on nothing but their text (responses.FormatterBase.text_event: no parsers, logprobs, token ids
+  or running usage) gives each of its streams an EventSink. When a delta arrives, the stream hands its new text to the
+  sink (request_stream.RequestStream.accept_text), which has the formatter make the event (OpenAI's chunk: a fixed
+  template around the encoded text; Anthropic's and the Responses API's: their block step, which opens the text block
+  and numbers the events) and writes it, as one HTTP/1.1 chunk, to the connection's transport, if the connection can
+  take it now: the response's handler is parked waiting for news with nothing in hand (`armed`), the transport is not
+  paused by flow control (a slow client), and the client is still there. Otherwise the text stays in the stream's
+  buffer and the handler task writes it through the ASGI send, which waits for the slow client (bounded by the output
+  budget): a slow client never holds anyone else back. The connection is uvicorn's httptools request-response cycle
+  (the ASGI `send` the server gave the app is its bound method): a chunked response once its head is sent, whose body
+  chunks carry no state in the cycle, so a chunk written here is the same bytes the cycle would write. Any other
+  server (h11, an in-process test client) gets no writer: every event then goes through the handler task.
 - **The draining server** (`DrainingServer`): the first stop signal drains the front before uvicorn shuts down.
 """
 
@@ -62,7 +63,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import uvicorn
 from starlette._utils import get_route_path as route_path
 from starlette.middleware import Middleware
@@ -426,9 +426,6 @@ class DirectRoutes:
         self._observer.observe(scope, status or NO_RESPONSE, started)
 
 
-_encode = msgspec.json.encode
-
-
 class _HeldTransport:
     """Stands in for the connection's transport in the cycle while the response's head is held: what the cycle
     writes is kept, and goes out in one write with what follows (ConnectionWriter.release, or a close)."""
@@ -519,23 +516,21 @@ def connection_writer(scope: Scope) -> ConnectionWriter | None:
 
 
 class EventSink:
-    """One choice's text events on a ConnectionWriter: the event's bytes before and after its JSON-encoded text are
-    fixed (responses.ChunkTemplate), so per event only the text is encoded."""
+    """One choice's text events on a ConnectionWriter, each as one HTTP/1.1 chunk; `event` makes them from the text
+    (responses.FormatterBase.text_event: the formatter's own bytes and state), only once the connection takes them."""
 
-    __slots__ = ("_writer", "_prefix", "_suffix", "_framing")
+    __slots__ = ("_writer", "_event")
 
-    def __init__(self, writer: ConnectionWriter, prefix: bytes, suffix: bytes) -> None:
+    def __init__(self, writer: ConnectionWriter, event: Callable[[str], bytes]) -> None:
         self._writer = writer
-        self._prefix = prefix  # b"data: " + the chunk's JSON up to its text
-        self._suffix = suffix + b"\r\n"  # the JSON after its text, the event's blank line, the HTTP chunk's end
-        self._framing = len(prefix) + len(suffix)
+        self._event = event
 
     def write(self, text: str) -> bool:
         writer = self._writer
         if not writer.ready():
             return False
-        payload = _encode(text)
-        writer.write(b"".join((b"%x\r\n" % (self._framing + len(payload)), self._prefix, payload, self._suffix)))
+        event = self._event(text)
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
         return True
 
 

@@ -492,10 +492,10 @@ class Generation:
 
 def _attach_sinks(choices: Choices, formatter: Formatter | BatchFormatter, writer: ConnectionWriter) -> bool:
     """Give every choice's stream an EventSink on `writer` when all their chunks are plain text; False if not."""
-    parts = [formatter.text_event_parts(index, stream) for index, stream in enumerate(choices.streams)]
-    if any(part is None for part in parts):
+    events = [formatter.text_event(index, stream) for index, stream in enumerate(choices.streams)]
+    if any(event is None for event in events):
         return False
-    for stream, part in zip(choices.streams, parts, strict=True):
-        assert part is not None
-        stream.sink = EventSink(writer, *part)
+    for stream, event in zip(choices.streams, events, strict=True):
+        assert event is not None
+        stream.sink = EventSink(writer, event)
     return True

@@ -9,6 +9,7 @@ A prompt that fails fails the request with its error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -82,8 +83,8 @@ class BatchFormatter:
     ) -> bytes:
         return self._of(index).text_chunk(index, text, stream, logprobs, token_ids)
 
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        return self._of(index).text_event_parts(index, stream)
+    def text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes] | None:
+        return self._of(index).text_event(index, stream)
 
     def final_chunk(self, index: int, stream: RequestStream) -> bytes:
         return self._of(index).final_chunk(index, stream)

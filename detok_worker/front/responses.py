@@ -226,13 +226,16 @@ class FormatterBase:
             return self._text_template(index, stream).fill(text)
         return self._text_chunk(index, text, stream, logprobs, token_ids)
 
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        """The SSE event of a text chunk of choice `index` before and after its JSON-encoded text, when its chunks
-        carry nothing but plain text (no parsers, logprobs, token ids or running usage); else None."""
+    def text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes] | None:
+        """What makes choice `index`'s SSE event(s) of a piece of text when its chunks carry nothing but plain text (no
+        parsers, logprobs, token ids or running usage), else None: for edge.EventSink, the same bytes and formatter
+        state as the handler's `framing.event(text_chunk(...))`."""
         if not self._templated or stream.parsed_reassembly is not None:
             return None
-        template = self._text_template(index, stream)
-        return b"data: " + template.prefix, template.suffix + b"\n\n"
+        return self._plain_text_event(index, stream)
+
+    def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
+        return ChunkTemplate(self.framing.event(self._text_chunk_with_mark(index, stream))).fill
 
     def _text_template(self, index: int, stream: RequestStream) -> ChunkTemplate:
         """Choice `index`'s text chunk around its text: only for chunks whose other fields do not change."""
@@ -509,8 +512,13 @@ class BlockFormatter(ChatFormatter):
         self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
         self._call = -1  # the tool call index of the open tool call block
 
-    def text_event_parts(self, index: int, stream: RequestStream) -> tuple[bytes, bytes] | None:
-        return None
+    def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
+        """Its own step (its framing adds nothing): the first text opens the text block, the rest is its deltas."""
+
+        def event(text: str) -> bytes:
+            return self._add(TEXT, text) if self.block == TEXT else self.text_chunk(index, text, stream)
+
+        return event
 
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         raise NotImplementedError
@@ -542,7 +550,10 @@ class BlockFormatter(ChatFormatter):
         self.block_text += text
         return self._added(kind, text)
 
-    def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
+    def text_chunk(
+        self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
+    ) -> bytes:
+        """The events of a choice's news: each block's deltas, after the events that open it (never a chat chunk)."""
         events: list[bytes] = []
         parsed = ParsedOutput(content=text) if isinstance(text, str) else text
         for kind, news in ((REASONING, self._reasoning(parsed)), (TEXT, parsed.content)):

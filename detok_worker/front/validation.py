@@ -238,11 +238,17 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
 }
 _REFUSED_COMPLETION: dict[str, Callable[[Any], bool]] = dict.fromkeys(("suffix", "prompt_embeds"), is_set)
 _REFUSED_CHAT: dict[str, Callable[[Any], bool]] = {
-    **dict.fromkeys(
-        ("chat_template", "audio", "functions", "function_call", "prediction", "moderation", "prompt_cache_options"),
-        is_set,
-    ),
-    **dict.fromkeys(("prompt_cache_retention", "verbosity", "web_search_options", "mm_processor_kwargs"), is_set),
+    "chat_template": is_set,
+    "audio": is_set,
+    "functions": is_set,
+    "function_call": is_set,
+    "prediction": is_set,
+    "moderation": is_set,
+    "prompt_cache_options": is_set,
+    "prompt_cache_retention": is_set,
+    "verbosity": is_set,
+    "web_search_options": is_set,
+    "mm_processor_kwargs": is_set,
     "store": truthy,
     "service_tier": other_than(None, "auto", "default"),
     "modalities": other_than(None, ["text"]),

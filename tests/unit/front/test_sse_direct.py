@@ -5,7 +5,10 @@ otherwise the text is buffered for the handler, and once buffered later text que
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +17,9 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from detok_worker.bus.messages import DetokParams, TextDelta
 from detok_worker.front import sse
+from detok_worker.front.anthropic_api import MessagesFormatter
 from detok_worker.front.edge import ConnectionWriter, EventSink, connection_writer
+from detok_worker.front.openai_responses import ResponsesFormatter
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import ChatFormatter, ChunkUsage, CompletionFormatter
 from detok_worker.stream.stop.rules import StopLimits, StopRules
@@ -66,9 +71,9 @@ def stream_with_sink(formatter: Any) -> tuple[RequestStream, ConnectionWriter, R
     writer = connection_writer({sse.SERVER_SEND: cycle.send, "method": "POST"})
     assert writer is not None
     stream = RequestStream("r", 3, 1e18, StopRules.from_params(DetokParams(), StopLimits()))
-    parts = formatter.text_event_parts(0, stream)
-    assert parts is not None
-    stream.sink = EventSink(writer, *parts)
+    event = formatter.text_event(0, stream)
+    assert event is not None
+    stream.sink = EventSink(writer, event)
     return stream, writer, cycle, transport
 
 
@@ -87,6 +92,38 @@ def test_a_direct_write_is_the_bytes_uvicorn_writes(make_formatter: Any, text: s
     assert stream.accept_text(0, text, 1) == text
     assert transport.written == [uvicorn_bytes(sse.event(formatter.text_chunk(0, text, stream)))]
     assert (stream.has_news, stream.pending_chars, stream.wakeup.is_set()) == (False, 0, False)
+
+
+@pytest.mark.parametrize("formatter_type", [MessagesFormatter, ResponsesFormatter])
+def test_a_block_streams_direct_writes_are_its_handler_path_events(
+    formatter_type: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anthropic's and the Responses API's text events written from the intake are the events the handler writes
+    for the same deltas (the text block opened once, the events numbered on), and the events after them (the block's
+    close with its whole text, the usage) come out the same."""
+    texts = ["Hello", ' "quoted" \\ \n', "é 中文 🙂"]
+
+    def run(direct: bool) -> tuple[list[bytes], bytes]:
+        ids = itertools.count()
+        monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=next(ids)))  # item ids and signatures
+        formatter = formatter_type("resp-a", "m", ChunkUsage(True, False))
+        formatter.created = 0
+        stream, writer, _, transport = stream_with_sink(formatter)
+        events = formatter.first_chunks(0, stream)
+        offset = 0
+        for n_tokens, text in enumerate(texts, 1):
+            writer.armed = direct  # else the text is buffered, and the handler takes it
+            assert stream.accept_text(offset, text, n_tokens) == text and stream.has_news is not direct
+            if not direct:
+                events.append(uvicorn_bytes(formatter.text_chunk(0, stream.take(), stream)))
+            offset += len(text)
+        stream.accept(TextDelta("r", offset, "", len(texts), finish="length"))
+        tail = formatter.final_chunk(0, stream) + formatter.usage_chunk(SimpleNamespace(streams=[stream]))
+        return events + transport.written, tail
+
+    handler_events, handler_tail = run(direct=False)
+    assert run(direct=True) == (handler_events, handler_tail)
+    assert len(handler_events) == len(texts) + (1 if formatter_type is MessagesFormatter else 2)
 
 
 def test_text_is_buffered_unless_the_handler_is_parked_and_the_connection_takes_it() -> None:
@@ -121,9 +158,11 @@ def test_only_plain_text_chunks_and_only_uvicorn_httptools_connections_go_direct
     rules = StopRules.from_params(DetokParams(), StopLimits())
     plain = RequestStream("r", 3, 1e18, rules)
     parsed = RequestStream("r", 3, 1e18, rules, parsed=True)
-    assert ChatFormatter("c", "m", ChunkUsage(False, False)).text_event_parts(0, parsed) is None
-    assert ChatFormatter("c", "m", ChunkUsage(True, True)).text_event_parts(0, plain) is None  # running usage
-    assert CompletionFormatter("c", "m", ChunkUsage(False, False), logprobs=True).text_event_parts(0, plain) is None
+    assert ChatFormatter("c", "m", ChunkUsage(False, False)).text_event(0, parsed) is None
+    assert MessagesFormatter("c", "m", ChunkUsage(True, False)).text_event(0, parsed) is None
+    assert ResponsesFormatter("c", "m", ChunkUsage(True, False)).text_event(0, parsed) is None
+    assert ChatFormatter("c", "m", ChunkUsage(True, True)).text_event(0, plain) is None  # running usage
+    assert CompletionFormatter("c", "m", ChunkUsage(False, False), logprobs=True).text_event(0, plain) is None
 
     async def other_send(message: Any) -> None:
         pass

@@ -1,0 +1,69 @@
+"""Anthropic's Messages and OpenAI's Responses streams of plain text (no parser: its answer is all text) on the
+front against a played engine: their own named events, never a chat chunk, with the whole answer's text in one
+block, and (Responses) every event numbered in order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from helpers.front_harness import FrontUnderTest, running_front
+from helpers.serve_helpers import named_sse_events
+
+ASK = "Hello there, how are you?"
+
+
+@pytest.fixture(scope="module")
+def front(qwen3: Any) -> Iterator[FrontUnderTest]:
+    with running_front(qwen3, **{"front.reasoning_parser": "none"}) as f:
+        yield f
+
+
+def streamed(front: FrontUnderTest, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", f"{front.url}{path}", json={**body, "stream": True}, timeout=30) as response:
+        assert response.status_code == 200
+        return named_sse_events([line for line in response.iter_lines() if line])
+
+
+def test_a_messages_stream_of_text_is_one_text_block(front: FrontUnderTest) -> None:
+    body = {"model": "qwen3", "max_tokens": 64, "messages": [{"role": "user", "content": ASK}]}
+    whole = httpx.post(f"{front.url}/v1/messages", json=body, timeout=30).json()
+    events = streamed(front, "/v1/messages", body)
+    kinds = [event["type"] for event in events]
+    deltas = [event for event in events if event["type"] == "content_block_delta"]
+    assert kinds == ["message_start", "content_block_start", *["content_block_delta"] * len(deltas)] + [
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert len(deltas) > 1 and events[1]["content_block"] == {"type": "text", "text": ""}
+    assert all(delta["index"] == 0 and delta["delta"]["type"] == "text_delta" for delta in deltas)
+    assert "".join(delta["delta"]["text"] for delta in deltas) == whole["content"][0]["text"]
+    assert events[-2]["usage"] == whole["usage"]
+
+
+def test_a_responses_stream_of_text_is_one_message_numbered_in_order(front: FrontUnderTest) -> None:
+    body = {"model": "qwen3", "input": ASK, "max_output_tokens": 64}
+    whole = httpx.post(f"{front.url}/v1/responses", json=body, timeout=30).json()
+    events = streamed(front, "/v1/responses", body)
+    kinds = [event["type"] for event in events]
+    deltas = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * len(deltas),
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    text = whole["output"][0]["content"][0]["text"]
+    assert len(deltas) > 1 and "".join(delta["delta"] for delta in deltas) == text
+    item_id = events[2]["item"]["id"]
+    assert all(delta["item_id"] == item_id and delta["output_index"] == 0 for delta in deltas)
+    assert events[-4]["text"] == text and events[-1]["response"]["output"][0]["content"][0]["text"] == text
