@@ -359,7 +359,7 @@ class ResponsesFormatter(BlockFormatter):
         return self._event("response.output_text.delta", {**where, "content_index": 0, "delta": text, "logprobs": []})
 
     def _closed(self, kind: str) -> list[bytes]:
-        item, text = self._items[-1], self.block_text
+        item, text = self._items[-1], "".join(self.block_pieces)
         _complete(item, kind, text)
         where = {"item_id": item["id"], "output_index": self.blocks - 1}
         if kind == TOOL_CALL:

@@ -508,7 +508,7 @@ class BlockFormatter(ChatFormatter):
         super().__init__(*args, **kwargs)
         self.block = ""  # the open block's kind ("" = none)
         self.blocks = 0  # blocks opened so far (the open one is the last)
-        self.block_text = ""  # the open block's text (its arguments, for a tool call) so far
+        self.block_pieces: list[str] = []  # the open block's text (its arguments, for a tool call) so far
         self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
         self._call = -1  # the tool call index of the open tool call block
 
@@ -535,7 +535,7 @@ class BlockFormatter(ChatFormatter):
 
     def _open(self, kind: str, name: str = "", call_id: str = "") -> list[bytes]:
         events = self._close()
-        self.block, self.block_text = kind, ""
+        self.block, self.block_pieces = kind, []
         self.blocks += 1
         return [*events, *self._opened(kind, name, call_id)]
 
@@ -547,7 +547,7 @@ class BlockFormatter(ChatFormatter):
         return events
 
     def _add(self, kind: str, text: str) -> bytes:
-        self.block_text += text
+        self.block_pieces.append(text)  # joined once, at its close: a += on an attribute copies the whole text
         return self._added(kind, text)
 
     def text_chunk(
