@@ -1,6 +1,7 @@
 """A worker's per-rid record (RidState), how a rid ends, and the decoder outputs that are not plain text: a stop
 (string, stop token), a bad id, the engine's finish, a parsed request's step. The base of WorkerState (state.py):
-the same per-rid table and counters, in their own module so the hot path (state.py) stays readable.
+the same per-rid table and counters, in their own module so the hot path (state.py) stays readable. RecentlyEnded:
+the rids that ended here lately.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.stream.stop.decoder import StopSequenceDecoder
 from detok_worker.stream.stop.outputs import StopBatchOutput
-from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.parsing import RidParsing
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,26 @@ log = logging.getLogger(__name__)
 BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 ENGINE_ERROR = "the engine ended the request with an error"
+
+
+class RecentlyEnded:
+    """Bounded insertion-ordered set of rids that ended here, so their late tokens are dropped quietly."""
+
+    def __init__(self, capacity: int) -> None:
+        self._rids: dict[str, None] = {}
+        self._capacity = capacity
+
+    def add(self, rid: str) -> None:
+        self._rids.pop(rid, None)
+        self._rids[rid] = None
+        if len(self._rids) > self._capacity:
+            del self._rids[next(iter(self._rids))]
+
+    def discard(self, rid: str) -> None:
+        self._rids.pop(rid, None)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._rids
 
 
 @dataclass(slots=True)

@@ -16,6 +16,8 @@ has no text: "" and no bytes (NO_TEXT).
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from detok_worker.bus.messages import LogprobText, TokenLogprob
 from detok_worker.stream.decode import byte_decoding_for
 from detok_worker.stream.decode.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
@@ -76,7 +78,7 @@ class TokenTexts:
             context = []
         entries = []
         for token_id, entry in zip(ids, logprobs, strict=True):
-            ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
+            ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=itemgetter(0), reverse=True)
             top = [
                 LogprobText(*self._at(top_id, context, model_vocab_size), value, token_id=top_id)
                 for value, top_id in ranked
@@ -92,7 +94,3 @@ class TokenTexts:
         if token.endswith(REPLACEMENT):
             return self._strings.at(token_id, context), data
         return token, data
-
-
-def _by_value(pair: tuple[float, int]) -> float:
-    return pair[0]

@@ -35,8 +35,7 @@ from detok_worker.errors import ParameterError
 from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.worker.ended import RecentlyEnded
-from detok_worker.worker.endings import RidEndings, RidState
+from detok_worker.worker.endings import RecentlyEnded, RidEndings, RidState
 from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops
 from detok_worker.worker.parsing import parsing_for

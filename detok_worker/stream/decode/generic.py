@@ -72,7 +72,8 @@ def probe_token_for(tokenizer: Tokenizer) -> int | None:
     return cached(tokenizer, "generic_probe", lambda: _find_probe(tokenizer))
 
 
-def _common_prefix_length(a: str, b: str) -> int:
+def common_prefix_length(a: str, b: str) -> int:
+    """How many leading characters a and b share."""
     if b.startswith(a):
         return len(a)
     n = min(len(a), len(b))
@@ -189,12 +190,12 @@ class GenericDecodeStream(DecodeStream):
         else:
             if probed is None:
                 probed = self._decode([[*ids, self._probe]])[0]
-            end = _common_prefix_length(text, probed)
+            end = common_prefix_length(text, probed)
         if self._bytes is not None:
             unfinished = self._bytes.unfinished(ids)
             if unfinished:
                 completed = self._decode([[*ids, *self._bytes.ids(completion(unfinished))]])[0]
-                end = min(end, _common_prefix_length(text, completed))
+                end = min(end, common_prefix_length(text, completed))
             return end
         while end > 0 and text[end - 1] == REPLACEMENT:
             end -= 1
