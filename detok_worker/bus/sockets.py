@@ -30,7 +30,10 @@ from detok_worker.config import BusConfig, DetokConfig
 LINGER_MS = 200  # long enough for a last Goodbye/TextBatch to leave, short enough for a prompt exit
 
 
-def _decode_z85_key(key: str, name: str) -> bytes:
+def _decode_z85_key(key: str, name: str) -> bytes | None:
+    """bus.<name>, checked; None when it is not set."""
+    if not key:
+        return None
     if len(key) != 40:
         raise CurveKeyError(f"bus.{name} must be a 40-character Z85 CURVE key (got {len(key)} characters)")
     try:
@@ -44,16 +47,8 @@ class CurveKeys:
     """The server key pair from the config (the secret only where a process binds tcp)."""
 
     def __init__(self, bus: BusConfig) -> None:
-        self.server_public = (
-            _decode_z85_key(bus.curve_server_public_key, "curve_server_public_key")
-            if bus.curve_server_public_key
-            else None
-        )
-        self.server_secret = (
-            _decode_z85_key(bus.curve_server_secret_key, "curve_server_secret_key")
-            if bus.curve_server_secret_key
-            else None
-        )
+        self.server_public = _decode_z85_key(bus.curve_server_public_key, "curve_server_public_key")
+        self.server_secret = _decode_z85_key(bus.curve_server_secret_key, "curve_server_secret_key")
         if self.server_secret is not None:
             derived = zmq.curve_public(self.server_secret)
             if self.server_public is None:
@@ -118,10 +113,8 @@ class BusSockets:
 
     def front_pushes(self) -> list[zmq.Socket[Any]]:
         """Workers and the engine: one PUSH per front process (front.processes), by front index."""
-        pushes = [self.front_push()]
-        for endpoint in front_endpoints(self.endpoints, self.config.front.processes)[1:]:
-            pushes.append(self._connect(self._new(zmq.PUSH), endpoint))
-        return pushes
+        endpoints = front_endpoints(self.endpoints, self.config.front.processes)
+        return [self._connect(self._new(zmq.PUSH), endpoint) for endpoint in endpoints]
 
     def watch_drops(self, sock: zmq.Socket[Any]) -> None:
         """Count the connections `sock` loses from now on (`dropped_connections`): a frame over
