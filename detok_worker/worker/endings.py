@@ -102,10 +102,10 @@ class RidEndings:
         tokenizer lacks)."""
         self._consumed(state, ids, out)
         text = out.text
-        if state.parsing is not None:
-            self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
-        elif out.stopped or out.error is not None:
+        if out.stopped or out.error is not None:
             self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+        elif state.parsing is not None:
+            self.chars_out += self._parsed_step(rid, state, text, deltas, finishes)
         elif text:
             add_delta(deltas, TextDelta(rid, state.offset, text, state.n_tokens))
             state.offset += len(text)
@@ -121,15 +121,9 @@ class RidEndings:
         if state.parsing is not None:
             state.parsing.count(ids[:consumed])
 
-    def _parsed_step(
-        self, rid: str, state: RidState, out: StopBatchOutput, deltas: TextBatch, finishes: list[Finish]
-    ) -> int:
-        """The item step of a request with parsers: the text's split goes with it; a stop string in the content
-        ends the request. Returns the characters emitted."""
-        text = out.text
-        if out.stopped or out.error is not None:
-            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
-            return 0
+    def _parsed_step(self, rid: str, state: RidState, text: str, deltas: TextBatch, finishes: list[Finish]) -> int:
+        """The item step of a request with parsers that the decoder did not end: the text's split goes with it; a
+        stop string in the content ends the request. Returns the characters emitted."""
         if not text:
             return 0
         assert state.parsing is not None
