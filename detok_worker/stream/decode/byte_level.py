@@ -68,9 +68,6 @@ class ByteLevelDecodeStream(TableDecodeStream):
     def tokens(self) -> tuple[int, ...]:
         return ()  # this path keeps the bytes of an unfinished character, never ids
 
-    def whole_texts(self) -> Sequence[str | None] | None:
-        return None if self.pending else self._texts
-
     def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
         if self._owed:  # the pending bytes' character is the prompt's: step() strips it, a memo lookup would not
             return (None if self.pending else self._texts), None

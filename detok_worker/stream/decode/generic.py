@@ -31,19 +31,33 @@ what the newest ids added. It fixes their known faults:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from detok_worker.stream.decode.base import DecodeStream
-from detok_worker.stream.decode.batch import batch_decoder
 from detok_worker.stream.decode.byte_tokens import byte_tokens_for
 from detok_worker.stream.decode.registry import cached
 from detok_worker.stream.decode.utf8 import completion, is_well_formed, unfinished_length
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check
+from detok_worker.tokenizer.protocol import DecodesBatch, InvalidTokenIdError, Tokenizer, id_check
 
 PROMPT_CONTEXT_TOKENS = 5
 MAX_PROMPT_CONTEXT_TOKENS = 64
 MAX_HELD_TOKENS = 128
 REPLACEMENT = "\ufffd"
+
+BatchDecode = Callable[[list[list[int]]], list[str]]
+
+
+def batch_decoder(tokenizer: Tokenizer, skip_special_tokens: bool, *, large: bool = True) -> BatchDecode:
+    """decode for several id lists in one call, with this skip_special_tokens setting: the backend's decode_batch
+    when it has one (one call into Rust).
+
+    large=False is for a handful of short lists per call (the generic stream's windows): a parallel decode_batch
+    costs more to dispatch (~10 us) than a few plain decode calls."""
+    if large and isinstance(tokenizer, DecodesBatch):
+        decode_batch = tokenizer.decode_batch
+        return lambda sequences: decode_batch(sequences, skip_special_tokens)
+    decode = tokenizer.decode
+    return lambda sequences: [decode(ids, skip_special_tokens) for ids in sequences]
 
 
 def _find_probe(tokenizer: Tokenizer) -> int | None:

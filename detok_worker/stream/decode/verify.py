@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from detok_worker.stream.decode.batch import batch_decoder
 from detok_worker.stream.decode.byte_fallback import ByteFallbackDecodeStream
 from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
+from detok_worker.stream.decode.generic import batch_decoder
 from detok_worker.stream.decode.tables import ByteDecoding
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 

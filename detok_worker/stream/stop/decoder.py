@@ -165,7 +165,8 @@ class StopSequenceDecoder:
             return StopBatchOutput("", True, self._stop_reason, 0)
         stop_tokens = self._stop_tokens
         if stop_tokens and not stop_tokens.isdisjoint(ids):
-            stop_index = self._first_stop_token(ids)
+            first_checked = max(self._min_tokens - self.num_generated, 0)  # the first id whose stop token counts
+            stop_index = next((k for k in range(first_checked, len(ids)) if ids[k] in stop_tokens), -1)
             if stop_index >= 0:
                 return self._process_with_stop_token(ids, stop_index)
         try:
@@ -281,12 +282,6 @@ class StopSequenceDecoder:
             self._stop_reason = reason
             return StoppedWithText(text, reason) if text else Stopped(reason)
         return Text(text)
-
-    def _first_stop_token(self, ids: Sequence[int]) -> int:
-        """Index of the first stop token id that counts (past min_tokens), or -1."""
-        stop_tokens = self._stop_tokens
-        first_checked = max(self._min_tokens - self.num_generated, 0)
-        return next((k for k in range(first_checked, len(ids)) if ids[k] in stop_tokens), -1)
 
     def _process_with_stop_token(self, ids: Sequence[int], stop_index: int) -> StopBatchOutput:
         """process_tokens for ids whose stop_index-th id is a stop token that counts."""
