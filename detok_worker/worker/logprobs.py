@@ -37,13 +37,6 @@ class TokenTexts:
         self._strings = TokenStrings(tokenizer)
         self._loaded = False
 
-    def _load_table(self) -> None:
-        decoding = byte_decoding_for(self.tokenizer)
-        if decoding is not None:
-            self._pieces = decoding.keep.pieces
-            self._byte_values = decoding.keep.byte_values
-        self._loaded = True
-
     def of(self, token_id: int, model_vocab_size: int = 0) -> tuple[str, bytes]:
         """(token string, token bytes) of an id; NO_TEXT for one the tokenizer lacks below `model_vocab_size` (the
         engine's vocabulary size, 0: not known), which is not cached: another engine's request may not know it."""
@@ -51,7 +44,10 @@ class TokenTexts:
         if found is not None:
             return found
         if not self._loaded:
-            self._load_table()
+            decoding = byte_decoding_for(self.tokenizer)
+            if decoding is not None:
+                self._pieces, self._byte_values = decoding.keep.pieces, decoding.keep.byte_values
+            self._loaded = True
         try:
             self._strings.check([token_id])
             token = self._strings.of(token_id)

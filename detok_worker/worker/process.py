@@ -92,17 +92,14 @@ class RunawayGuard:
         self._stretch_s += self.interval_s
         # raised only into a rid's own decode or parse code: never into a library (a lock held by logging or zmq
         # would stay held) nor into the worker's bookkeeping between rids; else the next firing tries again
-        if self._stretch_s >= self.limit_s and frame is not None and _is_rid_code(frame):
+        module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+        if self._stretch_s >= self.limit_s and module.startswith(RID_CODE_PACKAGES):
             self._stretch_s = 0.0
             raise RunawayWork(f"it took more than {self.limit_s:g} s of CPU (worker.runaway_cpu_s)")
         self._tick()
 
 
 RID_CODE_PACKAGES = ("detok_worker.stream.", "detok_worker.parse.", "detok_worker.tokenizer.")
-
-
-def _is_rid_code(frame: FrameType) -> bool:
-    return str(frame.f_globals.get("__name__", "")).startswith(RID_CODE_PACKAGES)
 
 
 class WorkerProcess:

@@ -86,6 +86,9 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
                 texts[token_id] = None
     skip_texts, skip_pieces = list(texts), list(pieces)
     skip_byte_values = None if byte_values is None else list(byte_values)
+    text_enders: frozenset[int] = frozenset()
+    if table.skipped_special_ends_text and not table.byte_fallback:
+        text_enders = frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)
     for token_id in special_ids:
         if 0 <= token_id < vocab_size and pieces[token_id] is not None:
             skip_texts[token_id] = None
@@ -98,11 +101,5 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
         strip_leading_spaces=table.strip_leading_spaces,
         unknown_ids=frozenset(i for i, piece in enumerate(pieces) if piece is None),
         keep=DecodeTables(texts, pieces, byte_values),
-        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values, _skipped_text_enders(table, special_ids)),
+        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values, text_enders),
     )
-
-
-def _skipped_text_enders(table: TokenBytesTable, special_ids: frozenset[int]) -> frozenset[int]:
-    if not table.skipped_special_ends_text or table.byte_fallback:
-        return frozenset()
-    return frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)

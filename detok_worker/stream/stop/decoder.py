@@ -144,9 +144,7 @@ class StopSequenceDecoder:
         if result.error is not None:
             raise self._last_error
         if result.stopped:
-            if result.text:
-                return StoppedWithText(result.text, result.stop_reason)
-            return Stopped(result.stop_reason)
+            return StoppedWithText(result.text, result.stop_reason) if result.text else Stopped(result.stop_reason)
         return Text(result.text) if result.text else HELD
 
     def process_tokens(self, ids: Sequence[int]) -> StopBatchOutput:
