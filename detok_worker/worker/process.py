@@ -117,7 +117,6 @@ class WorkerProcess:
         self.sockets = BusSockets(config)
         self.to_engine = self.sockets.worker_dealer(worker_id)
         self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
-        self.to_front = self.to_fronts[0]
         self.rid_fronts: dict[str, int] = {}  # live rid -> its front, for rids of fronts other than 0
         self._prune_fronts = False
         self.stopping = False

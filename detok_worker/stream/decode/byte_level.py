@@ -74,24 +74,14 @@ class ByteLevelDecodeStream(TableDecodeStream):
         return self._texts, self._memo
 
     def step(self, token_id: int) -> str | None:
-        if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id
-            return self._feed_id(token_id) or None
-        pending = self.pending
-        if not pending:
+        if not self.pending and type(token_id) is int and token_id >= 0:
             try:
                 text = self._texts[token_id]  # None for anything but a whole-character token (see DecodeTables)
             except IndexError:
                 text = None
             if text is not None:
                 return text
-        known = self._memo.get((pending, token_id))  # _feed_id() inlined: a memo hit is the common off-lookup step
-        if known is None:
-            return self._feed_id(token_id) or None
-        text, self.pending = known
-        if self._owed and text:
-            self._owed = 0
-            return text[1:] or None
-        return text or None
+        return self._feed_id(token_id) or None
 
     def step_batch(self, ids: Sequence[int]) -> list[str]:
         if len(ids) == 1:

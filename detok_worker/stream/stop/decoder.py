@@ -83,8 +83,6 @@ class StopSequenceDecoder:
             automaton = compile_stop_strings(config.stop_sequences, config.visible_stop_sequences)
             self._filter = StopStringFilter(automaton)
             self._passes, self._scans = automaton.root_passthrough, automaton.memo
-        self._stream = self._new_stream()
-        self.num_generated = 0  # generated tokens processed so far (including a stop token); read-only outside
         self._stop_reason: StopReason | None = None
         self._last_error: InvalidTokenIdError | None = None
         # What process_one steps the stream by instead of calling it (DecodeStream.lookup_tables), renewed after
@@ -95,7 +93,7 @@ class StopSequenceDecoder:
         self._memo: FeedMemo | None = None
         self._memo_stream: ByteLevelDecodeStream | None = None
         self._texts: Sequence[str | None] | None = None
-        self._renew_lookups()
+        self.reset()
 
     @property
     def config(self) -> StopSequenceConfig:
@@ -120,20 +118,17 @@ class StopSequenceDecoder:
         """Text held back because it may be the start of a stop string."""
         return self._filter.held if self._filter is not None else ""
 
-    def _new_stream(self) -> DecodeStream:
-        return create_decode_stream(
+    def reset(self) -> None:
+        """Start over as if freshly built (same tokenizer, config, prompt and options)."""
+        self._stream: DecodeStream = create_decode_stream(
             self._tokenizer,
             self._prompt_ids,
             self._skip_special_tokens,
             spaces_between_special_tokens=self._spaces_between_special_tokens,
         )
-
-    def reset(self) -> None:
-        """Start over as if freshly built (same tokenizer, config, prompt and options)."""
-        self._stream = self._new_stream()
         if self._filter is not None:
             self._filter.reset()
-        self.num_generated = 0
+        self.num_generated = 0  # generated tokens processed so far (including a stop token); read-only outside
         self._stop_reason = None
         self._renew_lookups()
 
