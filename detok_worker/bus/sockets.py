@@ -84,18 +84,18 @@ class BusSockets:
 
     def engine_pull(self) -> zmq.Socket[Any]:
         """Engine: receives Submit/Abort from the front."""
-        return self._bind(zmq.PULL, self.endpoints.engine)
+        return self._bind(self._new(zmq.PULL), self.endpoints.engine)
 
     def worker_router(self) -> zmq.Socket[Any]:
         """Engine: talks to every worker; a restarted worker with the same id takes over its route."""
         sock = self._new(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        return self._bind_socket(sock, self.endpoints.workers)
+        return self._bind(sock, self.endpoints.workers)
 
     def front_pull(self, index: int = 0) -> zmq.Socket[Any]:
         """Front `index` (or a collector): TextBatch/WorkerStats from workers, Reject/EngineStats from the engine."""
-        return self._bind(zmq.PULL, front_endpoint(self.endpoints, index))
+        return self._bind(self._new(zmq.PULL), front_endpoint(self.endpoints, index))
 
     def engine_push(self) -> zmq.Socket[Any]:
         """Front: sends Submit/Abort to the engine."""
@@ -164,10 +164,7 @@ class BusSockets:
         self._sockets.append(sock)
         return sock
 
-    def _bind(self, socket_type: int, endpoint: str) -> zmq.Socket[Any]:
-        return self._bind_socket(self._new(socket_type), endpoint)
-
-    def _bind_socket(self, sock: zmq.Socket[Any], endpoint: str) -> zmq.Socket[Any]:
+    def _bind(self, sock: zmq.Socket[Any], endpoint: str) -> zmq.Socket[Any]:
         check_bind_allowed(endpoint, self.curve, self.config.bus)
         if endpoint.startswith("tcp://") and self.curve.can_serve:
             sock.setsockopt(zmq.CURVE_SERVER, 1)

@@ -255,7 +255,7 @@ class WorkerState(RidEndings):
             self._end_with_error(rid, None, "", message, out, finishes, BAD_STOP_BUDGET)
             return
         try:
-            parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
+            parsing = parsing_for(rules, self.tokenizer, open_.prompt_tail)
             if plan is None:
                 plan = OpenPlan(rules, stop_chars, prepare_stops(self.tokenizer, rules, parsing is not None))
                 self.open_plans.add(key, plan)

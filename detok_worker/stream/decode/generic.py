@@ -169,10 +169,7 @@ class GenericDecodeStream(DecodeStream):
         return tuple(self._ids)
 
     def step(self, token_id: int) -> str | None:
-        self._check((token_id,))
-        if token_id in self._skipped:
-            return None
-        return self._push(token_id) or None
+        return self.step_batch((token_id,))[0] or None
 
     def step_batch(self, ids: Sequence[int]) -> list[str]:
         self._check(ids)
