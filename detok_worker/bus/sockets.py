@@ -218,8 +218,3 @@ def recv_single_frame(sock: zmq.Socket[Any], decoder: FrameDecoder[Any]) -> byte
         sock.recv()
     decoder.count_bad(BAD_MULTIPART)
     return None
-
-
-def last_endpoint(sock: zmq.Socket[Any]) -> str:
-    """The endpoint a socket actually bound (resolves `tcp://127.0.0.1:*` to the chosen port)."""
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
