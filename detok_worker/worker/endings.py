@@ -148,7 +148,9 @@ class RidEndings:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
         if state is None:
             if rid not in self._ended:
-                self._count_bad(BAD_UNKNOWN_RID, rid)
+                bad = self.bad[BAD_UNKNOWN_RID] = self.bad[BAD_UNKNOWN_RID] + 1
+                if bad == 1 or bad % 1000 == 0:
+                    log.warning("worker %s: %s (%d so far): %s", self.worker_id, BAD_UNKNOWN_RID, bad, rid)
             return
         self.tokens_in += len(item.ids)
         if item.finish not in FINISH_REASONS:
@@ -252,8 +254,3 @@ class RidEndings:
         # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
         # the client's X-Request-Id, so a request can be followed from the front's access log to here
         log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
-
-    def _count_bad(self, kind: str, detail: object) -> None:
-        self.bad[kind] += 1
-        if self.bad[kind] == 1 or self.bad[kind] % 1000 == 0:
-            log.warning("worker %s: %s (%d so far): %s", self.worker_id, kind, self.bad[kind], detail)

@@ -245,7 +245,7 @@ class WorkerState(RidEndings):
         except ParameterError as exc:
             self._end_with_error(rid, None, "", str(exc), out, finishes, BAD_PARAMS)
             return
-        stop_chars = plan.stop_chars if plan is not None else rules.stop_chars
+        stop_chars = rules.stop_chars
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
             message = (
                 f"this detok worker holds stop strings of {self.live_stop_chars} characters for its live requests; "
@@ -257,7 +257,7 @@ class WorkerState(RidEndings):
         try:
             parsing = parsing_for(rules, self.tokenizer, open_.prompt_tail)
             if plan is None:
-                plan = OpenPlan(rules, stop_chars, prepare_stops(self.tokenizer, rules, parsing is not None))
+                plan = OpenPlan(rules, prepare_stops(self.tokenizer, rules, parsing is not None))
                 self.open_plans.add(key, plan)
             decoder = StopSequenceDecoder(
                 self.tokenizer,
