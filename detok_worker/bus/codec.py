@@ -61,5 +61,4 @@ def front_decoder() -> FrameDecoder[ToFront]:
     return FrameDecoder(ToFront, "front")
 
 
-_encoder = msgspec.msgpack.Encoder()
-encode = _encoder.encode
+encode = msgspec.msgpack.Encoder().encode

@@ -178,13 +178,8 @@ class FrontCollector:
 
     def wait_done(self, rids: Iterable[str], timeout_s: float) -> bool:
         """Wait until every rid has ended (finish or Reject)."""
-        pending = set(rids)
-
-        def all_done() -> bool:
-            pending.difference_update([rid for rid in pending if (r := self.requests.get(rid)) and r.done])
-            return not pending
-
-        return self.wait_for(all_done, timeout_s)
+        requests, rids = self.requests, list(rids)
+        return self.wait_for(lambda: all(rid in requests and requests[rid].done for rid in rids), timeout_s)
 
     def close(self) -> None:
         self.sockets.close()

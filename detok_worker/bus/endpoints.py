@@ -115,12 +115,7 @@ def resolve_endpoints(config: DetokConfig) -> Endpoints:
                 runtime_dir = ensure_private_dir(bus.runtime_dir or default_runtime_dir())
             endpoint = f"ipc://{runtime_dir / f'{name}.sock'}"
         resolved[name] = check_endpoint(endpoint)
-    return Endpoints(
-        engine=resolved["engine"],
-        workers=resolved["workers"],
-        front=resolved["front"],
-        runtime_dir=str(runtime_dir) if runtime_dir is not None else None,
-    )
+    return Endpoints(**resolved, runtime_dir=str(runtime_dir) if runtime_dir is not None else None)
 
 
 def front_endpoint(endpoints: Endpoints, index: int) -> str:

@@ -30,7 +30,10 @@ from detok_worker.config import BusConfig, DetokConfig
 LINGER_MS = 200  # long enough for a last Goodbye/TextBatch to leave, short enough for a prompt exit
 
 
-def _decode_z85_key(key: str, name: str) -> bytes:
+def _decode_z85_key(key: str, name: str) -> bytes | None:
+    """bus.<name>, checked; None when it is not set."""
+    if not key:
+        return None
     if len(key) != 40:
         raise CurveKeyError(f"bus.{name} must be a 40-character Z85 CURVE key (got {len(key)} characters)")
     try:
@@ -44,16 +47,8 @@ class CurveKeys:
     """The server key pair from the config (the secret only where a process binds tcp)."""
 
     def __init__(self, bus: BusConfig) -> None:
-        self.server_public = (
-            _decode_z85_key(bus.curve_server_public_key, "curve_server_public_key")
-            if bus.curve_server_public_key
-            else None
-        )
-        self.server_secret = (
-            _decode_z85_key(bus.curve_server_secret_key, "curve_server_secret_key")
-            if bus.curve_server_secret_key
-            else None
-        )
+        self.server_public = _decode_z85_key(bus.curve_server_public_key, "curve_server_public_key")
+        self.server_secret = _decode_z85_key(bus.curve_server_secret_key, "curve_server_secret_key")
         if self.server_secret is not None:
             derived = zmq.curve_public(self.server_secret)
             if self.server_public is None:
@@ -89,18 +84,18 @@ class BusSockets:
 
     def engine_pull(self) -> zmq.Socket[Any]:
         """Engine: receives Submit/Abort from the front."""
-        return self._bind(zmq.PULL, self.endpoints.engine)
+        return self._bind(self._new(zmq.PULL), self.endpoints.engine)
 
     def worker_router(self) -> zmq.Socket[Any]:
         """Engine: talks to every worker; a restarted worker with the same id takes over its route."""
         sock = self._new(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        return self._bind_socket(sock, self.endpoints.workers)
+        return self._bind(sock, self.endpoints.workers)
 
     def front_pull(self, index: int = 0) -> zmq.Socket[Any]:
         """Front `index` (or a collector): TextBatch/WorkerStats from workers, Reject/EngineStats from the engine."""
-        return self._bind(zmq.PULL, front_endpoint(self.endpoints, index))
+        return self._bind(self._new(zmq.PULL), front_endpoint(self.endpoints, index))
 
     def engine_push(self) -> zmq.Socket[Any]:
         """Front: sends Submit/Abort to the engine."""
@@ -118,10 +113,8 @@ class BusSockets:
 
     def front_pushes(self) -> list[zmq.Socket[Any]]:
         """Workers and the engine: one PUSH per front process (front.processes), by front index."""
-        pushes = [self.front_push()]
-        for endpoint in front_endpoints(self.endpoints, self.config.front.processes)[1:]:
-            pushes.append(self._connect(self._new(zmq.PUSH), endpoint))
-        return pushes
+        endpoints = front_endpoints(self.endpoints, self.config.front.processes)
+        return [self._connect(self._new(zmq.PUSH), endpoint) for endpoint in endpoints]
 
     def watch_drops(self, sock: zmq.Socket[Any]) -> None:
         """Count the connections `sock` loses from now on (`dropped_connections`): a frame over
@@ -171,10 +164,7 @@ class BusSockets:
         self._sockets.append(sock)
         return sock
 
-    def _bind(self, socket_type: int, endpoint: str) -> zmq.Socket[Any]:
-        return self._bind_socket(self._new(socket_type), endpoint)
-
-    def _bind_socket(self, sock: zmq.Socket[Any], endpoint: str) -> zmq.Socket[Any]:
+    def _bind(self, sock: zmq.Socket[Any], endpoint: str) -> zmq.Socket[Any]:
         check_bind_allowed(endpoint, self.curve, self.config.bus)
         if endpoint.startswith("tcp://") and self.curve.can_serve:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -228,8 +218,3 @@ def recv_single_frame(sock: zmq.Socket[Any], decoder: FrameDecoder[Any]) -> byte
         sock.recv()
     decoder.count_bad(BAD_MULTIPART)
     return None
-
-
-def last_endpoint(sock: zmq.Socket[Any]) -> str:
-    """The endpoint a socket actually bound (resolves `tcp://127.0.0.1:*` to the chosen port)."""
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)

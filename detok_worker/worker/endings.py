@@ -1,6 +1,7 @@
 """A worker's per-rid record (RidState), how a rid ends, and the decoder outputs that are not plain text: a stop
 (string, stop token), a bad id, the engine's finish, a parsed request's step. The base of WorkerState (state.py):
-the same per-rid table and counters, in their own module so the hot path (state.py) stays readable.
+the same per-rid table and counters, in their own module so the hot path (state.py) stays readable. RecentlyEnded:
+the rids that ended here lately.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from detok_worker.bus.messages import (
 )
 from detok_worker.stream.stop.decoder import StopSequenceDecoder
 from detok_worker.stream.stop.outputs import StopBatchOutput
-from detok_worker.worker.ended import RecentlyEnded
 from detok_worker.worker.parsing import RidParsing
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,26 @@ log = logging.getLogger(__name__)
 BAD_UNKNOWN_RID = "unknown_rid"  # Tokens for a rid this worker never opened
 BAD_RID_ERROR = "rid_error"  # a rid ended with an error (bad token id, decoder failure)
 ENGINE_ERROR = "the engine ended the request with an error"
+
+
+class RecentlyEnded:
+    """Bounded insertion-ordered set of rids that ended here, so their late tokens are dropped quietly."""
+
+    def __init__(self, capacity: int) -> None:
+        self._rids: dict[str, None] = {}
+        self._capacity = capacity
+
+    def add(self, rid: str) -> None:
+        self._rids.pop(rid, None)
+        self._rids[rid] = None
+        if len(self._rids) > self._capacity:
+            del self._rids[next(iter(self._rids))]
+
+    def discard(self, rid: str) -> None:
+        self._rids.pop(rid, None)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._rids
 
 
 @dataclass(slots=True)
@@ -82,10 +102,10 @@ class RidEndings:
         tokenizer lacks)."""
         self._consumed(state, ids, out)
         text = out.text
-        if state.parsing is not None:
-            self.chars_out += self._parsed_step(rid, state, out, deltas, finishes)
-        elif out.stopped or out.error is not None:
+        if out.stopped or out.error is not None:
             self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
+        elif state.parsing is not None:
+            self.chars_out += self._parsed_step(rid, state, text, deltas, finishes)
         elif text:
             add_delta(deltas, TextDelta(rid, state.offset, text, state.n_tokens))
             state.offset += len(text)
@@ -101,15 +121,9 @@ class RidEndings:
         if state.parsing is not None:
             state.parsing.count(ids[:consumed])
 
-    def _parsed_step(
-        self, rid: str, state: RidState, out: StopBatchOutput, deltas: TextBatch, finishes: list[Finish]
-    ) -> int:
-        """The item step of a request with parsers: the text's split goes with it; a stop string in the content
-        ends the request. Returns the characters emitted."""
-        text = out.text
-        if out.stopped or out.error is not None:
-            self._end_decoded(rid, state, text, out.stop_reason, out.error, None, deltas, finishes)
-            return 0
+    def _parsed_step(self, rid: str, state: RidState, text: str, deltas: TextBatch, finishes: list[Finish]) -> int:
+        """The item step of a request with parsers that the decoder did not end: the text's split goes with it; a
+        stop string in the content ends the request. Returns the characters emitted."""
         if not text:
             return 0
         assert state.parsing is not None
@@ -134,7 +148,9 @@ class RidEndings:
         """A Tokens item that ends its rid (finish set by the engine) or whose rid is not live here."""
         if state is None:
             if rid not in self._ended:
-                self._count_bad(BAD_UNKNOWN_RID, rid)
+                bad = self.bad[BAD_UNKNOWN_RID] = self.bad[BAD_UNKNOWN_RID] + 1
+                if bad == 1 or bad % 1000 == 0:
+                    log.warning("worker %s: %s (%d so far): %s", self.worker_id, BAD_UNKNOWN_RID, bad, rid)
             return
         self.tokens_in += len(item.ids)
         if item.finish not in FINISH_REASONS:
@@ -238,8 +254,3 @@ class RidEndings:
         # one line per failed request (not rate-limited like bad frames): it names the rid, whose middle part is
         # the client's X-Request-Id, so a request can be followed from the front's access log to here
         log.warning("worker %s: rid %s failed (%s, %d so far): %s", self.worker_id, rid, kind, self.bad[kind], message)
-
-    def _count_bad(self, kind: str, detail: object) -> None:
-        self.bad[kind] += 1
-        if self.bad[kind] == 1 or self.bad[kind] % 1000 == 0:
-            log.warning("worker %s: %s (%d so far): %s", self.worker_id, kind, self.bad[kind], detail)

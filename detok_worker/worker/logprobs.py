@@ -16,6 +16,8 @@ has no text: "" and no bytes (NO_TEXT).
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from detok_worker.bus.messages import LogprobText, TokenLogprob
 from detok_worker.stream.decode import byte_decoding_for
 from detok_worker.stream.decode.token_strings import CONTEXT_TOKENS, REPLACEMENT, TokenStrings
@@ -35,13 +37,6 @@ class TokenTexts:
         self._strings = TokenStrings(tokenizer)
         self._loaded = False
 
-    def _load_table(self) -> None:
-        decoding = byte_decoding_for(self.tokenizer)
-        if decoding is not None:
-            self._pieces = decoding.keep.pieces
-            self._byte_values = decoding.keep.byte_values
-        self._loaded = True
-
     def of(self, token_id: int, model_vocab_size: int = 0) -> tuple[str, bytes]:
         """(token string, token bytes) of an id; NO_TEXT for one the tokenizer lacks below `model_vocab_size` (the
         engine's vocabulary size, 0: not known), which is not cached: another engine's request may not know it."""
@@ -49,7 +44,10 @@ class TokenTexts:
         if found is not None:
             return found
         if not self._loaded:
-            self._load_table()
+            decoding = byte_decoding_for(self.tokenizer)
+            if decoding is not None:
+                self._pieces, self._byte_values = decoding.keep.pieces, decoding.keep.byte_values
+            self._loaded = True
         try:
             self._strings.check([token_id])
             token = self._strings.of(token_id)
@@ -76,7 +74,7 @@ class TokenTexts:
             context = []
         entries = []
         for token_id, entry in zip(ids, logprobs, strict=True):
-            ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=_by_value, reverse=True)
+            ranked = sorted(zip(entry.top_logprobs, entry.top_ids, strict=True), key=itemgetter(0), reverse=True)
             top = [
                 LogprobText(*self._at(top_id, context, model_vocab_size), value, token_id=top_id)
                 for value, top_id in ranked
@@ -92,7 +90,3 @@ class TokenTexts:
         if token.endswith(REPLACEMENT):
             return self._strings.at(token_id, context), data
         return token, data
-
-
-def _by_value(pair: tuple[float, int]) -> float:
-    return pair[0]

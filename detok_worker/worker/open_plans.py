@@ -33,7 +33,6 @@ _encode = msgspec.msgpack.Encoder().encode
 @dataclass(frozen=True, slots=True)
 class OpenPlan:
     rules: StopRules  # validated against the worker's limits
-    stop_chars: int  # characters of the request's stop strings (counted against worker.max_live_stop_chars)
     # the decoder's stop settings; with a parser, without the stop strings (worker/parsing.py). Whether a request
     # has a parser is a function of its params too: parsing_for gives one exactly when the params name one.
     stops: PreparedStops

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from detok_worker.bus.messages import DetokParams, ParsedDelta, ToolCallDelta
+from detok_worker.bus.messages import ParsedDelta, ToolCallDelta
 from detok_worker.parse.base import OutputParser, ParsedOutput
 from detok_worker.parse.reasoning import ReasoningTokenCount
 from detok_worker.parse.registry import create_parser, reasoning_token_count
 from detok_worker.stream.decode import decode_text
 from detok_worker.stream.stop.matcher import StopStringFilter, StopStringMatch, compile_stop_strings
+from detok_worker.stream.stop.rules import StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
 
 
@@ -66,8 +67,10 @@ class RidParsing:
         return calls
 
 
-def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int]) -> RidParsing | None:
-    """The parsing state of a request that names parsers (None if it names none). Raises ParserError."""
+def parsing_for(rules: StopRules, tokenizer: Tokenizer, prompt_tail: list[int]) -> RidParsing | None:
+    """The parsing state of a request whose params name parsers (None if they name none); its stop strings, hidden
+    or visible as its decoder's would be (StopRules.decoder_config), apply to the content. Raises ParserError."""
+    params = rules.params
     if not (params.reasoning_parser or params.tool_call_parser):
         return None
     tail_text = decode_text(tokenizer, prompt_tail) if prompt_tail else ""
@@ -78,8 +81,7 @@ def parsing_for(params: DetokParams, tokenizer: Tokenizer, prompt_tail: list[int
         return None
     stop_filter = None
     if params.stop:
-        stops = tuple(dict.fromkeys(params.stop))
-        hidden, visible = ((), stops) if params.include_stop_str_in_output else (stops, ())
-        stop_filter = StopStringFilter(compile_stop_strings(hidden, visible))
+        config = rules.decoder_config()
+        stop_filter = StopStringFilter(compile_stop_strings(config.stop_sequences, config.visible_stop_sequences))
     counter = reasoning_token_count(params.reasoning_parser, tokenizer.token_to_id)
     return RidParsing(parser, stop_filter, reasoning_tokens=counter)

@@ -92,17 +92,14 @@ class RunawayGuard:
         self._stretch_s += self.interval_s
         # raised only into a rid's own decode or parse code: never into a library (a lock held by logging or zmq
         # would stay held) nor into the worker's bookkeeping between rids; else the next firing tries again
-        if self._stretch_s >= self.limit_s and frame is not None and _is_rid_code(frame):
+        module = str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+        if self._stretch_s >= self.limit_s and module.startswith(RID_CODE_PACKAGES):
             self._stretch_s = 0.0
             raise RunawayWork(f"it took more than {self.limit_s:g} s of CPU (worker.runaway_cpu_s)")
         self._tick()
 
 
 RID_CODE_PACKAGES = ("detok_worker.stream.", "detok_worker.parse.", "detok_worker.tokenizer.")
-
-
-def _is_rid_code(frame: FrameType) -> bool:
-    return str(frame.f_globals.get("__name__", "")).startswith(RID_CODE_PACKAGES)
 
 
 class WorkerProcess:
@@ -120,11 +117,9 @@ class WorkerProcess:
         self.sockets = BusSockets(config)
         self.to_engine = self.sockets.worker_dealer(worker_id)
         self.to_fronts = self.sockets.front_pushes()  # by front index (front.processes)
-        self.to_front = self.to_fronts[0]
         self.rid_fronts: dict[str, int] = {}  # live rid -> its front, for rids of fronts other than 0
         self._prune_fronts = False
         self.stopping = False
-        self.dropped_to_engine = 0
         self.last_step = -1  # the last TokenBatch handled, reported in heartbeats
         self.blocked_on_front = False
         now = time.monotonic()
@@ -250,10 +245,8 @@ class WorkerProcess:
                 self.blocked_on_front = False
 
     def _send_engine(self, message: object) -> None:
-        try:
+        with contextlib.suppress(zmq.Again):  # the engine is gone or not keeping up; it re-syncs from heartbeats
             self.to_engine.send(encode(message), zmq.NOBLOCK)
-        except zmq.Again:  # the engine is gone or not keeping up; it re-syncs from heartbeats
-            self.dropped_to_engine += 1
 
     # ---- timers ---------------------------------------------------------------------------------------
 
@@ -271,8 +264,7 @@ class WorkerProcess:
             self._next_stats = now + self.config.worker.stats_interval_s
 
     def _send_stats(self) -> None:
-        bad = Counter(self.decoder.bad_frames)
-        bad.update(self.state.bad)
+        bad = self._bad_counts()
         stats = WorkerStats(
             worker=self.worker_id,
             pid=self.pid,
@@ -288,11 +280,13 @@ class WorkerProcess:
         self._prune_fronts = bool(self.rid_fronts)  # after the batch being handled, if any (its Opens are in)
         self._sync_metrics(bad)
 
+    def _bad_counts(self) -> Counter[str]:
+        """Bad frames (the decoder's) and failed rids (the state's), by kind."""
+        return Counter(self.decoder.bad_frames) + Counter(self.state.bad)
+
     def _sync_metrics(self, bad: Counter[str] | None = None) -> None:
         state = self.state
-        if bad is None:
-            bad = Counter(self.decoder.bad_frames)
-            bad.update(state.bad)
+        bad = self._bad_counts() if bad is None else bad
         self.metrics.sync(counts=state.counts(), stops=state.stops, live_rids=state.live_rids, bad_frames=bad)
 
     def _poll_timeout_ms(self) -> int:

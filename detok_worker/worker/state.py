@@ -35,8 +35,7 @@ from detok_worker.errors import ParameterError
 from detok_worker.stream import StopSequenceDecoder
 from detok_worker.stream.stop.rules import DEFAULT_STOP_LIMITS, StopLimits, StopRules
 from detok_worker.tokenizer.protocol import Tokenizer
-from detok_worker.worker.ended import RecentlyEnded
-from detok_worker.worker.endings import RidEndings, RidState
+from detok_worker.worker.endings import RecentlyEnded, RidEndings, RidState
 from detok_worker.worker.logprobs import TokenTexts
 from detok_worker.worker.open_plans import OpenPlan, OpenPlans, prepare_stops
 from detok_worker.worker.parsing import parsing_for
@@ -246,7 +245,7 @@ class WorkerState(RidEndings):
         except ParameterError as exc:
             self._end_with_error(rid, None, "", str(exc), out, finishes, BAD_PARAMS)
             return
-        stop_chars = plan.stop_chars if plan is not None else rules.stop_chars
+        stop_chars = rules.stop_chars
         if stop_chars and self.live_stop_chars + stop_chars > self.max_live_stop_chars:
             message = (
                 f"this detok worker holds stop strings of {self.live_stop_chars} characters for its live requests; "
@@ -256,9 +255,9 @@ class WorkerState(RidEndings):
             self._end_with_error(rid, None, "", message, out, finishes, BAD_STOP_BUDGET)
             return
         try:
-            parsing = parsing_for(params, self.tokenizer, open_.prompt_tail)
+            parsing = parsing_for(rules, self.tokenizer, open_.prompt_tail)
             if plan is None:
-                plan = OpenPlan(rules, stop_chars, prepare_stops(self.tokenizer, rules, parsing is not None))
+                plan = OpenPlan(rules, prepare_stops(self.tokenizer, rules, parsing is not None))
                 self.open_plans.add(key, plan)
             decoder = StopSequenceDecoder(
                 self.tokenizer,

@@ -19,7 +19,7 @@ from detok_worker.tokenizer.protocol import Tokenizer, added_token_contents
 
 class JoinedAddedTokens(DecodeStream):
     """A stream whose consecutive added tokens give their contents (see the module docstring). It offers no lookup
-    table (whole_texts: None), so only the requests that ask for it pay for the check."""
+    table (lookup_tables: none), so only the requests that ask for it pay for the check."""
 
     __slots__ = ("_inner", "_added", "_after_added")
 

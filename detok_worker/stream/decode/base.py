@@ -76,19 +76,15 @@ class DecodeStream(ABC):
     def pending_text(self) -> str:
         """What flush() would release now, without releasing it."""
 
-    def whole_texts(self) -> Sequence[str | None] | None:
-        """A lookup table that stands for step() right now: for an id i >= 0 with table[i] not None, step(i) returns
-        table[i] and leaves the stream as it was, so the table stays valid for any run of such steps. None when no
-        such table holds now (bytes of an unfinished character are pending, or the stream has no table)."""
-        return None
-
     def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
         """What a caller may step this stream by, instead of step() (StopSequenceDecoder.process_one's first branch):
-        (table, memo). With no memo, the table is whole_texts(). With a memo (the byte-level stream, whose
-        `pending` is the bytes of an unfinished character): for an id i, texts[i] while nothing is pending, else
-        memo[(pending, i)] = (text, pending after) where present, is what step(i) returns, and the caller sets
-        `pending` to the bytes after."""
-        return self.whole_texts(), None
+        (table, memo). With no memo, the table stands for step() right now: for an id i >= 0 with table[i] not None,
+        step(i) returns table[i] and leaves the stream as it was, so the table stays valid for any run of such steps;
+        None when no such table holds now (bytes of an unfinished character are pending, or the stream has no
+        table). With a memo (the byte-level stream, whose `pending` is the bytes of an unfinished character): for an
+        id i, texts[i] while nothing is pending, else memo[(pending, i)] = (text, pending after) where present, is
+        what step(i) returns, and the caller sets `pending` to the bytes after."""
+        return None, None
 
     @property
     @abstractmethod

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from detok_worker.stream.decode.table_stream import TableDecodeStream
-from detok_worker.stream.decode.tables import NOT_A_BYTE, DecodeTables, check_ids
+from detok_worker.stream.decode.tables import NOT_A_BYTE, DecodeTables, FeedMemo, check_ids
 from detok_worker.stream.decode.utf8 import is_well_formed, unfinished_length
 
 _PROMPT_TAIL_IDS = 64
@@ -80,8 +80,8 @@ class ByteFallbackDecodeStream(TableDecodeStream):
     def tokens(self) -> tuple[int, ...]:
         return tuple(self._run_ids)
 
-    def whole_texts(self) -> Sequence[str | None] | None:
-        return None if self._run or self._run_invalid or self._strip_left else self._texts
+    def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
+        return (None if self._run or self._run_invalid or self._strip_left else self._texts), None
 
     def step(self, token_id: int) -> str | None:
         if not (self._run or self._run_invalid or self._strip_left) and type(token_id) is int and token_id >= 0:

@@ -68,57 +68,26 @@ class ByteLevelDecodeStream(TableDecodeStream):
     def tokens(self) -> tuple[int, ...]:
         return ()  # this path keeps the bytes of an unfinished character, never ids
 
-    def whole_texts(self) -> Sequence[str | None] | None:
-        return None if self.pending else self._texts
-
     def lookup_tables(self) -> tuple[Sequence[str | None] | None, FeedMemo | None]:
         if self._owed:  # the pending bytes' character is the prompt's: step() strips it, a memo lookup would not
             return (None if self.pending else self._texts), None
         return self._texts, self._memo
 
     def step(self, token_id: int) -> str | None:
-        if type(token_id) is not int or token_id < 0:  # anything else is refused by _feed_id
-            return self._feed_id(token_id) or None
-        pending = self.pending
-        if not pending:
+        if not self.pending and type(token_id) is int and token_id >= 0:
             try:
                 text = self._texts[token_id]  # None for anything but a whole-character token (see DecodeTables)
             except IndexError:
                 text = None
             if text is not None:
                 return text
-        known = self._memo.get((pending, token_id))  # _feed_id() inlined: a memo hit is the common off-lookup step
-        if known is None:
-            return self._feed_id(token_id) or None
-        text, self.pending = known
-        if self._owed and text:
-            self._owed = 0
-            return text[1:] or None
-        return text or None
+        return self._feed_id(token_id) or None
 
     def step_batch(self, ids: Sequence[int]) -> list[str]:
-        if len(ids) == 1:  # the worker's usual case (one new id per request per engine step): step() inlined
-            token_id = ids[0]
-            if type(token_id) is not int or token_id < 0:
-                return [self._feed_id(token_id)]
-            pending = self.pending
-            if not pending:
-                try:
-                    text = self._texts[token_id]
-                except IndexError:
-                    text = None
-                if text is not None:
-                    return [text]
-            known = self._memo.get((pending, token_id))
-            if known is None:
-                return [self._feed_id(token_id)]
-            text, self.pending = known
-            if self._owed and text:
-                self._owed = 0
-                return [text[1:]]
-            return [text]
+        if len(ids) == 1:
+            return [self.step(ids[0]) or ""]
         check_ids(self._decoding, ids)
-        texts, pieces = self._texts, self._pieces
+        texts = self._texts
         out: list[str] = []
         append = out.append
         for token_id in ids:
@@ -127,7 +96,7 @@ class ByteLevelDecodeStream(TableDecodeStream):
                 if text is not None:
                     append(text)
                     continue
-            append(self._feed(pieces[token_id], token_id in self._text_enders))
+            append(self._feed_id(token_id))
         return out
 
     def pending_text(self) -> str:
@@ -144,13 +113,15 @@ class ByteLevelDecodeStream(TableDecodeStream):
         return text or None
 
     def _feed_id(self, token_id: int) -> str:
-        """_feed(_piece(token_id)) through the tables' shared memo: the text and the pending bytes after are a pure
-        function of (pending bytes, id), and off-lookup steps (characters split across tokens) repeat a lot."""
+        """One id's step past the table, through the tables' shared memo: the text and the pending bytes after are a
+        pure function of (pending bytes, id), and off-lookup steps (characters split across tokens) repeat a lot."""
         key = (self.pending, token_id)
         known = self._memo.get(key) if type(token_id) is int else None  # True == 1: only ints are memo keys
         if known is None:
             check_ids(self._decoding, (token_id,))
-            known = _decode(self.pending + self._pieces[token_id], token_id in self._text_enders)  # type: ignore[operator]
+            data = self.pending + self._pieces[token_id]  # type: ignore[operator]
+            # all of data is final when the id ends the text
+            known = (data.decode("utf-8", "replace"), b"") if token_id in self._text_enders else decode_finished(data)
             if len(self._memo) >= _FEED_MEMO_MAX:
                 self._memo.clear()
             self._memo[key] = known
@@ -159,15 +130,3 @@ class ByteLevelDecodeStream(TableDecodeStream):
             self._owed = 0
             return text[1:]
         return text
-
-    def _feed(self, piece: bytes, ends_text: bool = False) -> str:
-        text, self.pending = _decode(self.pending + piece, ends_text)
-        if self._owed and text:
-            self._owed = 0
-            return text[1:]
-        return text
-
-
-def _decode(data: bytes, ends_text: bool) -> tuple[str, bytes]:
-    """(final text, pending bytes): all of data is final when what follows ends the text."""
-    return (data.decode("utf-8", "replace"), b"") if ends_text else decode_finished(data)

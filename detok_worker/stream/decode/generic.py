@@ -31,19 +31,33 @@ what the newest ids added. It fixes their known faults:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from detok_worker.stream.decode.base import DecodeStream
-from detok_worker.stream.decode.batch import batch_decoder
 from detok_worker.stream.decode.byte_tokens import byte_tokens_for
 from detok_worker.stream.decode.registry import cached
 from detok_worker.stream.decode.utf8 import completion, is_well_formed, unfinished_length
-from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, id_check
+from detok_worker.tokenizer.protocol import DecodesBatch, InvalidTokenIdError, Tokenizer, id_check
 
 PROMPT_CONTEXT_TOKENS = 5
 MAX_PROMPT_CONTEXT_TOKENS = 64
 MAX_HELD_TOKENS = 128
 REPLACEMENT = "\ufffd"
+
+BatchDecode = Callable[[list[list[int]]], list[str]]
+
+
+def batch_decoder(tokenizer: Tokenizer, skip_special_tokens: bool, *, large: bool = True) -> BatchDecode:
+    """decode for several id lists in one call, with this skip_special_tokens setting: the backend's decode_batch
+    when it has one (one call into Rust).
+
+    large=False is for a handful of short lists per call (the generic stream's windows): a parallel decode_batch
+    costs more to dispatch (~10 us) than a few plain decode calls."""
+    if large and isinstance(tokenizer, DecodesBatch):
+        decode_batch = tokenizer.decode_batch
+        return lambda sequences: decode_batch(sequences, skip_special_tokens)
+    decode = tokenizer.decode
+    return lambda sequences: [decode(ids, skip_special_tokens) for ids in sequences]
 
 
 def _find_probe(tokenizer: Tokenizer) -> int | None:
@@ -72,7 +86,8 @@ def probe_token_for(tokenizer: Tokenizer) -> int | None:
     return cached(tokenizer, "generic_probe", lambda: _find_probe(tokenizer))
 
 
-def _common_prefix_length(a: str, b: str) -> int:
+def common_prefix_length(a: str, b: str) -> int:
+    """How many leading characters a and b share."""
     if b.startswith(a):
         return len(a)
     n = min(len(a), len(b))
@@ -154,10 +169,7 @@ class GenericDecodeStream(DecodeStream):
         return tuple(self._ids)
 
     def step(self, token_id: int) -> str | None:
-        self._check((token_id,))
-        if token_id in self._skipped:
-            return None
-        return self._push(token_id) or None
+        return self.step_batch((token_id,))[0] or None
 
     def step_batch(self, ids: Sequence[int]) -> list[str]:
         self._check(ids)
@@ -189,12 +201,12 @@ class GenericDecodeStream(DecodeStream):
         else:
             if probed is None:
                 probed = self._decode([[*ids, self._probe]])[0]
-            end = _common_prefix_length(text, probed)
+            end = common_prefix_length(text, probed)
         if self._bytes is not None:
             unfinished = self._bytes.unfinished(ids)
             if unfinished:
                 completed = self._decode([[*ids, *self._bytes.ids(completion(unfinished))]])[0]
-                end = min(end, _common_prefix_length(text, completed))
+                end = min(end, common_prefix_length(text, completed))
             return end
         while end > 0 and text[end - 1] == REPLACEMENT:
             end -= 1

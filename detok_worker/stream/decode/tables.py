@@ -6,7 +6,6 @@ objects, never here.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -14,8 +13,6 @@ from detok_worker.tokenizer.protocol import check_token_ids
 from detok_worker.tokenizer.token_bytes import TokenBytesTable
 
 FeedMemo = dict[tuple[bytes, int], tuple[str, bytes]]  # (pending bytes, id) -> (text, pending bytes after)
-
-log = logging.getLogger(__name__)
 
 # byte_values entries that are not a byte: an ordinary token, and a special token removed by skip_special_tokens.
 NOT_A_BYTE = -1
@@ -65,17 +62,14 @@ def check_ids(decoding: ByteDecoding, ids: Sequence[int]) -> None:
     check_token_ids(ids, decoding.vocab_size, decoding.unknown_ids)
 
 
-def _complete_text(piece: bytes | None) -> str | None:
-    if piece is None:
+def _nonempty_text(piece: bytes | None) -> str | None:
+    """The piece's text if it is non-empty, complete UTF-8; else None."""
+    if not piece:
         return None
     try:
         return piece.decode("utf-8")
     except UnicodeDecodeError:
         return None
-
-
-def _nonempty_text(piece: bytes | None) -> str | None:
-    return _complete_text(piece) or None
 
 
 def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: frozenset[int]) -> ByteDecoding:
@@ -92,6 +86,9 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
                 texts[token_id] = None
     skip_texts, skip_pieces = list(texts), list(pieces)
     skip_byte_values = None if byte_values is None else list(byte_values)
+    text_enders: frozenset[int] = frozenset()
+    if table.skipped_special_ends_text and not table.byte_fallback:
+        text_enders = frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)
     for token_id in special_ids:
         if 0 <= token_id < vocab_size and pieces[token_id] is not None:
             skip_texts[token_id] = None
@@ -104,11 +101,5 @@ def build_byte_decoding(table: TokenBytesTable, vocab_size: int, special_ids: fr
         strip_leading_spaces=table.strip_leading_spaces,
         unknown_ids=frozenset(i for i, piece in enumerate(pieces) if piece is None),
         keep=DecodeTables(texts, pieces, byte_values),
-        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values, _skipped_text_enders(table, special_ids)),
+        skip=DecodeTables(skip_texts, skip_pieces, skip_byte_values, text_enders),
     )
-
-
-def _skipped_text_enders(table: TokenBytesTable, special_ids: frozenset[int]) -> frozenset[int]:
-    if not table.skipped_special_ends_text or table.byte_fallback:
-        return frozenset()
-    return frozenset(i for i in special_ids if 0 <= i < len(table.pieces) and table.pieces[i] is not None)

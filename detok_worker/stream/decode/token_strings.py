@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from detok_worker.stream.decode.generic import common_prefix_length
 from detok_worker.stream.decode.select import decode_text
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, MarksWordStarts, Tokenizer, WrapsTokenizer, id_check
 
@@ -91,12 +92,6 @@ class TokenStrings:
                     break
                 clean_end = j
             prefix = self.decode(window[:clean_end]) if clean_end else ""
-            if full.startswith(prefix):
-                return full[len(prefix) :]
-            common = 0  # a normalizing decode may change the prefix: what follows their common part
-            for a, b in zip(prefix, full, strict=False):
-                if a != b:
-                    break
-                common += 1
-            return full[common:]
+            # a normalizing decode may change the prefix: what follows their common part
+            return full[common_prefix_length(prefix, full) :]
         return ""

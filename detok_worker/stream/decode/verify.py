@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from detok_worker.stream.decode.batch import batch_decoder
 from detok_worker.stream.decode.byte_fallback import ByteFallbackDecodeStream
 from detok_worker.stream.decode.byte_level import ByteLevelDecodeStream
+from detok_worker.stream.decode.generic import batch_decoder
 from detok_worker.stream.decode.tables import ByteDecoding
 from detok_worker.tokenizer.protocol import Tokenizer, TokenizerError
 
@@ -37,17 +37,14 @@ def _single_texts(decoding: ByteDecoding, ids: Sequence[int], skip_special_token
             token_id = ids[index]
             piece = pieces[token_id]
             assert piece is not None
-            is_byte = byte_values is not None and byte_values[token_id] >= 0
-            out[index] = _lone_byte_text(piece) if is_byte else piece.decode("utf-8", "replace")
+            if byte_values is not None and byte_values[token_id] >= 0:  # a run of one byte: UTF-8 only if ASCII
+                out[index] = piece.decode("ascii") if piece[0] < 0x80 else REPLACEMENT
+            else:
+                out[index] = piece.decode("utf-8", "replace")
     strip = decoding.strip_leading_spaces
     if strip:
         return [text[min(strip, len(text) - len(text.lstrip(" "))) :] if text[:1] == " " else text for text in out]
     return out  # type: ignore[return-value]
-
-
-def _lone_byte_text(piece: bytes) -> str:
-    # a run of one byte: valid UTF-8 only if ASCII
-    return piece.decode("ascii") if piece[0] < 0x80 else REPLACEMENT
 
 
 def _stream_texts(

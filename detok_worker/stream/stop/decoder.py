@@ -83,8 +83,6 @@ class StopSequenceDecoder:
             automaton = compile_stop_strings(config.stop_sequences, config.visible_stop_sequences)
             self._filter = StopStringFilter(automaton)
             self._passes, self._scans = automaton.root_passthrough, automaton.memo
-        self._stream = self._new_stream()
-        self.num_generated = 0  # generated tokens processed so far (including a stop token); read-only outside
         self._stop_reason: StopReason | None = None
         self._last_error: InvalidTokenIdError | None = None
         # What process_one steps the stream by instead of calling it (DecodeStream.lookup_tables), renewed after
@@ -95,7 +93,7 @@ class StopSequenceDecoder:
         self._memo: FeedMemo | None = None
         self._memo_stream: ByteLevelDecodeStream | None = None
         self._texts: Sequence[str | None] | None = None
-        self._renew_lookups()
+        self.reset()
 
     @property
     def config(self) -> StopSequenceConfig:
@@ -120,20 +118,17 @@ class StopSequenceDecoder:
         """Text held back because it may be the start of a stop string."""
         return self._filter.held if self._filter is not None else ""
 
-    def _new_stream(self) -> DecodeStream:
-        return create_decode_stream(
+    def reset(self) -> None:
+        """Start over as if freshly built (same tokenizer, config, prompt and options)."""
+        self._stream: DecodeStream = create_decode_stream(
             self._tokenizer,
             self._prompt_ids,
             self._skip_special_tokens,
             spaces_between_special_tokens=self._spaces_between_special_tokens,
         )
-
-    def reset(self) -> None:
-        """Start over as if freshly built (same tokenizer, config, prompt and options)."""
-        self._stream = self._new_stream()
         if self._filter is not None:
             self._filter.reset()
-        self.num_generated = 0
+        self.num_generated = 0  # generated tokens processed so far (including a stop token); read-only outside
         self._stop_reason = None
         self._renew_lookups()
 
@@ -144,9 +139,7 @@ class StopSequenceDecoder:
         if result.error is not None:
             raise self._last_error
         if result.stopped:
-            if result.text:
-                return StoppedWithText(result.text, result.stop_reason)
-            return Stopped(result.stop_reason)
+            return StoppedWithText(result.text, result.stop_reason) if result.text else Stopped(result.stop_reason)
         return Text(result.text) if result.text else HELD
 
     def process_tokens(self, ids: Sequence[int]) -> StopBatchOutput:
@@ -165,7 +158,8 @@ class StopSequenceDecoder:
             return StopBatchOutput("", True, self._stop_reason, 0)
         stop_tokens = self._stop_tokens
         if stop_tokens and not stop_tokens.isdisjoint(ids):
-            stop_index = self._first_stop_token(ids)
+            first_checked = max(self._min_tokens - self.num_generated, 0)  # the first id whose stop token counts
+            stop_index = next((k for k in range(first_checked, len(ids)) if ids[k] in stop_tokens), -1)
             if stop_index >= 0:
                 return self._process_with_stop_token(ids, stop_index)
         try:
@@ -281,12 +275,6 @@ class StopSequenceDecoder:
             self._stop_reason = reason
             return StoppedWithText(text, reason) if text else Stopped(reason)
         return Text(text)
-
-    def _first_stop_token(self, ids: Sequence[int]) -> int:
-        """Index of the first stop token id that counts (past min_tokens), or -1."""
-        stop_tokens = self._stop_tokens
-        first_checked = max(self._min_tokens - self.num_generated, 0)
-        return next((k for k in range(first_checked, len(ids)) if ids[k] in stop_tokens), -1)
 
     def _process_with_stop_token(self, ids: Sequence[int], stop_index: int) -> StopBatchOutput:
         """process_tokens for ids whose stop_index-th id is a stop token that counts."""

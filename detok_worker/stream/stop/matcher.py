@@ -159,10 +159,6 @@ class StopStringAutomaton:
                 return ROOT
             state = self._fail_of(state)
 
-    @property
-    def n_states(self) -> int:
-        return len(self.goto)
-
     def held_text(self, state: int) -> str:
         """The text a request in this state holds back: the state's last hold_len characters."""
         end = self._depth[state]

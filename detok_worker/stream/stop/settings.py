@@ -11,11 +11,6 @@ from dataclasses import dataclass
 from detok_worker.errors import ParameterError
 from detok_worker.tokenizer.protocol import InvalidTokenIdError, Tokenizer, is_count, validate_token_ids
 
-# Stop settings that cannot be used (empty stop string, bad token id, bad min_tokens, ...). `param`: the field at
-# fault, where there is one: a request's (stop, stop_token_ids, min_tokens: the front answers 400 naming it) or a
-# StopSequenceConfig's own.
-
-
 # The checks of one request's stop fields, each written once: StopRules.from_params runs them on a request's params
 # (front, engine, worker), StopSequenceConfig and StopSequenceDecoder on their own arguments.
 
@@ -78,10 +73,6 @@ class StopSequenceConfig:
             raise ParameterError(f"stop tokens {sorted(both)} are listed as both hidden and visible")
         if both := set(self.stop_sequences) & set(self.visible_stop_sequences):
             raise ParameterError(f"stop strings {sorted(both)} are listed as both hidden and visible")
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.stop_tokens or self.stop_sequences or self.visible_stop_tokens or self.visible_stop_sequences)
 
 
 @dataclass(frozen=True, slots=True)

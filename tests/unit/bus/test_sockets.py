@@ -9,7 +9,7 @@ from helpers.bus_rows import text_batch
 from detok_worker.bus.codec import encode, front_decoder
 from detok_worker.bus.errors import BindError, CurveKeyError, InsecureEndpointError
 from detok_worker.bus.messages import TextDelta
-from detok_worker.bus.sockets import BusSockets, last_endpoint
+from detok_worker.bus.sockets import BusSockets
 from detok_worker.config import load_config
 
 RECV_TIMEOUT_MS = 5000
@@ -23,6 +23,11 @@ def _config(tmp_path, **bus: object):
 
 def _recv(sock: zmq.Socket, timeout_ms: int = RECV_TIMEOUT_MS) -> bytes | None:
     return sock.recv() if sock.poll(timeout_ms) else None
+
+
+def last_endpoint(sock: zmq.Socket) -> str:
+    """The endpoint a socket actually bound (resolves `tcp://127.0.0.1:*` to the chosen port)."""
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 def test_ipc_round_trip_with_hwm_and_linger(tmp_path):
