@@ -52,7 +52,7 @@ def batch_decoder(tokenizer: Tokenizer, skip_special_tokens: bool, *, large: boo
     when it has one (one call into Rust).
 
     large=False is for a handful of short lists per call (the generic stream's windows): a parallel decode_batch
-    costs more to dispatch (~10 us) than a few plain decode calls."""
+    costs more to dispatch than a few plain decode calls."""
     if large and isinstance(tokenizer, DecodesBatch):
         decode_batch = tokenizer.decode_batch
         return lambda sequences: decode_batch(sequences, skip_special_tokens)
