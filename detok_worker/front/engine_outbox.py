@@ -1,7 +1,9 @@
 """The front's frames to the engine (Submit, Abort, Delivered, FrontHello), in the order they are posted.
 
-A frame is sent at once when nothing waits before it and the PUSH socket has room (a Submit and a Delivered per
-request: no task wakeup for either); otherwise it is queued for the one sender task, which waits only while the
+The frames posted while nothing waits before them are sent together at the end of the event loop's current round
+(one callback, no task wakeup: a Submit and a Delivered per request), back to back: a send that finds ZeroMQ's I/O
+thread asleep wakes it, which costs more than the send itself, and sends in a row find it awake. A frame the PUSH
+socket has no room for, and every frame after it, is queued for the one sender task, which waits only while the
 socket is full (an engine slow to read). Either way a rid's Abort never overtakes its Submit. A failed send is not
 fatal: the engine's reconnect brings the bus back.
 """
@@ -28,26 +30,42 @@ class EngineOutbox:
         self._queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._sender: zmq.Socket[Any] | None = None  # the PUSH socket, once `run` has started
         self._in_flight = False  # the sender task holds a frame it has not sent yet
+        self._burst: list[bytes] = []  # frames to send at the end of this loop round, in order
         self._counters = counters
 
     def post(self, frame: bytes) -> None:
+        burst = self._burst
+        if burst:
+            burst.append(frame)
+        elif self._sender is not None and not self._in_flight and self._queue.empty():
+            burst.append(frame)
+            asyncio.get_running_loop().call_soon(self._send_burst)
+        else:
+            self._queue.put_nowait(frame)
+
+    def _send_burst(self) -> None:
+        """Send the round's frames without blocking; from the first the socket refuses on, they queue in order."""
+        burst, self._burst = self._burst, []
         sender = self._sender
-        if sender is not None and not self._in_flight and self._queue.empty():
+        for frame in burst:
+            if sender is None:
+                self._queue.put_nowait(frame)
+                continue
             try:
                 sender.send(frame, zmq.NOBLOCK)
-                return
             except zmq.Again:
-                pass
+                sender = None
+                self._queue.put_nowait(frame)
             except zmq.ZMQError as exc:
                 self._failed(exc)
-                return
-        self._queue.put_nowait(frame)
 
     def queued(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._burst)
 
     async def flush(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the queued frames to be sent."""
+        """Wait up to `timeout_s` for the posted frames to be sent."""
+        if self._burst:
+            self._send_burst()
         if self._queue.qsize():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._queue.join(), timeout=timeout_s)
