@@ -171,9 +171,8 @@ def test_an_option_of_another_engine_source_is_refused(overrides: dict, message:
 )
 def test_an_option_of_its_own_engine_source_is_taken(overrides: dict) -> None:
     engine = load_config(None, overrides).engine
-    assert {key.removeprefix("engine."): getattr(engine, key.removeprefix("engine.")) for key in overrides} == {
-        key.removeprefix("engine."): value for key, value in overrides.items()
-    }
+    for key, value in overrides.items():
+        assert getattr(engine, key.removeprefix("engine.")) == value, key
 
 
 def test_logging_level_in_any_case() -> None:
