@@ -423,7 +423,7 @@ class MessagesFormatter(BlockFormatter):
         block = self._block(kind, "", name, call_id)
         return [_event("content_block_start", {"index": self.blocks - 1, "content_block": block})]
 
-    def _added(self, kind: str, text: str) -> bytes:
+    def _delta_event(self, kind: str, text: str, number: str) -> bytes:
         delta = {
             REASONING: {"type": "thinking_delta", "thinking": text},
             TEXT: {"type": "text_delta", "text": text},

@@ -25,7 +25,7 @@ from detok_worker.front.errors import APIError, bad_request
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
-from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter
+from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter, ChunkTemplate
 from detok_worker.front.sse import named_event, named_events_framing
 from detok_worker.front.validation import decode_json
 
@@ -289,9 +289,12 @@ class ResponsesFormatter(BlockFormatter):
         """The request it answers (echoed in the response) and its conversation, kept in `store` when it asked."""
         self.request, self.conversation, self.store = request, conversation, store
 
-    def _event(self, kind: str, payload: dict[str, Any]) -> bytes:
-        self._sequence += 1
-        return named_event(kind, msgspec.json.encode({"type": kind, "sequence_number": self._sequence - 1, **payload}))
+    def _event(self, kind: str, payload: dict[str, Any], number: str | None = None) -> bytes:
+        """An event numbered next (or `number`: a template's mark, which takes no number of the sequence)."""
+        if number is None:
+            self._sequence += 1
+            number = self._sequence - 1
+        return named_event(kind, msgspec.json.encode({"type": kind, "sequence_number": number, **payload}))
 
     def _error_event(self, error: APIError) -> bytes:
         """The event that ends a stream that failed after it started (OpenAI's `error` event)."""
@@ -350,13 +353,18 @@ class ResponsesFormatter(BlockFormatter):
             events.append(self._event("response.content_part.added", {**where, "part": _part(kind, "")}))
         return events
 
-    def _added(self, kind: str, text: str) -> bytes:
+    def _delta_event(self, kind: str, text: str, number: str) -> bytes:
         where: dict[str, Any] = {"item_id": self._items[-1]["id"], "output_index": self.blocks - 1}
         if kind == TOOL_CALL:
-            return self._event("response.function_call_arguments.delta", {**where, "delta": text})
+            return self._event("response.function_call_arguments.delta", {**where, "delta": text}, number)
         if kind == REASONING:
-            return self._event("response.reasoning_text.delta", {**where, "content_index": 0, "delta": text})
-        return self._event("response.output_text.delta", {**where, "content_index": 0, "delta": text, "logprobs": []})
+            return self._event("response.reasoning_text.delta", {**where, "content_index": 0, "delta": text}, number)
+        payload = {**where, "content_index": 0, "delta": text, "logprobs": []}
+        return self._event("response.output_text.delta", payload, number)
+
+    def _filled(self, template: ChunkTemplate, text: str) -> bytes:
+        self._sequence += 1
+        return template.fill_numbered(text, self._sequence - 1)
 
     def _closed(self, kind: str) -> list[bytes]:
         item, text = self._items[-1], "".join(self.block_pieces)

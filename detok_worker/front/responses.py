@@ -44,18 +44,23 @@ _encode = msgspec.json.encode
 News = str | ParsedOutput  # a choice's news: text, or a parsed request's channels
 Entries = list[LogprobText] | None
 Ids = list[int] | None
-_TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
+TEXT_MARK = "\x00detok-text\x00"  # encodes as "\u0000detok-text\u0000": never part of the rest of a chunk
+NUMBER_MARK = "\x00detok-number\x00"  # where a numbered event's number goes (a Responses sequence_number)
 
 
 class ChunkTemplate:
-    """A text chunk pre-encoded around its text: per chunk only the text is encoded (same bytes as encoding
-    the whole chunk)."""
+    """A text chunk pre-encoded around its text (and its number, where it has NUMBER_MARK before the text): per
+    chunk only those are encoded (same bytes as encoding the whole chunk)."""
 
     def __init__(self, encoded_with_mark: bytes) -> None:
-        self.prefix, self.suffix = encoded_with_mark.split(_encode(_TEXT_MARK))
+        self.prefix, self.suffix = encoded_with_mark.split(_encode(TEXT_MARK))
+        self.head, _, self.middle = self.prefix.partition(_encode(NUMBER_MARK))
 
     def fill(self, text: str) -> bytes:
         return self.prefix + _encode(text) + self.suffix
+
+    def fill_numbered(self, text: str, number: int) -> bytes:
+        return self.head + str(number).encode() + self.middle + _encode(text) + self.suffix
 
 
 def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
@@ -282,7 +287,7 @@ class CompletionFormatter(FormatterBase):
         return [self._chunk(self._with_ids(CompletionChoice(index, self._echo), None), stream)]
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
-        return self._chunk(CompletionChoice(index, _TEXT_MARK), stream)
+        return self._chunk(CompletionChoice(index, TEXT_MARK), stream)
 
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         assert isinstance(text, str)  # completions have no parsers
@@ -385,7 +390,7 @@ class ChatFormatter(FormatterBase):
         return chat_logprobs(entries or [], self.tokens_as_ids) if self._with_logprobs else None
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
-        return self._chunk(ChatChunkChoice(index, ChatDelta(content=_TEXT_MARK)), stream)
+        return self._chunk(ChatChunkChoice(index, ChatDelta(content=TEXT_MARK)), stream)
 
     def _text_chunk(self, index: int, text: News, stream: RequestStream, logprobs: Entries, token_ids: Ids) -> bytes:
         chosen = self._logprobs_of(logprobs)
@@ -500,7 +505,7 @@ class BlockFormatter(ChatFormatter):
     """The answer of one chat choice in another API's shape (Anthropic's Messages, OpenAI's Responses): a list of
     blocks, the reasoning, the text and one per tool call. Streamed, a block opens when the output moves to another
     channel or tool call and closes before the next opens; a subclass writes the events of each step (`_opened`,
-    `_added`, `_closed`: whole events, its `framing` adds nothing) and the whole answer (`_answer`)."""
+    `_delta_event`, `_closed`: whole events, its `framing` adds nothing) and the whole answer (`_answer`)."""
 
     call_id_prefix = "call_"
 
@@ -511,6 +516,7 @@ class BlockFormatter(ChatFormatter):
         self.block_pieces: list[str] = []  # the open block's text (its arguments, for a tool call) so far
         self.arguments: dict[int, str] = {}  # each streamed tool call's arguments so far
         self._call = -1  # the tool call index of the open tool call block
+        self._delta: ChunkTemplate | None = None  # the open block's delta event around its text (`_delta_event`)
 
     def _plain_text_event(self, index: int, stream: RequestStream) -> Callable[[str], bytes]:
         """Its own step (its framing adds nothing): the first text opens the text block, the rest is its deltas."""
@@ -523,8 +529,13 @@ class BlockFormatter(ChatFormatter):
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         raise NotImplementedError
 
-    def _added(self, kind: str, text: str) -> bytes:
+    def _delta_event(self, kind: str, text: str, number: str) -> bytes:
+        """The open block's delta event of `text` (numbered `number` where its events are): made once per block with
+        the marks, a template that each delta fills (`_filled`)."""
         raise NotImplementedError
+
+    def _filled(self, template: ChunkTemplate, text: str) -> bytes:
+        return template.fill(text)
 
     def _closed(self, kind: str) -> list[bytes]:
         raise NotImplementedError
@@ -535,7 +546,7 @@ class BlockFormatter(ChatFormatter):
 
     def _open(self, kind: str, name: str = "", call_id: str = "") -> list[bytes]:
         events = self._close()
-        self.block, self.block_pieces = kind, []
+        self.block, self.block_pieces, self._delta = kind, [], None
         self.blocks += 1
         return [*events, *self._opened(kind, name, call_id)]
 
@@ -548,7 +559,10 @@ class BlockFormatter(ChatFormatter):
 
     def _add(self, kind: str, text: str) -> bytes:
         self.block_pieces.append(text)  # joined once, at its close: a += on an attribute copies the whole text
-        return self._added(kind, text)
+        template = self._delta
+        if template is None:
+            template = self._delta = ChunkTemplate(self._delta_event(kind, TEXT_MARK, NUMBER_MARK))
+        return self._filled(template, text)
 
     def text_chunk(
         self, index: int, text: News, stream: RequestStream, logprobs: Entries = None, token_ids: Ids = None
