@@ -492,7 +492,6 @@ def test_null_means_the_default(front: FrontUnderTest, endpoint: str) -> None:
         ({"top_p": 0}, "top_p"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"temperature": 2.5}, "temperature"),
-        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
         ({"return_tokens_as_token_ids": "yes"}, "return_tokens_as_token_ids"),
     ],
 )
