@@ -284,10 +284,18 @@ def _check_unsupported(
             raise bad_request(message, name, code="unsupported_parameter")
 
 
+VLLM_SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
+
+
 def _check_n(request: GenerationRequest, limits: Limits) -> int:
     n = 1 if request.n is None else request.n
     if not 1 <= n <= limits.max_n:
         raise bad_request(f"n must be between 1 and {limits.max_n} (got {n})", "n")
+    temperature = request.temperature
+    if n > 1 and limits.engine_source == "vllm" and temperature is not None and temperature < VLLM_SAMPLING_EPS:
+        # vLLM's SamplingParams refuses several samples of a greedy request (they would all be the same); here each
+        # choice is an engine request of its own, so the engine never sees n
+        raise bad_request(f"n must be 1 when using greedy sampling, got {n}.", "n")
     seed = request.seed
     if seed is not None and n > 1 and seed + n - 1 > INT64_MAX:  # choice i samples with seed + i
         raise bad_request("seed + n - 1 must fit in 64 bits (choice i samples with seed + i)", "seed")

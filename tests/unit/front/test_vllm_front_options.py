@@ -71,6 +71,20 @@ def test_an_omitted_max_tokens_is_left_to_the_engine_and_completions_default_to_
     assert seen == [(100_000, True), (40, False), (16, False), (50_000, False)]
 
 
+def test_several_greedy_choices_are_refused_on_the_vllm_source_only(qwen3: Any) -> None:
+    """vLLM's SamplingParams: "n must be 1 when using greedy sampling" (a 400); other engines sample them all."""
+    statuses = {}
+    for source in ("vllm", "echo"):
+        vllm_options = {"engine.model": "m"} if source == "vllm" else {}
+        with running_front(qwen3, **{"engine.source": source, **vllm_options}) as front:
+            for temperature in (0, 0.5):
+                body = {**CHAT, "max_tokens": 2, "n": 2, "temperature": temperature}
+                answer = httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30)
+                statuses[source, temperature] = (answer.status_code, answer.json().get("error", {}).get("param"))
+    assert statuses == {("vllm", 0): (400, "n"), ("vllm", 0.5): (200, None), ("echo", 0): (200, None),
+                        ("echo", 0.5): (200, None)}  # fmt: skip
+
+
 def test_ping_answers_as_health_with_no_body(qwen3: Any) -> None:
     with running_front(qwen3) as front:
         answers = [httpx.request(method, f"{front.url}/ping") for method in ("GET", "POST")]
