@@ -18,7 +18,7 @@ import msgspec
 from starlette.responses import Response
 
 from detok_worker.front.choices import Choices
-from detok_worker.front.errors import JSON, APIError, ErrorBody, bad_request
+from detok_worker.front.errors import JSON, APIError, bad_request, error_of, renamed_param
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
@@ -334,21 +334,16 @@ class AnthropicErrorBody(msgspec.Struct):
 
 
 def anthropic_error(error: APIError) -> bytes:
-    param = _FIELD_NAMES.get(error.param or "", error.param)
-    message = error.message if param is None or param in error.message else f"{error.message} ({param})"
+    message = renamed_param(error, _FIELD_NAMES).message
     return msgspec.json.encode(AnthropicErrorBody(AnthropicError(_ERROR_TYPES.get(error.status, "api_error"), message)))
 
 
 def anthropic_error_response(response: Any) -> Any:
     """An error response of the chat path in Anthropic's shape (same status and headers); any other response (an
     answer, an event stream) as it is."""
-    if not isinstance(response, Response) or response.status_code < 400:
+    error = error_of(response)
+    if error is None:
         return response
-    try:
-        detail = msgspec.json.decode(bytes(response.body), type=ErrorBody).error
-    except msgspec.DecodeError:
-        return response
-    error = APIError(response.status_code, detail.message, type=detail.type, param=detail.param, code=detail.code)
     headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
     return Response(anthropic_error(error), status_code=response.status_code, media_type=JSON, headers=headers)
 

@@ -73,6 +73,26 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> Re
     return Response(encode_error(error), status_code=error.status, media_type=JSON, headers=headers)
 
 
+def error_of(response: object) -> APIError | None:
+    """The APIError an error response (status >= 400, an ErrorBody) says; None for any other response (an answer,
+    an event stream): for the routes that answer a chat request's errors in their own shape or names."""
+    if not isinstance(response, Response) or response.status_code < 400:
+        return None
+    try:
+        detail = msgspec.json.decode(bytes(response.body), type=ErrorBody).error
+    except msgspec.DecodeError:
+        return None
+    return APIError(response.status_code, detail.message, type=detail.type, param=detail.param, code=detail.code)
+
+
+def renamed_param(error: APIError, names: dict[str, str]) -> APIError:
+    """`error` naming the field of another API's request that the chat request's field it names came from (`names`:
+    chat field -> that API's), its message naming it too."""
+    param = names.get(error.param or "", error.param)
+    message = error.message if param is None or param in error.message else f"{error.message} ({param})"
+    return APIError(error.status, message, type=error.type, param=param, code=error.code, headers=error.headers)
+
+
 def reject_error(reject: Reject) -> tuple[APIError, bool]:
     """What the client is told of the engine's Reject, by its `param` and `kind` (never by its message), and whether
     it is a refusal at admission (the status of a response not started yet, rather than an error that ends one): a

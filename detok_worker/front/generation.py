@@ -34,7 +34,13 @@ from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.edge import ConnectionWriter, EventSink, request_rid
 from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
 from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
-from detok_worker.front.openai_responses import ResponsesFormatter, ResponseStore, decode_responses
+from detok_worker.front.openai_responses import (
+    ResponsesFormatter,
+    ResponseStore,
+    decode_responses,
+    responses_error,
+    responses_error_response,
+)
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.prompt_batch import BatchFormatter, batch_prompts, merged_body, one_prompt
 from detok_worker.front.prompt_logprobs import (
@@ -146,7 +152,11 @@ class Generation:
             made.bind(*request.state.responses, store)
             return made
 
-        return await self._generate(request, decode, cast(Any, formatter), "resp")
+        try:
+            response = await self._generate(request, decode, cast(Any, formatter), "resp")
+        except APIError as exc:
+            return error_response(responses_error(exc))
+        return responses_error_response(response)
 
     async def stored_response(self, request: Request) -> Response:
         """GET /v1/responses/{response_id}: a stored response as it was answered."""

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 from detok_worker.front.choices import Choices
-from detok_worker.front.errors import APIError, bad_request
+from detok_worker.front.errors import APIError, bad_request, error_of, error_response, renamed_param
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
@@ -224,6 +224,29 @@ class ResponseStore:
         return stored
 
 
+# the chat request's fields a refusal may name, as the Responses fields they come from
+_FIELD_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
+}
+
+
+def responses_error(error: APIError) -> APIError:
+    """A refusal of the chat request a Responses request became, naming the Responses request's field."""
+    return renamed_param(error, _FIELD_NAMES)
+
+
+def responses_error_response(response: Any) -> Any:
+    """An error response of the chat path naming the Responses request's field; any other response as it is."""
+    error = error_of(response)
+    if error is None:
+        return response
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return error_response(responses_error(error), headers)
+
+
 def decode_responses(body: bytes, store: ResponseStore) -> tuple[ChatCompletionRequest, ResponsesRequest]:
     """A /v1/responses body as the chat request it means, and the request itself (its echo in the response)."""
     request: ResponsesRequest = decode_json(_decoder, body)
@@ -298,6 +321,7 @@ class ResponsesFormatter(BlockFormatter):
 
     def _error_event(self, error: APIError) -> bytes:
         """The event that ends a stream that failed after it started (OpenAI's `error` event)."""
+        error = responses_error(error)
         return self._event("error", {"code": error.code, "message": error.message, "param": error.param})
 
     def _response(self, stream: RequestStream, output: list[dict[str, Any]], status: str) -> dict[str, Any]:

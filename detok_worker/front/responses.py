@@ -63,12 +63,13 @@ class ChunkTemplate:
         return self.head + str(number).encode() + self.middle + _encode(text) + self.suffix
 
 
-def usage_of(stream: RequestStream, reasoning: bool = False) -> Usage:
+def usage_of(stream: RequestStream, reasoning: bool = False, started: bool = True) -> Usage:
     """One choice's running usage (vLLM's continuous_usage_stats: per choice); `reasoning`: with its reasoning
-    tokens."""
-    usage = Usage(stream.prompt_tokens, stream.n_tokens, stream.prompt_tokens + stream.n_tokens)
+    tokens; not `started`: before its output (no completion tokens yet)."""
+    n_tokens = stream.n_tokens if started else 0
+    usage = Usage(stream.prompt_tokens, n_tokens, stream.prompt_tokens + n_tokens)
     if reasoning:
-        usage.completion_tokens_details = CompletionTokensDetails(stream.reasoning_tokens)
+        usage.completion_tokens_details = CompletionTokensDetails(stream.reasoning_tokens if started else 0)
     return usage
 
 
@@ -156,8 +157,10 @@ class ChunkUsage:
         self.reasoning = reasoning
         self._fixed: None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
 
-    def of(self, stream: RequestStream) -> Usage | None | msgspec.UnsetType:
-        return usage_of(stream, self.reasoning) if self.continuous else self._fixed
+    def of(self, stream: RequestStream, started: bool = True) -> Usage | None | msgspec.UnsetType:
+        """`started` false: a chunk that comes before the choice's output (a chat's role and echo chunks, which
+        vLLM's server sends before any id), whose running usage counts no completion tokens."""
+        return usage_of(stream, self.reasoning, started) if self.continuous else self._fixed
 
 
 class TokenIds:
@@ -364,9 +367,12 @@ class ChatFormatter(FormatterBase):
             self._tool_call_ids[choice, index] = model_id or f"{self.call_id_prefix}{uuid.uuid4().hex}"
         return self._tool_call_ids[choice, index]
 
-    def _chunk(self, choice: ChatChunkChoice, stream: RequestStream, first: bool = False) -> bytes:
-        """`first`: the choice's first chunk (with the rendered prompt, return_prompt_text)."""
-        usage = self._usage.of(stream)
+    def _chunk(
+        self, choice: ChatChunkChoice, stream: RequestStream, first: bool = False, before_output: bool = False
+    ) -> bytes:
+        """`first`: the choice's first chunk (with the rendered prompt, return_prompt_text); `before_output`: a chunk
+        that comes before the choice's output (its usage counts none of it)."""
+        usage = self._usage.of(stream, started=not before_output)
         chunk = ChatCompletionChunk(self.rid, self.created, self.model, [choice], usage=usage)
         if first:
             chunk.prompt_text = self.prompt_text
@@ -378,9 +384,11 @@ class ChatFormatter(FormatterBase):
 
     def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
         """The role, then (echo) the last message's content, as vLLM's server sends them."""
-        chunks = [self._chunk(ChatChunkChoice(index, ChatDelta(role=self.role, content="")), stream, first=True)]
+        role = ChatChunkChoice(index, ChatDelta(role=self.role, content=""))
+        chunks = [self._chunk(role, stream, first=True, before_output=True)]
         if self._echo:
-            chunks.append(self._chunk(ChatChunkChoice(index, ChatDelta(content=self._echo)), stream))
+            echo = ChatChunkChoice(index, ChatDelta(content=self._echo))
+            chunks.append(self._chunk(echo, stream, before_output=True))
         return chunks
 
     def _ids_of(self, token_ids: list[int] | None) -> list[int] | msgspec.UnsetType:

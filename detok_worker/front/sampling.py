@@ -151,15 +151,16 @@ def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest, score
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
-    """OpenAI's form: token ids as strings -> bias in -100..100."""
+    """OpenAI's form: token ids as strings -> bias; a bias outside -100..100 is clamped into it, as vLLM's
+    SamplingParams does (OpenAI refuses it)."""
     result: dict[int, float] = {}
     for key, value in (bias or {}).items():
         if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
             message = f"logit_bias: {key!r} is not a token id of this model (0..{vocab_size - 1})"
             raise bad_request(message, "logit_bias")
-        if not (math.isfinite(value) and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
-            raise bad_request(f"logit_bias values must be between -100 and 100 (got {value})", "logit_bias")
-        result[int(key)] = float(value)
+        if not math.isfinite(value):
+            raise bad_request(f"logit_bias values must be finite (got {value})", "logit_bias")
+        result[int(key)] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(value)))
     return result
 
 

@@ -284,10 +284,18 @@ def _check_unsupported(
             raise bad_request(message, name, code="unsupported_parameter")
 
 
+VLLM_SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
+
+
 def _check_n(request: GenerationRequest, limits: Limits) -> int:
     n = 1 if request.n is None else request.n
     if not 1 <= n <= limits.max_n:
         raise bad_request(f"n must be between 1 and {limits.max_n} (got {n})", "n")
+    temperature = request.temperature
+    if n > 1 and limits.engine_source == "vllm" and temperature is not None and temperature < VLLM_SAMPLING_EPS:
+        # vLLM's SamplingParams refuses several samples of a greedy request (they would all be the same); here each
+        # choice is an engine request of its own, so the engine never sees n
+        raise bad_request(f"n must be 1 when using greedy sampling, got {n}.", "n")
     seed = request.seed
     if seed is not None and n > 1 and seed + n - 1 > INT64_MAX:  # choice i samples with seed + i
         raise bad_request("seed + n - 1 must fit in 64 bits (choice i samples with seed + i)", "seed")
@@ -307,15 +315,16 @@ def _spaces_between_special_tokens(request: GenerationRequest, limits: Limits) -
     return spaces
 
 
-def _continuous_usage(request: GenerationRequest) -> bool:
-    """vLLM's stream_options.continuous_usage_stats: a no-op there without include_usage; a 400 here."""
+def _stream_usage(request: GenerationRequest, forced: bool) -> tuple[bool, bool]:
+    """Whether a stream ends with the usage, and whether each chunk carries its choice's running usage: vLLM's rule
+    (should_include_usage). `forced` (front.force_include_usage, --enable-force-include-usage) turns both on;
+    otherwise include_usage asks for the usage, and continuous_usage_stats for the running one with it (alone, a
+    no-op, as on vLLM's server)."""
+    if forced:
+        return True, True
     options = request.stream_options
-    if options is None or not options.continuous_usage_stats:
-        return False
-    if not options.include_usage:
-        message = "stream_options.continuous_usage_stats needs stream_options.include_usage"
-        raise bad_request(message, "stream_options")
-    return True
+    include_usage = bool(options and options.include_usage)
+    return include_usage, include_usage and bool(options and options.continuous_usage_stats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,8 +387,8 @@ def check_generation(
         **checked_values(request, REQUEST_FIELDS),
         report_cached=limits.prompt_tokens_details,
     )
-    include_usage = bool(request.stream_options and request.stream_options.include_usage) or limits.force_include_usage
-    return CheckedParams(params, stop_rules, include_usage, _continuous_usage(request), n, echo)
+    include_usage, continuous_usage = _stream_usage(request, limits.force_include_usage)
+    return CheckedParams(params, stop_rules, include_usage, continuous_usage, n, echo)
 
 
 def truncate_prompt(

@@ -28,7 +28,9 @@ from detok_worker.stream.stop.settings import (
 
 @dataclass(frozen=True, slots=True)
 class StopLimits:
-    max_strings: int = 64  # stop strings per request, and stop token ids per request
+    # stop strings per request; stop token ids have no count of their own (vLLM's VLLM_MAX_STOP_STRINGS bounds the
+    # strings only, and the worker's ids include the EOS ids the engine added): the body size bounds them
+    max_strings: int = 64
     max_string_chars: int = 1024
 
     @classmethod
@@ -56,8 +58,6 @@ class StopRules:
         for text in params.stop:
             if len(check_stop_string(text, "stop")) > limits.max_string_chars:
                 raise ParameterError(f"a stop string is longer than {limits.max_string_chars} characters", "stop")
-        if len(params.stop_token_ids) > limits.max_strings:
-            raise ParameterError(f"at most {limits.max_strings} stop token ids are allowed", "stop_token_ids")
         for token_id in params.stop_token_ids:
             check_stop_token_id(token_id, "stop_token_ids")
         check_min_tokens(params.min_tokens)

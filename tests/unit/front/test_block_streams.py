@@ -67,3 +67,18 @@ def test_a_responses_stream_of_text_is_one_message_numbered_in_order(front: Fron
     item_id = events[2]["item"]["id"]
     assert all(delta["item_id"] == item_id and delta["output_index"] == 0 for delta in deltas)
     assert events[-4]["text"] == text and events[-1]["response"]["output"][0]["content"][0]["text"] == text
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [({"max_output_tokens": 10**9}, "max_output_tokens"), ({"input": []}, "input")],
+)
+def test_a_responses_refusal_names_the_responses_field(
+    front: FrontUnderTest, fields: dict[str, Any], named: str
+) -> None:
+    """The chat request's checks refuse what a Responses request asked: the refusal names the Responses field (as
+    vLLM's server does), not the chat field it became."""
+    refused = httpx.post(f"{front.url}/v1/responses", json={"input": "Hi", **fields}, timeout=30)
+    error = refused.json()["error"]
+    assert (refused.status_code, error["param"]) == (400, named)
+    assert named in error["message"]

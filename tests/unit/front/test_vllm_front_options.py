@@ -71,6 +71,20 @@ def test_an_omitted_max_tokens_is_left_to_the_engine_and_completions_default_to_
     assert seen == [(100_000, True), (40, False), (16, False), (50_000, False)]
 
 
+def test_several_greedy_choices_are_refused_on_the_vllm_source_only(qwen3: Any) -> None:
+    """vLLM's SamplingParams: "n must be 1 when using greedy sampling" (a 400); other engines sample them all."""
+    statuses = {}
+    for source in ("vllm", "echo"):
+        vllm_options = {"engine.model": "m"} if source == "vllm" else {}
+        with running_front(qwen3, **{"engine.source": source, **vllm_options}) as front:
+            for temperature in (0, 0.5):
+                body = {**CHAT, "max_tokens": 2, "n": 2, "temperature": temperature}
+                answer = httpx.post(f"{front.url}/v1/chat/completions", json=body, timeout=30)
+                statuses[source, temperature] = (answer.status_code, answer.json().get("error", {}).get("param"))
+    assert statuses == {("vllm", 0): (400, "n"), ("vllm", 0.5): (200, None), ("echo", 0): (200, None),
+                        ("echo", 0.5): (200, None)}  # fmt: skip
+
+
 def test_ping_answers_as_health_with_no_body(qwen3: Any) -> None:
     with running_front(qwen3) as front:
         answers = [httpx.request(method, f"{front.url}/ping") for method in ("GET", "POST")]
@@ -161,7 +175,31 @@ def test_forced_usage_ends_every_stream_with_usage(qwen3: Any) -> None:
     unforced, forced_usage = usages
     assert all(usage is None for usage in unforced)
     assert forced_usage[-1] is not None and forced_usage[-1]["completion_tokens"] > 0
-    assert all(usage is None for usage in forced_usage[:-1])  # continuous usage stays off unless asked
+    # vLLM's --enable-force-include-usage also turns the running usage on: every chunk carries its choice's counts
+    assert all(usage is not None for usage in forced_usage[:-1])
+    assert forced_usage[-2]["completion_tokens"] == forced_usage[-1]["completion_tokens"]
+
+
+def stream_usages(front: Any, body: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """Each streamed chat chunk's first choice delta (None on the usage chunk) and its usage."""
+    with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200, response.read()
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    return [(chunk["choices"][0]["delta"] if chunk["choices"] else None, chunk.get("usage")) for chunk in chunks]
+
+
+def test_running_usage_counts_no_tokens_before_the_output_and_is_a_no_op_without_include_usage(qwen3: Any) -> None:
+    """vLLM's rule: continuous_usage_stats gives every chunk its choice's running usage with include_usage (the
+    role chunk, sent before any output, counts none), and alone does nothing (a 200 with no usage)."""
+    body = {**CHAT, "max_tokens": 3, "stream": True}
+    with running_front(qwen3) as front:
+        both = {"include_usage": True, "continuous_usage_stats": True}
+        running = stream_usages(front, {**body, "stream_options": both})
+        alone = stream_usages(front, {**body, "stream_options": {"continuous_usage_stats": True}})
+    (role, first), *_, (_, last) = running
+    assert role.get("role") == "assistant" and first["completion_tokens"] == 0
+    assert first["total_tokens"] == first["prompt_tokens"] > 0 and last["completion_tokens"] > 0
+    assert alone and all(usage is None for _, usage in alone)
 
 
 def test_openapi_off_is_a_404(qwen3: Any) -> None:

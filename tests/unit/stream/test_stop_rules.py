@@ -17,7 +17,6 @@ LIMITS = StopLimits(max_strings=2, max_string_chars=5)
         (DetokParams(stop=["a", "b", "c"]), "stop"),
         (DetokParams(stop=["abcdef"]), "stop"),
         (DetokParams(stop=[""]), "stop"),
-        (DetokParams(stop_token_ids=[1, 2, 3]), "stop_token_ids"),
         (DetokParams(stop_token_ids=[-1]), "stop_token_ids"),
         (DetokParams(min_tokens=-1), "min_tokens"),
     ],
@@ -31,6 +30,13 @@ def test_each_broken_limit_names_its_field(params: DetokParams, param: str) -> N
 def test_limits_at_the_maximum_are_accepted() -> None:
     rules = StopRules.from_params(DetokParams(stop=["abcde", "x"], stop_token_ids=[7, 8]), LIMITS)
     assert rules.params.stop == ["abcde", "x"]
+
+
+def test_stop_token_ids_are_not_counted_against_the_stop_strings_limit() -> None:
+    """max_stop_strings bounds stop strings only, as vLLM's VLLM_MAX_STOP_STRINGS: more stop token ids than it are
+    accepted, and so are the worker's params, which carry the EOS ids the engine added to the client's."""
+    rules = StopRules.from_params(DetokParams(stop_token_ids=[1, 2, 3]), LIMITS, eos_ids=[4, 5])
+    assert StopRules.from_params(rules.worker_params(), LIMITS).params.stop_token_ids == [1, 2, 3, 4, 5]
 
 
 def test_eos_rule_adds_eos_ids_unless_ignore_eos() -> None:
