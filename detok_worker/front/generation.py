@@ -33,7 +33,7 @@ from detok_worker.front.choices import Choices, choice_params, choice_rids, fini
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
 from detok_worker.front.edge import ConnectionWriter, EventSink, request_rid
 from detok_worker.front.errors import ENGINE_ERROR, JSON, APIError, bad_request, error_response
-from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest
+from detok_worker.front.openai_api import ChatCompletionRequest, CompletionRequest, PromptLogprobsOut
 from detok_worker.front.openai_responses import (
     ResponsesFormatter,
     ResponseStore,
@@ -217,7 +217,7 @@ class Generation:
         self._count(request, choices)
         if body.stream:
             formatter = BatchFormatter([cast(CompletionFormatter, part.formatter) for part in parts], per_prompt)
-            return await self._stream(request, choices, formatter)
+            return await self._stream(request, choices, formatter, parts)
         answers = await asyncio.gather(*(self._collect(request, part) for part in parts))
         for answer in answers:
             if answer.status_code != 200:
@@ -242,7 +242,7 @@ class Generation:
         if formatter_type is ChatFormatter and config.log_requests and config.log_outputs:
             log = OutputLog(rid, config.max_log_len, config.log_deltas)  # vLLM logs chat outputs only
         if body.stream:
-            return await self._stream(request, choices, formatter, log)
+            return await self._stream(request, choices, formatter, [prepared], log)
         response = await self._collect(request, prepared)
         if log is not None and response.status_code == 200:
             log.whole(msgspec.json.decode(bytes(response.body)))
@@ -310,12 +310,26 @@ class Generation:
         request: Request,
         choices: Choices,
         formatter: Formatter | BatchFormatter,
+        parts: list[Prepared],
         log: OutputLog | None = None,
     ) -> Response:
-        """`log`: the output log that sees every piece (the bus intake then writes none: sse_direct)."""
+        """`log`: the output log that sees every piece (the bus intake then writes none: sse_direct). `parts`: the
+        prompts' requests; an echoed completion's with logprobs (prompt_k: the engine scores its prompt) sends its
+        prompt's logprobs on its first chunk, so the stream waits for them (the engine sent them at the prefill's
+        end, as the first output)."""
         watch = await self._first_output(request, choices)
         if isinstance(watch, APIError):
             return error_response(watch)
+        try:
+            for part in parts:
+                if part.prompt_k is not None and part.choices.failure is None:
+                    await self._shown_prompt_logprobs(part, await arrived(part.choices.streams[0]))
+        except BaseException as exc:
+            watch.cancel()
+            self._release(choices)
+            if isinstance(exc, APIError):
+                return error_response(exc)
+            raise
         writer = edge.connection_writer(request.scope) if log is None else None
         if writer is not None and not _attach_sinks(choices, formatter, writer):
             writer = None
@@ -455,7 +469,7 @@ class Generation:
 
     async def _collect(self, request: Request, prepared: Prepared) -> Response:
         """The whole answer of one prompt's request."""
-        choices, formatter, prompt_ids, prompt_k = prepared.choices, prepared.formatter, prepared.ids, prepared.prompt_k
+        choices, formatter, prompt_k = prepared.choices, prepared.formatter, prepared.prompt_k
         watcher = sse.DisconnectWatch(request.receive, lambda: self._abort_disconnected(choices))
         collected = Collected(
             [[] for _ in choices.streams], [[] for _ in choices.streams], [[] for _ in choices.streams]
@@ -479,20 +493,29 @@ class Generation:
             self._release(choices)
         if choices.failure is not None:
             return error_response(choices.failure)
-        if prompt_logprobs is not None and prompt_k is not None:
+        if prompt_logprobs is not None:
             try:
-                shown = collected.prompt_logprobs = await self.intake.off_loop(
-                    render_prompt_logprobs, prompt_logprobs, prompt_ids, prompt_k, self.tokenizer
-                )
-            except PromptLogprobsError as exc:
-                return error_response(
-                    APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR)
-                )
-            if prepared.echo_k is not None and isinstance(formatter, CompletionFormatter):
-                formatter.echoed_logprobs = await self.intake.off_loop(
-                    echo_logprobs, prompt_ids, shown, prepared.echo_k, self.tokenizer
-                )
+                collected.prompt_logprobs = await self._shown_prompt_logprobs(prepared, prompt_logprobs)
+            except APIError as exc:
+                return error_response(exc)
         return Response(formatter.whole(collected, choices), media_type=JSON)
+
+    async def _shown_prompt_logprobs(self, prepared: Prepared, prompt_logprobs: PromptLogprobs) -> PromptLogprobsOut:
+        """The prompt logprobs as the answer shows them; an echoed completion's formatter gets its prompt's part of
+        the `logprobs` (echoed_logprobs). An APIError (502) when the engine's are unusable."""
+        assert prepared.prompt_k is not None
+        try:
+            shown = await self.intake.off_loop(
+                render_prompt_logprobs, prompt_logprobs, prepared.ids, prepared.prompt_k, self.tokenizer
+            )
+        except PromptLogprobsError as exc:
+            raise APIError(502, f"the engine's prompt logprobs are unusable: {exc}", type=ENGINE_ERROR) from exc
+        formatter = prepared.formatter
+        if prepared.echo_k is not None and isinstance(formatter, CompletionFormatter):
+            formatter.echoed_logprobs = await self.intake.off_loop(
+                echo_logprobs, prepared.ids, shown, prepared.echo_k, self.tokenizer
+            )
+        return shown
 
     def _abort_disconnected(self, choices: Choices) -> None:
         error = APIError(499, "the client closed the connection", code="disconnected")

@@ -87,10 +87,15 @@ def echo_logprobs(
     return CompletionLogprobs(tokens, values, tops, offsets)
 
 
+def echo_end(echoed: CompletionLogprobs) -> int:
+    """The text offset of the output's first token after the prompt's part of an echoed completion's `logprobs`."""
+    return echoed.text_offset[-1] + len(echoed.tokens[-1]) if echoed.tokens else 0
+
+
 def after_echo(echoed: CompletionLogprobs, output: CompletionLogprobs) -> CompletionLogprobs:
     """An echoed completion's whole `logprobs`: the prompt's part, then the output's with its text offsets moved past
     the prompt's text."""
-    end = echoed.text_offset[-1] + len(echoed.tokens[-1]) if echoed.tokens else 0
+    end = echo_end(echoed)
     return CompletionLogprobs(
         echoed.tokens + output.tokens,
         echoed.token_logprobs + output.token_logprobs,

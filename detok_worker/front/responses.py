@@ -33,7 +33,7 @@ from detok_worker.front.openai_api import (
     TopLogprobOut,
     Usage,
 )
-from detok_worker.front.prompt_logprobs import after_echo
+from detok_worker.front.prompt_logprobs import after_echo, echo_end
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.parse.base import ParsedOutput, ToolCallPiece
 from detok_worker.parse.registry import NAMED_CALL, REQUIRED_CALLS
@@ -128,8 +128,8 @@ class CompletionLogprobsBuilder:
     """choices[].logprobs of completions (the legacy shape); keeps text_offset running across a stream. `as_ids`
     (return_tokens_as_token_ids): each token string is "token_id:<id>", and the offsets count those (vLLM's)."""
 
-    def __init__(self, as_ids: bool = False) -> None:
-        self.text_offset = 0
+    def __init__(self, as_ids: bool = False, text_offset: int = 0) -> None:
+        self.text_offset = text_offset
         self._token = token_id_placeholder if as_ids else _token_string
 
     def build(self, entries: list[LogprobText]) -> CompletionLogprobs:
@@ -261,9 +261,10 @@ class FormatterBase:
 
 class CompletionFormatter(FormatterBase):
     """/v1/completions: `text_completion` objects, streamed or whole. With echo each choice's text starts with
-    the prompt (streamed: in the choice's first chunk), and a whole one's logprobs with `echoed_logprobs` when the
-    engine scored the prompt (prompt_logprobs.echo_logprobs). With `token_ids` (return_token_ids) each choice
-    carries its output ids and the prompt's (streamed: its chunks' ids, the prompt's on its first chunk)."""
+    the prompt (streamed: in the choice's first chunk), and its logprobs with `echoed_logprobs` when the engine
+    scored the prompt (prompt_logprobs.echo_logprobs; streamed: on the first chunk). With `token_ids`
+    (return_token_ids) each choice carries its output ids and the prompt's (streamed: its chunks' ids, the prompt's
+    on its first chunk)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -287,7 +288,12 @@ class CompletionFormatter(FormatterBase):
     def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
         if self._echo is None:
             return []
-        return [self._chunk(self._with_ids(CompletionChoice(index, self._echo), None), stream)]
+        choice = CompletionChoice(index, self._echo)
+        echoed = self.echoed_logprobs
+        if echoed is not None and self._logprobs is not None:  # the prompt's logprobs, then the output's after them
+            choice.logprobs = echoed
+            self._logprobs[index] = CompletionLogprobsBuilder(self.tokens_as_ids, echo_end(echoed))
+        return [self._chunk(self._with_ids(choice, None), stream)]
 
     def _text_chunk_with_mark(self, index: int, stream: RequestStream) -> bytes:
         return self._chunk(CompletionChoice(index, TEXT_MARK), stream)

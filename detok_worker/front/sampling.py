@@ -129,13 +129,13 @@ def prompt_logprobs_of(request: CompletionRequest | ChatCompletionRequest, score
     """vLLM's prompt_logprobs as its server checks it: k >= 0 or -1 (the whole vocabulary); above the engine's
     --max-logprobs vLLM's own check refuses it. A stream cannot carry them (vLLM: a 400 for k > 0 or -1, and 0 is
     accepted and shows nothing, so it is not asked of the engine). Completions' echo with max_tokens 0 is answered
-    without the engine here, so it cannot have them. A whole completion with echo and logprobs asks for the prompt's
-    `logprobs` top candidates when none are asked and the engine computes them (`scores_prompts`), as vLLM does:
-    its `logprobs` then start with the prompt's tokens (echo_logprobs)."""
+    without the engine here, so it cannot have them. A completion with echo and logprobs (whole or streamed) asks
+    for the prompt's `logprobs` top candidates when none are asked and the engine computes them (`scores_prompts`),
+    as vLLM does: its `logprobs` then start with the prompt's tokens (echo_logprobs)."""
     k = request.prompt_logprobs
     if k is None:
         echoed = isinstance(request, CompletionRequest) and request.echo and request.logprobs is not None
-        if echoed and scores_prompts and not request.stream and request.max_tokens != 0:
+        if echoed and scores_prompts and request.max_tokens != 0:
             return request.logprobs
         return None
     if k < 0 and k != -1:

@@ -5,6 +5,7 @@ once, a stream with 0, an engine that sends none or sends rows that do not fit t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from helpers.front_harness import FrontUnderTest, played_prompt_logprobs, running_front
 
-from detok_worker.bus.messages import PromptLogprobs, RequestParams, SamplingParams, Submit
+from detok_worker.bus.messages import LogprobText, PromptLogprobs, RequestParams, SamplingParams, Submit, TextDelta
 from detok_worker.front import prompt_logprobs
 from detok_worker.front.openai_api import PromptLogprobOut
 from detok_worker.front.prompt_logprobs import PromptLogprobsError, render_prompt_logprobs
@@ -183,12 +184,40 @@ def test_an_echoed_completion_with_logprobs_starts_them_with_the_prompts(vllm_fr
     assert choice["text"].startswith("Hello there, friend")
 
 
-def test_echo_with_logprobs_asks_no_prompt_logprobs_of_a_stream_or_another_source(
-    vllm_front: FrontUnderTest, qwen3: Any
-) -> None:
+def test_a_streamed_echo_with_logprobs_carries_the_prompts_on_its_first_chunk(vllm_front: FrontUnderTest) -> None:
+    """As vLLM's server streams it: the engine scores the prompt (k = logprobs) and the echo's chunk carries the
+    prompt's part of the logprobs; the chunks' logprobs joined are the whole answer's, text offsets included."""
+
+    def with_logprobs(submit: Submit) -> list[TextDelta]:  # the output is the prompt's ids, each with an entry
+        plan = vllm_front.echo_plan(submit)
+        for delta, token_id in zip(plan, submit.prompt_ids, strict=True):
+            token = vllm_front.tokenizer.decode([token_id])
+            delta.logprobs = [LogprobText(token, token.encode(), -0.25, [LogprobText("x", b"x", -2.0)], token_id)]
+        return plan
+
+    body = {"prompt": "Hello there, friend", "max_tokens": 4, "echo": True, "logprobs": 1}
+    vllm_front.set_plan(with_logprobs)
+    try:
+        whole, _ = post(vllm_front, "/v1/completions", body)
+        response, (submit,) = post(vllm_front, "/v1/completions", {**body, "stream": True})
+    finally:
+        vllm_front.set_plan(vllm_front.echo_plan)
+    assert response.status_code == 200 and submit.params.sampling.prompt_logprobs == 1, response.text
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    first = chunks[0]["choices"][0]
+    assert first["text"] == "Hello there, friend" and len(first["logprobs"]["tokens"]) == len(submit.prompt_ids)
+    joined: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            for key, values in joined.items():
+                values += (choice.get("logprobs") or {}).get(key, [])
+    assert joined == whole.json()["choices"][0]["logprobs"]
+    assert joined["tokens"] == ["Hello", " there", ",", " friend"] * 2  # the prompt's, then the output's
+    assert joined["text_offset"] == [0, 5, 11, 12, 19, 24, 30, 31]  # the output's run on from the prompt's
+
+
+def test_echo_with_logprobs_asks_no_prompt_logprobs_of_another_source(qwen3: Any) -> None:
     body = {"prompt": "Hello there", "max_tokens": 3, "echo": True, "logprobs": 1}
-    response, (submit,) = post(vllm_front, "/v1/completions", {**body, "stream": True})
-    assert response.status_code == 200 and submit.params.sampling.prompt_logprobs is None, response.text
     with running_front(qwen3) as local:  # a local source scores no prompt
         response, (submit,) = post(local, "/v1/completions", body)
     assert response.status_code == 200 and submit.params.sampling.prompt_logprobs is None, response.text
