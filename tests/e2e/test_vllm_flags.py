@@ -395,6 +395,11 @@ SAME_REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ),
     # the logprobs of given ids at each position, in place of the top candidates
     ("/v1/completions", {"prompt": PROMPT, "seed": 28, "max_tokens": 3, "logprobs": 1, "logprob_token_ids": [9707, 0]}),
+    # stop token ids beside the model's EOS ids (the stop strings' limit does not count them)
+    ("/v1/chat/completions", {"messages": CHAT, "seed": 29, "max_tokens": 8, "stop_token_ids": [11, 13, 220]}),
+    # a streamed echo with logprobs: the prompt's logprobs come first (vLLM: the prompt and the first token in one
+    # chunk; detok: the echoed prompt's chunk, then the output's)
+    ("/v1/completions", {"prompt": PROMPT, "seed": 30, "max_tokens": 4, "logprobs": 1, "echo": True, "stream": True}),
     # a long prompt twice: the second finds its blocks in the prefix cache (usage.prompt_tokens_details)
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 17, "max_tokens": 2}),
     ("/v1/completions", {"prompt": LONG_PROMPT, "seed": 18, "max_tokens": 2}),
@@ -460,8 +465,12 @@ def streamed(lines: list[str]) -> dict[str, Any]:
     reasoning: dict[int, str] = {}
     finishes: dict[int, str] = {}
     pieces: dict[int, int] = {}
+    logprobs: dict[int, dict[str, list[Any]]] = {}  # completions': each field joined over the choice's chunks
     for chunk in chunks:
         for choice in chunk["choices"]:
+            for field, values in (choice.get("logprobs") or {}).items():
+                joined = logprobs.setdefault(choice["index"], {}).setdefault(field, [])
+                joined += rounded(values) if field == "token_logprobs" else values
             delta = choice.get("delta")
             piece = choice.get("text") if delta is None else delta.get("content")
             texts[choice["index"]] = texts.get(choice["index"], "") + (piece or "")
@@ -492,6 +501,7 @@ def streamed(lines: list[str]) -> dict[str, Any]:
         "prompt_texts": [chunk["prompt_text"] for chunk in chunks if chunk.get("prompt_text")],
         "pieces": pieces,
         "finishes": finishes,
+        "logprobs": logprobs,
         "usage": usage,
         "fingerprinted": fingerprinted,
         "done": lines[-1] == "data: [DONE]",
@@ -799,6 +809,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     chosen_tops = expected["request 20"]["choices"][0]["logprobs"][3]
     assert all({"Hello", "!"} <= set(top) for top in chosen_tops), chosen_tops  # ids 9707 and 0, every position
     assert continued["reasoning"] and not thinking_off["reasoning"] and thinking_off["text"]
+    echoed_stream = expected["request 22"]["logprobs"][0]  # the prompt's tokens (the first without a logprob), then 4
+    assert echoed_stream["token_logprobs"][0] is None and len(echoed_stream["tokens"]) > 4
     assert expected["request 5"]["choices"][0]["reasoning"]  # --reasoning-parser qwen3 split the chat's output
     assert expected["request 5"]["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     required, named = expected[f"request {len(SAME_REQUESTS) - 3}"], expected[f"request {len(SAME_REQUESTS) - 2}"]
@@ -817,7 +829,10 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
                 assert same_text(mine["texts"][index], text), f"{key} choice {index}: {mine['texts'][index]!r}"
             assert (mine["finishes"], mine["usage"], mine["done"]) == (value["finishes"], value["usage"], True), key
             assert mine["fingerprinted"] == value["fingerprinted"] and value["fingerprinted"], key
-            assert mine["pieces"] == value["pieces"], f"{key}: the text came in other pieces (--stream-interval)"
+            echoed = SAME_REQUESTS[int(key.split()[1])][1].get("echo")  # detok's prompt has a chunk of its own
+            pieces = {index: count + 1 for index, count in value["pieces"].items()} if echoed else value["pieces"]
+            assert mine["pieces"] == pieces, f"{key}: the text came in other pieces (--stream-interval)"
+            assert mine["logprobs"] == value["logprobs"], key
             assert mine["tool_calls"] == value["tool_calls"], key
             assert mine["prompt_texts"] == value["prompt_texts"], key
             assert mine["reasoning"].keys() == value["reasoning"].keys(), key
