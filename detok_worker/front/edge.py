@@ -235,16 +235,17 @@ def with_header(start: Message, header: tuple[bytes, bytes]) -> Message:
     return {**start, "headers": [*start.get("headers", []), header]}
 
 
-def request_rid(request: Request, kind: str, body_request_id: str | None = None) -> str:
-    """The rid of a generation request: `{kind}-{id}` with the front's own id, `{kind}-{client id}-{12 hex}` with
-    a client's (X-Request-Id, else vLLM's `request_id` body field): sanitised and made unique, since a client
-    may reuse its ids while the bus needs each live rid once."""
+def request_rid(request: Request, prefix: str, body_request_id: str | None = None) -> str:
+    """The rid of a generation request, also its answer's id: `{prefix}{id}` with the front's own id (`prefix`:
+    the API's, e.g. "chatcmpl-", "resp_"), `{prefix}{client id}-{12 hex}` with a client's (X-Request-Id, else
+    vLLM's `request_id` body field): sanitised and made unique, since a client may reuse its ids while the bus needs
+    each live rid once."""
     state = request.state
     client_id = state.request_id if state.client_request_id else body_request_id
     if not client_id:
-        return f"{kind}-{state.request_id}"
+        return f"{prefix}{state.request_id}"
     safe = _UNSAFE_RID_CHARS.sub("_", client_id)[:MAX_REQUEST_ID_CHARS]
-    return f"{kind}-{safe}-{uuid.uuid4().hex[:12]}"
+    return f"{prefix}{safe}-{uuid.uuid4().hex[:12]}"
 
 
 def middleware_for(config: DetokConfig, observer: RequestObserver) -> list[Middleware]:

@@ -122,17 +122,17 @@ class Generation:
         self.response_store = ResponseStore(intake.config.responses_store_max)  # /v1/responses (store, GET)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, decode_completion, CompletionFormatter, "cmpl")
+        return await self._generate(request, decode_completion, CompletionFormatter, "cmpl-")
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, decode_chat, ChatFormatter, "chatcmpl")
+        return await self._generate(request, decode_chat, ChatFormatter, "chatcmpl-")
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's POST /v1/messages: a chat request in another shape (anthropic_api.py), answered and refused
         in Anthropic's shapes; its API key may come in x-api-key."""
         request.state.anthropic = True
         try:
-            response = await self._generate(request, decode_messages, MessagesFormatter, "msg")
+            response = await self._generate(request, decode_messages, MessagesFormatter, "msg_")
         except APIError as exc:
             return anthropic_error_response(error_response(exc))
         return anthropic_error_response(response)
@@ -153,7 +153,7 @@ class Generation:
             return made
 
         try:
-            response = await self._generate(request, decode, cast(Any, formatter), "resp")
+            response = await self._generate(request, decode, cast(Any, formatter), "resp_")
         except APIError as exc:
             return error_response(responses_error(exc))
         return responses_error_response(response)
@@ -187,7 +187,7 @@ class Generation:
         request: Request,
         decode: Callable[[bytes], GenerationBody],
         formatter_type: type[CompletionFormatter] | type[ChatFormatter],
-        id_kind: str,
+        id_prefix: str,
     ) -> Response:
         if self.draining:
             return error_response(SHUTTING_DOWN, {"Retry-After": str(RETRY_AFTER_S)})
@@ -195,7 +195,7 @@ class Generation:
         body = with_vllm_headers(
             decode(await self.intake.read_body(request)), request.headers, self.dispatcher.engine_refuses
         )
-        rid = request_rid(request, id_kind, body.request_id)
+        rid = request_rid(request, id_prefix, body.request_id)
         prompts = batch_prompts(body) if isinstance(body, CompletionRequest) else None
         if prompts is None:
             return await self._generate_one(request, body, formatter_type, rid)

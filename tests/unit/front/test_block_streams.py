@@ -42,6 +42,7 @@ def test_a_messages_stream_of_text_is_one_text_block(front: FrontUnderTest) -> N
     assert all(delta["index"] == 0 and delta["delta"]["type"] == "text_delta" for delta in deltas)
     assert "".join(delta["delta"]["text"] for delta in deltas) == whole["content"][0]["text"]
     assert events[-2]["usage"] == whole["usage"]
+    assert whole["id"].startswith("msg_") and events[0]["message"]["id"].startswith("msg_")  # Anthropic's prefix
 
 
 def test_a_responses_stream_of_text_is_one_message_numbered_in_order(front: FrontUnderTest) -> None:
@@ -67,6 +68,7 @@ def test_a_responses_stream_of_text_is_one_message_numbered_in_order(front: Fron
     item_id = events[2]["item"]["id"]
     assert all(delta["item_id"] == item_id and delta["output_index"] == 0 for delta in deltas)
     assert events[-4]["text"] == text and events[-1]["response"]["output"][0]["content"][0]["text"] == text
+    assert whole["id"].startswith("resp_") and events[-1]["response"]["id"].startswith("resp_")  # OpenAI's, vLLM's
 
 
 @pytest.mark.parametrize(
