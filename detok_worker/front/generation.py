@@ -80,9 +80,9 @@ from detok_worker.front.validation import (
 )
 from detok_worker.tokenizer.protocol import Tokenizer
 
-# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread costs more CPU than the work
-# (BENCHMARKS.md, "Front per chunk").
-INLINE_PROMPT_CHARS = 512
+# A prompt this short is rendered and tokenized on the loop: the hand-off to a thread (its wakeups and the GIL
+# passed back and forth) costs more CPU than the work, which holds up the loop about a millisecond at most.
+INLINE_PROMPT_CHARS = 4096
 RETRY_AFTER_S = 5  # what a request refused while draining is told
 GenerationBody = CompletionRequest | ChatCompletionRequest
 
