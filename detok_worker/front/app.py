@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from detok_worker.bus.request_fields import VLLM_SOURCE
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
@@ -33,7 +35,7 @@ from detok_worker.front.errors import JSON, NOT_FOUND, SERVER_ERROR, APIError, e
 from detok_worker.front.generation import INLINE_PROMPT_CHARS as INLINE_PROMPT_CHARS  # tests import it from here
 from detok_worker.front.generation import Generation
 from detok_worker.front.lora_api import LoraAdapterRoutes
-from detok_worker.front.openai_api import ModelCard, ModelList
+from detok_worker.front.openai_api import ModelCard, ModelList, ModelPermission
 from detok_worker.front.openapi import openapi_document
 from detok_worker.front.parsing import ParserChoice
 from detok_worker.front.request_intake import RequestIntake
@@ -116,12 +118,34 @@ class Front:
         configured = self.config.front.max_model_len
         return configured or self.dispatcher.engine_max_model_len or self._tokenizer_max_len
 
+    @property
+    def _vllm_cards(self) -> bool:
+        return self.config.engine.source == VLLM_SOURCE
+
+    def _card(self, name: str, root: str, parent: str | None = None, max_model_len: int | None = None) -> ModelCard:
+        """detok's card, or on `--source vllm` vLLM's (its models/serving.py): owned by "vllm", made now, with one
+        ModelPermission of vLLM's defaults."""
+        if not self._vllm_cards:
+            return ModelCard(id=name, root=root, parent=parent, max_model_len=max_model_len)
+        return ModelCard(
+            id=name,
+            created=int(time.time()),
+            owned_by="vllm",
+            root=root,
+            parent=parent,
+            max_model_len=max_model_len,
+            permission=[ModelPermission()],
+        )
+
     def _model_card(self, name: str) -> ModelCard:
-        return ModelCard(name, created=0, root=self.model_name, max_model_len=self.max_model_len)
+        """A served name's card. vLLM's root is the model it loaded (`--model`, for every served name); detok's
+        elsewhere is the served name."""
+        root = self.config.engine.model if self._vllm_cards else self.model_name
+        return self._card(name, root, max_model_len=self.max_model_len)
 
     def _adapter_card(self, name: str) -> ModelCard:
         """A LoRA adapter's card, as vLLM writes it: its path as root, the base model as parent."""
-        return ModelCard(name, created=0, root=self.limits.lora_adapters[name], parent=self.model_name)
+        return self._card(name, self.limits.lora_adapters[name], parent=self.model_name)
 
     async def models(self, request: Request) -> Response:
         self.intake.authorize(request)

@@ -9,6 +9,8 @@ gets the 400 that names the field rather than a type error.
 
 from __future__ import annotations
 
+import secrets
+import time
 from typing import Any, Literal
 
 import msgspec
@@ -291,14 +293,34 @@ class ChatCompletionChunk(msgspec.Struct):
     prompt_text: str | UnsetType = UNSET  # with return_prompt_text: on each choice's first chunk
 
 
-class ModelCard(msgspec.Struct):
+class ModelPermission(msgspec.Struct):
+    """vLLM's ModelPermission (the one entry of its cards' `permission`), with vLLM's values."""
+
+    id: str = msgspec.field(default_factory=lambda: f"modelperm-{secrets.token_hex(8)}")
+    object: str = "model_permission"
+    created: int = msgspec.field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    """A model's card, its fields in vLLM's order; `permission` only where it is vLLM's card (`--source vllm`)."""
+
     id: str
-    created: int
-    owned_by: str = "detok"
     object: str = "model"
+    created: int = 0
+    owned_by: str = "detok"
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None  # vLLM's: the context length, when known
+    permission: list[ModelPermission] | UnsetType = UNSET
 
 
 class ModelList(msgspec.Struct):

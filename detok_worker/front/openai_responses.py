@@ -27,7 +27,7 @@ from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
 from detok_worker.front.responses import REASONING, TEXT, TOOL_CALL, Block, BlockFormatter, ChunkTemplate
 from detok_worker.front.sse import named_event, named_events_framing
-from detok_worker.front.validation import decode_json
+from detok_worker.front.validation import VLLM_SAMPLING_EPS, decode_json
 
 # ---- requests ---------------------------------------------------------------------------------------------
 
@@ -307,10 +307,21 @@ class ResponsesFormatter(BlockFormatter):
         self.framing = named_events_framing(self._error_event)
         self._sequence = 0
         self._items: list[dict[str, Any]] = []  # the output items so far (the last may be open)
+        self.vllm_shape = False  # the response object as vLLM's server writes it (`--source vllm`)
+        self.context_length: int | None = None  # the model's max_model_len, when known (vLLM's max_output_tokens)
 
-    def bind(self, request: ResponsesRequest, conversation: list[dict[str, Any]], store: ResponseStore) -> None:
-        """The request it answers (echoed in the response) and its conversation, kept in `store` when it asked."""
+    def bind(
+        self,
+        request: ResponsesRequest,
+        conversation: list[dict[str, Any]],
+        store: ResponseStore,
+        vllm_shape: bool = False,
+        context_length: int | None = None,
+    ) -> None:
+        """The request it answers (echoed in the response) and its conversation, kept in `store` when it asked;
+        `vllm_shape`: the response object is vLLM's server's (its fields, its echo of the request)."""
         self.request, self.conversation, self.store = request, conversation, store
+        self.vllm_shape, self.context_length = vllm_shape, context_length
 
     def _event(self, kind: str, payload: dict[str, Any], number: str | None = None) -> bytes:
         """An event numbered next (or `number`: a template's mark, which takes no number of the sequence)."""
@@ -344,19 +355,22 @@ class ResponsesFormatter(BlockFormatter):
                 },
                 "total_tokens": stream.prompt_tokens + stream.n_tokens,
             }  # fmt: skip
+        response = {
+            "id": self.rid, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model, "output": output, "usage": usage, "incomplete_details": incomplete,
+            "instructions": request.instructions, "previous_response_id": request.previous_response_id,
+            "parallel_tool_calls": request.parallel_tool_calls is not False, "temperature": request.temperature,
+            "tools": request.tools or [], "background": False, "truncation": "disabled", "user": request.user,
+        }  # fmt: skip
+        if self.vllm_shape:
+            return {**response, **_vllm_echo(request, stream.prompt_tokens, self.context_length)}
         text_format = request.text.format if request.text is not None and request.text.format is not None else None
         return {
-            "id": self.rid, "object": "response", "created_at": self.created, "status": status,
-            "model": self.model, "output": output, "usage": usage, "error": None, "incomplete_details": incomplete,
-            "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
-            "previous_response_id": request.previous_response_id, "metadata": request.metadata or {},
-            "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "temperature": request.temperature, "top_p": request.top_p,
-            "tool_choice": request.tool_choice or "auto", "tools": request.tools or [],
+            **response, "error": None, "max_output_tokens": request.max_output_tokens,
+            "metadata": request.metadata or {}, "top_p": request.top_p, "tool_choice": request.tool_choice or "auto",
             "text": {"format": msgspec.to_builtins(text_format) if text_format else {"type": "text"}},
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
-            "store": request.store is not False, "background": False, "truncation": "disabled",
-            "user": request.user,
+            "store": request.store is not False,
         }  # fmt: skip
 
     def first_chunks(self, index: int, stream: RequestStream) -> list[bytes]:
@@ -392,7 +406,7 @@ class ResponsesFormatter(BlockFormatter):
 
     def _closed(self, kind: str) -> list[bytes]:
         item, text = self._items[-1], "".join(self.block_pieces)
-        _complete(item, kind, text)
+        self._complete(item, kind, text)
         where = {"item_id": item["id"], "output_index": self.blocks - 1}
         if kind == TOOL_CALL:
             events = [
@@ -409,6 +423,13 @@ class ResponsesFormatter(BlockFormatter):
         events.append(self._event("response.output_item.done", {"output_index": self.blocks - 1, "item": item}))
         return events
 
+    def _complete(self, item: dict[str, Any], kind: str, text: str) -> None:
+        """An item with its whole text (_complete); vLLM's server gives a finished message's text part null
+        logprobs (its streamed events' parts have [] until then)."""
+        _complete(item, kind, text)
+        if self.vllm_shape and kind == TEXT:
+            item["content"][0]["logprobs"] = None
+
     def _status(self, stream: RequestStream) -> str:
         return "incomplete" if stream.finish == "length" else "completed"
 
@@ -422,7 +443,7 @@ class ResponsesFormatter(BlockFormatter):
         output = []
         for kind, text, name, call_id in blocks:
             item = _item(kind, name, call_id)
-            _complete(item, kind, text)
+            self._complete(item, kind, text)
             if kind != REASONING:  # a whole answer's reasoning item has no status (vLLM's server)
                 item["status"] = "completed"
             output.append(item)
@@ -445,6 +466,42 @@ class ResponsesFormatter(BlockFormatter):
                 answer.setdefault("tool_calls", []).append(tool_call(item["call_id"], item["name"], item["arguments"]))
         conversation = [*self.conversation, answer]
         self.store.put(self.rid, StoredResponse(msgspec.json.encode(response), conversation))
+
+
+def _vllm_echo(request: ResponsesRequest, prompt_tokens: int, context_length: int | None) -> dict[str, Any]:
+    """The response fields vLLM's server fills from the request and its sampling parameters (its
+    ResponsesResponse.from_request), where the front knows them: a sampling field the request leaves out comes from
+    the model's generation config in the engine, unknown here (null), but a greedy temperature sets top_p to 1 (vLLM's
+    SamplingParams); without tools an `auto` or no tool_choice is "none"; max_output_tokens is the asked number at
+    most the rest of the context, else the rest of the context (a generation config's max_new_tokens, which caps it
+    in vLLM's engine, is not seen here)."""
+    greedy = request.temperature is not None and request.temperature < VLLM_SAMPLING_EPS
+    rest = context_length - prompt_tokens if context_length else None
+    asked = request.max_output_tokens
+    text = None
+    if request.text is not None:
+        text_format = request.text.format
+        shown = {k: v for k, v in msgspec.to_builtins(text_format).items() if v is not None} if text_format else None
+        text = {"format": shown, "verbosity": None}
+    no_tools = not request.tools and request.tool_choice in (None, "auto", "none")
+    return {
+        "metadata": request.metadata,
+        "tool_choice": "none" if no_tools else request.tool_choice or "auto",
+        "top_p": 1.0 if greedy else request.top_p,
+        "max_output_tokens": asked if rest is None else rest if asked is None else min(asked, rest),
+        "max_tool_calls": None,
+        "prompt": None,
+        "reasoning": msgspec.to_builtins(request.reasoning) if request.reasoning is not None else None,
+        "service_tier": request.service_tier or "auto",
+        "text": text,
+        "top_logprobs": None,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "input_messages": None,
+        "output_messages": None,
+    }
 
 
 def _item(kind: str, name: str = "", call_id: str = "") -> dict[str, Any]:

@@ -7,9 +7,10 @@ writes the special tokens itself).
 
 Chat messages reach the template as the client sent them (extra keys such as tool_calls, tool_call_id or
 reasoning_content included), except that list-of-parts content is flattened to a string (the text parts joined
-with "\\n", like vLLM for string-content templates), a null content becomes "", and an assistant message's tool
-calls carry their arguments as objects (vLLM's server decodes the JSON strings clients send). A developer message
-becomes a system one where the template has no developer role (the tokenizer's ChatTemplates.render).
+with "\\n", like vLLM for string-content templates), a null content (an assistant's, or a named function
+message's: vLLM refuses it elsewhere) becomes "", and an assistant message's tool calls carry their arguments as
+objects (vLLM's server decodes the JSON strings clients send). A developer message becomes a system one where the
+template has no developer role (the tokenizer's ChatTemplates.render).
 
 Length limits (front.max_prompt_chars, checked before any encoding, and the prompt-token limit, checked on the
 ids) refuse a prompt with a 400 naming the field ("prompt" or "messages").
@@ -138,6 +139,12 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             or (isinstance(message["tool_calls"], list) and all(isinstance(c, dict) for c in message["tool_calls"]))
         ):
             raise bad_request(f"messages[{index}].tool_calls must be a list of objects", "messages")
+        if "content" in message and message["content"] is None and not _null_content_allowed(message):
+            raise bad_request(
+                f"messages[{index}].content must be a string or a list of content parts; null is allowed in an "
+                "assistant message (and a function message with a name) only",
+                "messages",
+            )
         prepared = {**message, "content": _flatten_content(message.get("content"), index)}
         if role == "assistant" and isinstance(message.get("tool_calls"), list):
             calls = [_template_tool_call(call, index) for call in message["tool_calls"]]
@@ -147,6 +154,14 @@ def _template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 del prepared["tool_calls"]
         result.append(prepared)
     return result
+
+
+def _null_content_allowed(message: dict[str, Any]) -> bool:
+    """vLLM's server validates messages as OpenAI's message types or its own any-role type: only the assistant's
+    and the function message's (which needs a name) take a null content; the others need a string or parts when
+    the key is there (a message without content is any-role's)."""
+    role = message.get("role")
+    return role == "assistant" or (role == "function" and isinstance(message.get("name"), str))
 
 
 def _template_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:

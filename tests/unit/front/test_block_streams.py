@@ -84,3 +84,42 @@ def test_a_responses_refusal_names_the_responses_field(
     error = refused.json()["error"]
     assert (refused.status_code, error["param"]) == (400, named)
     assert named in error["message"]
+
+
+# vLLM 0.32's ResponsesResponse fields (JSON objects have no order: compared as sets)
+VLLM_RESPONSE_FIELDS = [
+    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object", "output",
+    "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p", "background", "max_output_tokens",
+    "max_tool_calls", "previous_response_id", "prompt", "reasoning", "service_tier", "status", "text",
+    "top_logprobs", "truncation", "usage", "user", "presence_penalty", "frequency_penalty", "kv_transfer_params",
+    "ec_transfer_params", "input_messages", "output_messages",
+]  # fmt: skip
+
+
+def test_a_responses_object_on_the_vllm_source_is_vllms(qwen3: Any) -> None:
+    """vLLM's server (ResponsesResponse.from_request) echoes its sampling parameters: a greedy temperature's top_p of
+    1, "none" for a tool_choice without tools, the service tier, the penalties, max_output_tokens the rest of the
+    context when the request sets none; no metadata, reasoning or text when the request gives none, no store; a
+    finished message's text part has null logprobs. The same object whole and in the stream's created/completed."""
+    options = {"engine.source": "vllm", "engine.model": "m", "front.max_model_len": 4096}
+    plain = {"input": ASK, "temperature": 0, "top_p": 0.5, "presence_penalty": 0.5}
+    asked = {"input": ASK, "temperature": 0.7, "max_output_tokens": 64, "metadata": {"a": "b"}}
+    with running_front(qwen3, **options) as front:
+        whole = httpx.post(f"{front.url}/v1/responses", json=plain, timeout=30).json()
+        other = httpx.post(f"{front.url}/v1/responses", json=asked, timeout=30).json()
+        events = streamed(front, "/v1/responses", plain)
+        prompt_tokens = whole["usage"]["input_tokens"]
+    created, completed = events[0]["response"], events[-1]["response"]
+    for response in (whole, created, completed):
+        assert sorted(response) == sorted(VLLM_RESPONSE_FIELDS)
+        assert {name: response[name] for name in ("tool_choice", "top_p", "service_tier", "max_output_tokens")} == {
+            "tool_choice": "none",
+            "top_p": 1.0,
+            "service_tier": "auto",
+            "max_output_tokens": 4096 - prompt_tokens,
+        }
+        assert (response["temperature"], response["presence_penalty"], response["frequency_penalty"]) == (0, 0.5, None)
+        assert (response["metadata"], response["reasoning"], response["text"], response["top_logprobs"]) == (None,) * 4
+    assert whole["output"][0]["content"][0]["logprobs"] is None
+    assert completed["output"][0]["content"][0]["logprobs"] is None
+    assert (other["top_p"], other["max_output_tokens"], other["metadata"]) == (None, 64, {"a": "b"})

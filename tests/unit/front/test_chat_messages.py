@@ -72,3 +72,35 @@ def test_any_role_reaches_the_template() -> None:
     with pytest.raises(APIError) as refused:
         rendered([{"role": 7, "content": "x"}])
     assert refused.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": None},
+        {"role": "system", "content": None},
+        {"role": "developer", "content": None},
+        {"role": "tool", "tool_call_id": "c1", "content": None},
+        {"role": "function", "content": None},
+        {"role": "ipython", "content": None},
+    ],
+)
+def test_a_null_content_is_refused_where_vllm_refuses_it(message: dict[str, Any]) -> None:
+    """vLLM's server validates each message as one of OpenAI's message types or its any-role type (a 400 when none
+    takes it): a user, system, developer or tool message, and a function message without a name, need a string or
+    a list of parts."""
+    with pytest.raises(APIError) as refused:
+        rendered([message])
+    assert (refused.value.status, refused.value.param) == (400, "messages")
+    assert "messages[0].content" in refused.value.message
+
+
+def test_a_null_or_missing_content_is_taken_where_vllm_takes_it() -> None:
+    """The assistant's message and a named function message may have a null content; any message may have none."""
+    messages = [
+        {"role": "user"},
+        {"role": "assistant", "content": None},
+        {"role": "function", "name": "f", "content": None},
+        {"role": "ipython"},
+    ]
+    assert rendered(messages) == "user|assistant|function|ipython|"

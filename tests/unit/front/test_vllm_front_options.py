@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -53,6 +54,46 @@ def test_an_alias_is_accepted_and_the_served_name_answers(qwen3: Any) -> None:
     assert by_alias.status_code == 200 and by_alias.json()["model"] == "first"
     assert unknown.status_code == 404
     assert (card["id"], card["root"]) == ("second", "first")
+    assert card["owned_by"] == "detok" and "permission" not in card  # vLLM's card is on --source vllm only
+
+
+def test_the_model_cards_on_the_vllm_source_are_vllms(qwen3: Any) -> None:
+    """vLLM's /v1/models (openai/models/serving.py): every served name's root is the model it loaded, and every
+    card, an adapter's too, is owned by "vllm", made now, with one ModelPermission of vLLM's defaults."""
+    options = {
+        "engine.source": "vllm",
+        "engine.model": "/models/qwen3",
+        "front.model_name": "base",
+        "front.model_aliases": ["alias"],
+        "front.lora_adapters": {"adapter": "/adapters/a"},
+    }
+    with running_front(qwen3, **options) as front:
+        cards = httpx.get(f"{front.url}/v1/models").json()["data"]
+        alias = httpx.get(f"{front.url}/v1/models/alias").json()
+    assert [(c["id"], c["owned_by"], c["root"], c["parent"]) for c in cards] == [
+        ("base", "vllm", "/models/qwen3", None),
+        ("alias", "vllm", "/models/qwen3", None),
+        ("adapter", "vllm", "/adapters/a", "base"),
+    ]
+    assert alias == {**cards[1], "created": alias["created"], "permission": alias["permission"]}
+    assert list(cards[0]) == ["id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"]
+    assert all(abs(card["created"] - time.time()) < 60 for card in cards)
+    assert [len(card["permission"]) for card in cards] == [1, 1, 1]
+    permission = cards[0]["permission"][0]
+    assert re.fullmatch(r"modelperm-[0-9a-f]{16}", permission.pop("id"))
+    assert abs(permission.pop("created") - time.time()) < 60
+    assert permission == {
+        "object": "model_permission",
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def test_an_omitted_max_tokens_is_left_to_the_engine_and_completions_default_to_16(qwen3: Any) -> None:
@@ -239,7 +280,7 @@ def test_a_lora_adapter_is_a_model_whose_requests_run_on_it(qwen3: Any) -> None:
         on_base = httpx.post(f"{front.url}/v1/completions", json={**body, "model": "base"}, timeout=30)
         loras = [next_submit(front).params.lora for _ in range(2)]
     assert [(c["id"], c["root"], c["parent"]) for c in cards] == [
-        ("base", "base", None),
+        ("base", "m", None),  # vLLM's root: the model it loaded (--model)
         ("adapter", "/adapters/a", "base"),
     ]
     assert card["id"] == "adapter" and card["parent"] == "base"
