@@ -63,10 +63,13 @@ def _single_prompt(request: CompletionRequest) -> Any:
 
 def prompt_chars(request: CompletionRequest | ChatCompletionRequest) -> int | None:
     """The size of a prompt's work before it is done: the characters of a string prompt or of the messages'
-    string contents, the ids of a token-id prompt; None when not cheap to tell (list-of-parts content)."""
+    string contents, the ids of a token-id prompt; None when not cheap to tell (list-of-parts content, tools or
+    documents, which the template renders into the prompt: often many kilobytes)."""
     if isinstance(request, CompletionRequest):
         prompt = _single_prompt(request)
         return len(prompt)
+    if request.tools or request.documents:
+        return None
     size = 0
     for message in request.messages:
         content = message.get("content")

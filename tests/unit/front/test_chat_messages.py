@@ -11,7 +11,7 @@ import pytest
 
 from detok_worker.config import load_config
 from detok_worker.front.errors import APIError
-from detok_worker.front.prompts import chat_prompt_text
+from detok_worker.front.prompts import chat_prompt_text, prompt_chars
 from detok_worker.front.validation import Limits, decode_chat
 from detok_worker.tokenizer.backends.mock import MockTokenizer
 
@@ -104,3 +104,15 @@ def test_a_null_or_missing_content_is_taken_where_vllm_takes_it() -> None:
         {"role": "ipython"},
     ]
     assert rendered(messages) == "user|assistant|function|ipython|"
+
+
+def test_a_prompts_size_counts_the_messages_text_and_is_unknown_with_tools_documents_or_parts() -> None:
+    """What decides whether a prompt is rendered and tokenized on the loop (`prompt_chars`): the messages' string
+    contents; a request whose template also renders tools or documents, or whose content is parts, goes to a thread."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert prompt_chars(decode_chat(json.dumps({"messages": messages}).encode())) == len("Be brief.Hi there")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for extra in ({"tools": [tool]}, {"documents": [{"title": "t", "text": "d"}]}):
+        assert prompt_chars(decode_chat(json.dumps({"messages": messages, **extra}).encode())) is None, extra
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert prompt_chars(decode_chat(json.dumps({"messages": parts}).encode())) is None
