@@ -60,6 +60,9 @@ from detok_worker.stream.stop.rules import StopRules
 log = logging.getLogger(__name__)
 
 ENGINE_STALE_S = 3.0  # EngineStats arrive every engine.stats_interval_s (1 s); older than this = engine gone
+# After the engine's connection closed, how long its last frames (the Rejects of the requests it failed on its way
+# out, its workers' last rows) may take to arrive on the other connections before the rest is failed
+ENGINE_GONE_GRACE_S = 0.25
 SWEEP_INTERVAL_S = 1.0
 MAX_FRAMES_PER_WAKEUP = 256
 SHUTTING_DOWN = APIError(503, "the server is shutting down", type=SERVICE_UNAVAILABLE, code="shutdown")
@@ -426,11 +429,15 @@ class Dispatcher:
         self.metrics.flush()
 
     async def _engine_watch_loop(self, monitor: zmq.asyncio.Socket) -> None:
-        """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once."""
+        """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once, but
+        for ENGINE_GONE_GRACE_S, in which the frames it sent before it went reach the intake (they come on other
+        connections, in no fixed order with this event): a request the engine failed ends with its reason."""
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
-                self._engine_lost("its connection closed")
+                await asyncio.sleep(ENGINE_GONE_GRACE_S)
+                if self._engine is not None:
+                    self._engine_lost("its connection closed")
 
     async def _sweep_loop(self) -> None:
         woke = time.monotonic()

@@ -26,6 +26,7 @@ from detok_worker.bus.messages import (
     Submit,
     TextDelta,
 )
+from detok_worker.bus.sockets import BusSockets
 
 REFUSAL_DELAY_S = 0.3  # the engine's Reject comes this long after the Submit (as from a step, not at once)
 
@@ -142,3 +143,26 @@ def test_the_engines_model_name_is_served_unless_the_config_names_one(tokenizer:
         time.sleep(0.3)
         assert httpx.get(f"{under_test.url}/v1/models").json()["data"][0]["id"] == "configured"
         assert httpx.get(f"{under_test.url}/v1/models/engine-model").status_code == 404
+
+
+def test_the_engines_last_reject_wins_over_its_closed_connection(tokenizer: Any) -> None:
+    """An engine on its way out (its vLLM engine core died) fails its requests and exits: the Rejects come on
+    another connection than the one whose close tells the front the engine went away, in no fixed order with it.
+    Here the connection closes first and the Reject follows 50 ms later: the client gets the engine's reason."""
+    with running_front(tokenizer) as front:
+        front.set_plan(lambda submit: [])  # submitted, no output: the request waits
+        answer: list[httpx.Response] = []
+        body = {"model": tokenizer.name, "prompt": "Hello", "max_tokens": 5, "stream": True}
+        client = threading.Thread(
+            target=lambda: answer.append(httpx.post(f"{front.url}/v1/completions", json=body, timeout=30))
+        )
+        client.start()
+        submit = front.engine.submits.get(timeout=10)
+        front.engine.__exit__(None, None, None)  # the engine's sockets close: the front sees its connection go
+        time.sleep(0.05)
+        with BusSockets(front.engine.config) as bus:
+            push = bus.front_push()
+            push.send(encode(Reject(submit.rid, "the vLLM engine core died: the request cannot finish")))
+            client.join(timeout=30)
+    assert answer, "no answer"
+    assert "the vLLM engine core died" in answer[0].text, answer[0].text
