@@ -54,7 +54,7 @@ def sample(pids: dict[str, int]) -> Sample:
 
 
 def idle_cost(system: str, window_s: float, workers: int, model: Path, workdir: Path) -> None:
-    with running_system(system, model, engine_flags(512, 8192), workdir, workers, 2.0, {}) as running:
+    with running_system(system, model, engine_flags(512, 8192), workdir, workers, {}) as running:
         time.sleep(5)  # past the start-up's last work
         front, _ = running.front_side()
         before, start = sample(front), time.monotonic()

@@ -82,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="detok-bench-request-cost-") as tmp:
         for name in args.systems:
             print(f"{name}: {DESCRIPTIONS[name]}; load {load_average()}", flush=True)
-            with running_system(name, model, flags, Path(tmp), args.workers, 5.0, env) as system:
+            with running_system(name, model, flags, Path(tmp), args.workers, env) as system:
                 asyncio.run(send_all(system.url, chat_bodies(MODEL, 64, args.prompt_chars, True), args.clients))
                 runs = []
                 for run in range(args.runs):
