@@ -59,7 +59,10 @@ from detok_worker.stream.stop.rules import StopRules
 
 log = logging.getLogger(__name__)
 
-ENGINE_STALE_S = 3.0  # EngineStats arrive every engine.stats_interval_s (1 s); older than this = engine gone
+# EngineStats arrive every engine.stats_interval_s (1 s); older than this = engine gone. An engine that exits is
+# seen at once (its connection closes); this catches a hung one, and must not catch one starved of CPU for seconds
+# (beside a CPU engine core that takes every core it can).
+ENGINE_STALE_S = 10.0
 # After the engine's connection closed, how long its last frames (the Rejects of the requests it failed on its way
 # out, its workers' last rows) may take to arrive on the other connections before the rest is failed
 ENGINE_GONE_GRACE_S = 0.25

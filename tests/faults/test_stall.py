@@ -28,8 +28,8 @@ from helpers.fault_helpers import (
 from helpers.serve_helpers import ServeProcess, wait_for
 
 # > engine.heartbeat_timeout_s (1 s): a worker blocked on the front must still look alive; and > the front's
-# ENGINE_STALE_S (3 s): a request waiting for the front must not be refused for stats it has not read yet
-FREEZE_S = 6.0
+# ENGINE_STALE_S (10 s): a request waiting for the front must not be refused for stats it has not read yet
+FREEZE_S = 11.0
 LONG_TOKEN = 89180  # qwen3: 114 characters
 LONG_REQUESTS = 10
 # 1250 steps of 4 ids, ~3.75 s at 3 ms a step: unhindered, generation ends within the freeze; paused, ~3 s of it
