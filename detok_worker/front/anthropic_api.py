@@ -18,7 +18,7 @@ import msgspec
 from starlette.responses import Response
 
 from detok_worker.front.choices import Choices
-from detok_worker.front.errors import JSON, APIError, bad_request, error_of, renamed_param
+from detok_worker.front.errors import JSON, APIError, bad_request, renamed_param, reshaped_error
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
@@ -341,11 +341,11 @@ def anthropic_error(error: APIError) -> bytes:
 def anthropic_error_response(response: Any) -> Any:
     """An error response of the chat path in Anthropic's shape (same status and headers); any other response (an
     answer, an event stream) as it is."""
-    error = error_of(response)
-    if error is None:
-        return response
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
-    return Response(anthropic_error(error), status_code=response.status_code, media_type=JSON, headers=headers)
+
+    def in_anthropics_shape(error: APIError, headers: dict[str, str]) -> Response:
+        return Response(anthropic_error(error), status_code=error.status, media_type=JSON, headers=headers)
+
+    return reshaped_error(response, in_anthropics_shape)
 
 
 # ---- responses --------------------------------------------------------------------------------------------

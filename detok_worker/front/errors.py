@@ -3,6 +3,9 @@ and its JSON response."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 from starlette.responses import Response
 
@@ -73,16 +76,19 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> Re
     return Response(encode_error(error), status_code=error.status, media_type=JSON, headers=headers)
 
 
-def error_of(response: object) -> APIError | None:
-    """The APIError an error response (status >= 400, an ErrorBody) says; None for any other response (an answer,
-    an event stream): for the routes that answer a chat request's errors in their own shape or names."""
+def reshaped_error(response: Any, reshape: Callable[[APIError, dict[str, str]], Response]) -> Any:
+    """An error response of the chat path (status >= 400, an ErrorBody) as a route that answers a chat request's
+    errors in its own shape or names gives it: `reshape` of the APIError it says and its headers (without the body's
+    length and type); any other response (an answer, an event stream) as it is."""
     if not isinstance(response, Response) or response.status_code < 400:
-        return None
+        return response
     try:
         detail = msgspec.json.decode(bytes(response.body), type=ErrorBody).error
     except msgspec.DecodeError:
-        return None
-    return APIError(response.status_code, detail.message, type=detail.type, param=detail.param, code=detail.code)
+        return response
+    error = APIError(response.status_code, detail.message, type=detail.type, param=detail.param, code=detail.code)
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return reshape(error, headers)
 
 
 def renamed_param(error: APIError, names: dict[str, str]) -> APIError:

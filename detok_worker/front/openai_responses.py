@@ -21,7 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 from detok_worker.front.choices import Choices
-from detok_worker.front.errors import APIError, bad_request, error_of, error_response, renamed_param
+from detok_worker.front.errors import APIError, bad_request, error_response, renamed_param, reshaped_error
 from detok_worker.front.openai_api import ChatCompletionRequest, StreamOptions
 from detok_worker.front.prompts import function_tool, tool_call
 from detok_worker.front.request_stream import RequestStream
@@ -240,11 +240,7 @@ def responses_error(error: APIError) -> APIError:
 
 def responses_error_response(response: Any) -> Any:
     """An error response of the chat path naming the Responses request's field; any other response as it is."""
-    error = error_of(response)
-    if error is None:
-        return response
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
-    return error_response(responses_error(error), headers)
+    return reshaped_error(response, lambda error, headers: error_response(responses_error(error), headers))
 
 
 def decode_responses(body: bytes, store: ResponseStore) -> tuple[ChatCompletionRequest, ResponsesRequest]:

@@ -292,7 +292,7 @@ def _check_n(request: GenerationRequest, limits: Limits) -> int:
     if not 1 <= n <= limits.max_n:
         raise bad_request(f"n must be between 1 and {limits.max_n} (got {n})", "n")
     temperature = request.temperature
-    if n > 1 and limits.engine_source == "vllm" and temperature is not None and temperature < VLLM_SAMPLING_EPS:
+    if n > 1 and limits.engine_source == VLLM_SOURCE and temperature is not None and temperature < VLLM_SAMPLING_EPS:
         # vLLM's SamplingParams refuses several samples of a greedy request (they would all be the same); here each
         # choice is an engine request of its own, so the engine never sees n
         raise bad_request(f"n must be 1 when using greedy sampling, got {n}.", "n")
