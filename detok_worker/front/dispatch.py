@@ -228,6 +228,10 @@ class Dispatcher:
 
     def _engine_lost(self, why: str) -> None:
         self._engine = None  # not alive until a (new) engine reports again
+        self._fail_engine_requests(why)
+
+    def _fail_engine_requests(self, why: str) -> None:
+        """End the live requests and adapter calls of an engine that went away: a new one does not know them."""
         error = APIError(502, f"the engine went away ({why})", type=ENGINE_ERROR, code="engine_lost")
         for future in self._adapter_calls.values():
             if not future.done():
@@ -438,9 +442,9 @@ class Dispatcher:
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
+                self._engine = None  # not alive (/health, new requests) until a (new) engine reports again
                 await asyncio.sleep(ENGINE_GONE_GRACE_S)
-                if self._engine is not None:
-                    self._engine_lost("its connection closed")
+                self._fail_engine_requests("its connection closed")
 
     async def _sweep_loop(self) -> None:
         woke = time.monotonic()
