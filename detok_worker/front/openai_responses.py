@@ -378,7 +378,7 @@ class ResponsesFormatter(BlockFormatter):
 
     def _opened(self, kind: str, name: str, call_id: str) -> list[bytes]:
         output = self.blocks - 1
-        item = _item(kind, name, call_id)
+        item = self._item(kind, name, call_id)
         self._items.append(item)
         added = {"output_index": output, "item": {**item, "status": "in_progress"}}
         events = [self._event("response.output_item.added", added)]
@@ -419,6 +419,13 @@ class ResponsesFormatter(BlockFormatter):
         events.append(self._event("response.output_item.done", {"output_index": self.blocks - 1, "item": item}))
         return events
 
+    def _item(self, kind: str, name: str, call_id: str) -> dict[str, Any]:
+        """An output item as it opens; vLLM's server's messages carry OpenAI's `phase` (null)."""
+        item = _item(kind, name, call_id)
+        if self.vllm_shape and kind == TEXT:
+            item["phase"] = None
+        return item
+
     def _complete(self, item: dict[str, Any], kind: str, text: str) -> None:
         """An item with its whole text (_complete); vLLM's server gives a finished message's text part null
         logprobs (its streamed events' parts have [] until then)."""
@@ -438,7 +445,7 @@ class ResponsesFormatter(BlockFormatter):
     def _answer(self, stream: RequestStream, blocks: list[Block]) -> bytes:
         output = []
         for kind, text, name, call_id in blocks:
-            item = _item(kind, name, call_id)
+            item = self._item(kind, name, call_id)
             self._complete(item, kind, text)
             if kind != REASONING:  # a whole answer's reasoning item has no status (vLLM's server)
                 item["status"] = "completed"

@@ -122,4 +122,7 @@ def test_a_responses_object_on_the_vllm_source_is_vllms(qwen3: Any) -> None:
         assert (response["metadata"], response["reasoning"], response["text"], response["top_logprobs"]) == (None,) * 4
     assert whole["output"][0]["content"][0]["logprobs"] is None
     assert completed["output"][0]["content"][0]["logprobs"] is None
+    added = next(event["item"] for event in events if event.get("type") == "response.output_item.added")
+    for message in (whole["output"][0], completed["output"][0], added):
+        assert message["type"] == "message" and "phase" in message and message["phase"] is None
     assert (other["top_p"], other["max_output_tokens"], other["metadata"]) == (None, 64, {"a": "b"})
