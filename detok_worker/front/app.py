@@ -26,7 +26,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from detok_worker.bus.request_fields import VLLM_SOURCE
 from detok_worker.config import DetokConfig
 from detok_worker.front import sse
 from detok_worker.front.dispatch import SHUTTING_DOWN, Dispatcher
@@ -118,14 +117,10 @@ class Front:
         configured = self.config.front.max_model_len
         return configured or self.dispatcher.engine_max_model_len or self._tokenizer_max_len
 
-    @property
-    def _vllm_cards(self) -> bool:
-        return self.config.engine.source == VLLM_SOURCE
-
     def _card(self, name: str, root: str, parent: str | None = None, max_model_len: int | None = None) -> ModelCard:
         """detok's card, or on `--source vllm` vLLM's (its models/serving.py): owned by "vllm", made now, with one
         ModelPermission of vLLM's defaults."""
-        if not self._vllm_cards:
+        if not self.limits.vllm_server:
             return ModelCard(id=name, root=root, parent=parent, max_model_len=max_model_len)
         return ModelCard(
             id=name,
@@ -140,7 +135,7 @@ class Front:
     def _model_card(self, name: str) -> ModelCard:
         """A served name's card. vLLM's root is the model it loaded (`--model`, for every served name); detok's
         elsewhere is the served name."""
-        root = self.config.engine.model if self._vllm_cards else self.model_name
+        root = self.config.engine.model if self.limits.vllm_server else self.model_name
         return self._card(name, root, max_model_len=self.max_model_len)
 
     def _adapter_card(self, name: str) -> ModelCard:

@@ -21,7 +21,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from detok_worker.bus.messages import PromptLogprobs, RequestParams
-from detok_worker.bus.request_fields import VLLM_SOURCE
 from detok_worker.front import edge, sse
 from detok_worker.front.anthropic_api import (
     CountTokensResponse,
@@ -150,8 +149,7 @@ class Generation:
 
         def formatter(*args: Any, **kwargs: Any) -> ResponsesFormatter:
             made = ResponsesFormatter(*args, **kwargs)
-            vllm_shape = self.limits.engine_source == VLLM_SOURCE
-            made.bind(*request.state.responses, store, vllm_shape, self.context_length())
+            made.bind(*request.state.responses, store, self.limits.vllm_server, self.context_length())
             return made
 
         try:

@@ -67,6 +67,11 @@ class Limits:
     # the tokenizer says which tokens are added ones (Hugging Face `tokenizers`): spaces_between_special_tokens false
     added_tokens_known: bool = True
 
+    @property
+    def vllm_server(self) -> bool:
+        """Answers take the shape vLLM's own server gives them (`--source vllm`: a drop-in for `vllm serve`)."""
+        return self.engine_source == VLLM_SOURCE
+
     @classmethod
     def from_config(
         cls, config: DetokConfig, model_name: str, tokenizer: Tokenizer, lora_adapters: dict[str, str] | None = None
@@ -292,7 +297,7 @@ def _check_n(request: GenerationRequest, limits: Limits) -> int:
     if not 1 <= n <= limits.max_n:
         raise bad_request(f"n must be between 1 and {limits.max_n} (got {n})", "n")
     temperature = request.temperature
-    if n > 1 and limits.engine_source == VLLM_SOURCE and temperature is not None and temperature < VLLM_SAMPLING_EPS:
+    if n > 1 and limits.vllm_server and temperature is not None and temperature < VLLM_SAMPLING_EPS:
         # vLLM's SamplingParams refuses several samples of a greedy request (they would all be the same); here each
         # choice is an engine request of its own, so the engine never sees n
         raise bad_request(f"n must be 1 when using greedy sampling, got {n}.", "n")
