@@ -43,7 +43,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 
 def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
     try:
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        return tokenizer.encode_ids(text, add_special_tokens=add_special_tokens)
     except (TokenizerError, ValueError, UnicodeError) as exc:
         raise bad_request(f"the {param} cannot be tokenized: {exc}", param) from exc
 

@@ -271,13 +271,19 @@ class InstrumentedTokenizer(TokenizerWrapper):
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         with self._timed(self._encode):
             encoding = self.inner.encode(text, add_special_tokens)
-        self._sizes(((text, encoding),))
+        self._sizes(((text, encoding.ids),))
         return encoding
+
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        with self._timed(self._encode):
+            ids = self.inner.encode_ids(text, add_special_tokens)
+        self._sizes(((text, ids),))
+        return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         with self._timed(self._encode_batch):
             encodings = self.inner.encode_batch(texts, add_special_tokens)
-        self._sizes(zip(texts, encodings, strict=False))
+        self._sizes((text, encoding.ids) for text, encoding in zip(texts, encodings, strict=False))
         return encodings
 
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -299,10 +305,10 @@ class InstrumentedTokenizer(TokenizerWrapper):
             with self._lock:
                 histogram.observe(seconds)
 
-    def _sizes(self, encoded: Iterable[tuple[str, Encoding]]) -> None:
+    def _sizes(self, encoded: Iterable[tuple[str, list[int]]]) -> None:
         with self._lock:
-            for text, encoding in encoded:
-                self._tokens.observe(len(encoding.ids))
+            for text, ids in encoded:
+                self._tokens.observe(len(ids))
                 self._chars.observe(len(text))
 
     def flush(self) -> None:

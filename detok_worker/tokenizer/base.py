@@ -115,6 +115,9 @@ class TokenizerBase:
                 offsets.append((len(text), len(text)))
         return Encoding(ids=ids, offsets=offsets)
 
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.encode(text, add_special_tokens).ids
+
     def encode_plain(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and character spans of `text`, nothing added."""
         raise NotImplementedError

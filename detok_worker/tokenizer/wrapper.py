@@ -36,6 +36,9 @@ class TokenizerWrapper:
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         return self.inner.encode(text, add_special_tokens)
 
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.inner.encode_ids(text, add_special_tokens)
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         return self.inner.encode_batch(texts, add_special_tokens)
 

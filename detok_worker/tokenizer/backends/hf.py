@@ -167,6 +167,18 @@ class HFTokenizer(TokenizerBase):
         encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return Encoding(ids=encoding.ids, offsets=encoding.offsets)
 
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """encode's ids; through tiktoken also for a text whose NFC form changes its length (its offsets would have
+        to be aligned, its ids need not), and without the library's offsets otherwise."""
+        fast = self._tiktoken_encoder
+        if fast is not None and isinstance(text, str) and (fast.adds_nothing or not add_special_tokens):
+            ids = fast.encode_ids(text)
+            if ids is not None:
+                return ids
+        if isinstance(text, str) and len(text) > GIL_FREE_ENCODE_CHARS:
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [Encoding(ids=e.ids, offsets=e.offsets) for e in encodings]

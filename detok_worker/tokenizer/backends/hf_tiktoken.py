@@ -6,7 +6,8 @@ request is an encode. The shape it takes (`TiktokenEncoder.build` checks it, and
 - the model is BPE over the ByteLevel alphabet whose merges make every token in the order of their ids
   (vocabularies that come from tiktoken: Qwen, Llama-3, GPT-4o, gpt-oss), no dropout, byte fallback or affixes;
 - the pre-tokenizer is one regex Split that keeps its matches, then ByteLevel without its own regex or prefix space;
-- no normalizer, or NFC (a text whose NFC form composes or decomposes characters goes through the library);
+- no normalizer, or NFC (a text whose NFC form composes or decomposes characters goes through the library for
+  its ids and offsets, `encode`; its ids alone, `encode_ids`, come from here);
 - added tokens without lstrip, rstrip or single_word: the text splits at them leftmost-longest, as the library's
   added vocabulary does, and each stands for its own id;
 - no truncation or padding; nothing added around the ids and no offset trimming (no post-processor, or ByteLevel
@@ -38,6 +39,8 @@ _PROBE = (
     "עברית العربية हिन्दी 😀👩🏽‍💻🇫🇷 \t\n\n  x  \r\n  123456 3.14159 a\u00a0b\u3000c ＡＢＣ ﬁ "
     "def f(x):\n    return x**2  # comment\n\n\n{\"k\": [1, 2]} <|x|> ''' ``` ---- ...."
 )
+# characters NFC composes (a combining acute, a diaeresis, Hangul jamo) or splits in two (U+0958, U+0344): ids only
+_COMPOSING_PROBE = "cafe\u0301 na\u0308ive \u1100\u1161\u11a8 \u0958 x\u0344 <|x|>e\u0301"
 
 
 class TiktokenEncoder:
@@ -81,8 +84,11 @@ class TiktokenEncoder:
             else:
                 expected = tokenizer.encode(_PROBE, add_special_tokens=False)
                 got = encoder.encode(_PROBE)
+                composing = encoder.encode_ids(_COMPOSING_PROBE)
                 if got is None or (got.ids, got.offsets) != (expected.ids, expected.offsets):
                     reason = "tiktoken encodes the probe text differently"
+                elif composing not in (None, tokenizer.encode(_COMPOSING_PROBE, add_special_tokens=False).ids):
+                    reason = "tiktoken encodes the NFC probe text differently"
                 else:
                     return encoder
         log.info("prompts are encoded by tokenizers, not tiktoken: %s", reason)
@@ -144,6 +150,28 @@ class TiktokenEncoder:
         if at < len(text):
             self._encode_piece(normalized[at:] if at else normalized, at, ids, offsets)
         return Encoding(ids=ids, offsets=offsets)
+
+    def encode_ids(self, text: str) -> list[int] | None:
+        """`encode`'s ids, also of a text whose NFC form composes or decomposes characters: each piece between
+        added tokens is normalized on its own, as the library normalizes the pieces its added vocabulary splits off.
+        None: the library must encode it."""
+        normalize = self._nfc and not unicodedata.is_normalized("NFC", text)
+        if normalize and self._normalized_added:
+            return None
+        encode = self._encoding.encode_ordinary
+        ids: list[int] = []
+        at = 0
+        if self._added is not None:
+            for match in self._added.finditer(text):
+                if match.start() > at:
+                    piece = text[at : match.start()]
+                    ids += encode(unicodedata.normalize("NFC", piece) if normalize else piece)
+                ids.append(self._added_ids[match.group()])
+                at = match.end()
+        if at < len(text):
+            piece = text[at:] if at else text
+            ids += encode(unicodedata.normalize("NFC", piece) if normalize else piece)
+        return ids
 
     def _encode_piece(self, piece: str, base: int, ids: list[int], offsets: list[tuple[int, int]]) -> None:
         piece_ids = self._encoding.encode_ordinary(piece)

@@ -238,6 +238,9 @@ class CachedTokenizer(TokenizerWrapper):
             l0.put(text, add_special_tokens, encoding, parts)
         return encoding
 
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.encode(text, add_special_tokens).ids  # through the cache levels
+
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         if self._l0 is None and self._l1 is None:
             return self.inner.encode_batch(texts, add_special_tokens)

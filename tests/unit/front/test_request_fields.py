@@ -94,6 +94,10 @@ class RecordingTokenizer:
         self.add_special_tokens = add_special_tokens
         return self.inner.encode(text, add_special_tokens)
 
+    def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        self.add_special_tokens = add_special_tokens
+        return self.inner.encode_ids(text, add_special_tokens)
+
 
 # ---- what a case expects ----------------------------------------------------------------------------------------
 

@@ -67,12 +67,31 @@ def test_ids_and_offsets_are_the_librarys_on_random_texts(name: str) -> None:
     assert compared > 700  # the texts whose NFC form composes characters go to the library
 
 
+@pytest.mark.parametrize("name", TAKEN)
+def test_ids_alone_are_the_librarys_also_where_nfc_composes(name: str) -> None:
+    """encode_ids takes every text, those whose NFC form composes or splits characters too (encode leaves those to
+    the library: their offsets would need aligning): the ids equal the library's."""
+    tokenizer = load_fixture_tokenizer(name)
+    encoder = tokenizer.build_tiktoken_encoder()
+    assert encoder is not None
+    composing = 0
+    for index, text in enumerate(random_texts(tokenizer, 1200, seed=len(name) + 7)):
+        add_special = index % 2 == 0
+        expected = tokenizer.hf_tokenizer.encode(text, add_special_tokens=add_special).ids
+        assert tokenizer.encode_ids(text, add_special_tokens=add_special) == expected, repr(text)
+        fast = encoder.encode_ids(text)
+        assert fast == tokenizer.hf_tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
+        composing += encoder.encode(text) is None
+    assert composing > 200 if name == "qwen3" else composing == 0  # gpt-oss has no normalizer
+
+
 def test_nfc_changing_characters_one_for_one_is_taken_and_composing_is_left_to_the_library() -> None:
     tokenizer = load_fixture_tokenizer("qwen3")
     encoder = TiktokenEncoder.build(tokenizer.hf_tokenizer)
     assert encoder is not None
     decomposed = "cafe\u0301 and re\u0301sume\u0301"
     assert encoder.encode(decomposed) is None
+    assert encoder.encode_ids(decomposed) == library_encoding(tokenizer, decomposed, False)[0]
     got = tokenizer.encode(decomposed)
     assert (got.ids, [tuple(span) for span in got.offsets]) == library_encoding(tokenizer, decomposed, False)
     assert got.ids == tokenizer.encode("café and résumé").ids  # NFC composed it
