@@ -15,6 +15,8 @@ from detok_worker.engine.sources.base import RunOptions
 from detok_worker.engine.sources.factory import run_source
 from engine_stub.planned import primary_eos_id
 
+PROMPT_IDS = 20_000
+
 
 def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], timeout_s: float) -> None:
     message = worker.recv(timeout_s)
@@ -33,8 +35,11 @@ def _read(worker: PlayedWorker, ids: dict[str, list[int]], finished: set[str], t
 def test_stalled_worker_pauses_only_its_rids(qwen3):
     eos = primary_eos_id(qwen3)
     rng = random.Random(5)
-    slow_prompts = {f"s{i}": [rng.randrange(1000, 20000) for _ in range(3000)] for i in range(40)}
-    fast_prompt = [rng.randrange(1000, 20000) for _ in range(3000)]
+    # the echo engine answers each prompt: 40 of this length are several MB, far more than the sockets' buffers
+    # hold (a stalled worker must stall its rids, not have them all sent into the kernel), and no slow rid can end
+    # while the slow worker still reads the opens
+    slow_prompts = {f"s{i}": [rng.randrange(1000, 20000) for _ in range(PROMPT_IDS)] for i in range(40)}
+    fast_prompt = [rng.randrange(1000, 20000) for _ in range(PROMPT_IDS)]
     with short_runtime_dir() as runtime:
         config = bus_config(
             runtime,
@@ -59,7 +64,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                     lambda: front.engine_stats is not None and "slow" in front.engine_stats.workers, 60
                 )
                 for rid, prompt in slow_prompts.items():
-                    front.submit(rid, prompt, RequestParams(max_tokens=10_000))
+                    front.submit(rid, prompt, RequestParams(max_tokens=PROMPT_IDS + 1))
                 # the slow worker reads until every one of its rids is open, then stops reading: had it stopped at
                 # once, the first rids' ids could fill its queue before the later rids' opens got in
                 slow_ids: dict[str, list[int]] = {}
@@ -72,7 +77,7 @@ def test_stalled_worker_pauses_only_its_rids(qwen3):
                 assert front.wait_for(lambda: front.engine_stats.workers.get("slow") == 40, 30), front.engine_stats
                 fast.send(Hello("fast", 2))
                 assert front.wait_for(lambda: "fast" in front.engine_stats.workers, 10)
-                front.submit("f", fast_prompt, RequestParams(max_tokens=10_000))
+                front.submit("f", fast_prompt, RequestParams(max_tokens=PROMPT_IDS + 1))
 
                 fast_ids: dict[str, list[int]] = {}
                 fast_done: set[str] = set()
