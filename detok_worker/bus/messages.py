@@ -460,6 +460,9 @@ class EngineStats(msgspec.Struct, tag="engine_stats", array_like=True, gc=False)
     # the request fields (bus/request_fields.py names) this engine does not pass on: the fronts refuse a request
     # that sets one (a 400 naming it) instead of accepting what the engine would ignore
     refused_fields: list[str] = msgspec.field(default_factory=list)
+    # the model's sampling defaults (vLLM's generation-config ones: temperature, top_p, max_tokens, ...), which a
+    # request that leaves a field out gets; the fronts echo them where vLLM's server does (the Responses object)
+    sampling_defaults: dict[str, int | float] = msgspec.field(default_factory=dict)
 
 
 class AdapterAnswer(msgspec.Struct, tag="adapter_answer", array_like=True, gc=False):

@@ -70,6 +70,7 @@ class EngineLink:
         engine_version: str = "",
         system_fingerprint: str = "",
         refused_fields: Iterable[str] = GRPC_REFUSED_NAMES,
+        sampling_defaults: dict[str, int | float] | None = None,
     ) -> None:
         """`tokenizer`: the served model's, whose EOS ids (beside `eos_ids`, the model's own) end requests and whose
         special ids size the prompt context; it also heads the trace of engine.record.
@@ -77,8 +78,9 @@ class EngineLink:
         table): workers decode an id below it that the tokenizer lacks as no text instead of failing the request
         (Open.vocab_size). `refused_fields`: the request fields (bus/request_fields.py names) the engine does not
         pass on, which the fronts refuse; by default those the gRPC API has no field for (vLLM's engine core takes
-        them all). The others are what the fronts report of the engine (EngineStats) unless their own options say
-        otherwise; 0 or "": not known."""
+        them all). `sampling_defaults`: the model's, which requests that leave a field out get (EngineStats). The
+        others are what the fronts report of the engine (EngineStats) unless their own options say otherwise; 0 or
+        "": not known."""
         engine = config.engine
         recorder = None
         if tokenizer is not None:
@@ -92,6 +94,7 @@ class EngineLink:
         self.engine_version = engine_version
         self.system_fingerprint = system_fingerprint
         self.vocab_size = vocab_size
+        self.sampling_defaults = sampling_defaults or {}
         refused = set(refused_fields)
         self.refused_fields = [name for name in FIELD_BY_NAME if name in refused]  # the table's order
         # the LoRA adapters the engine has loaded, name -> path, for the fronts (EngineStats); None: it loads none
@@ -325,6 +328,7 @@ class EngineLink:
             system_fingerprint=self.system_fingerprint,
             lora_adapters=self.lora_adapters,
             refused_fields=self.refused_fields,
+            sampling_defaults=self.sampling_defaults,
         )
         self.metrics.sync(live_rids=stats.live_rids, reopened=stats.reopened, bad_frames=stats.bad_frames)
         self.fronts.broadcast(encode(stats))

@@ -89,6 +89,15 @@ class RequestBuilder:
             else model_config.override_generation_config.get("max_new_tokens")
         )
 
+    def numeric_defaults(self) -> dict[str, int | float]:
+        """The sampling defaults that are numbers (all of vLLM's are; a generation config may hold anything), for
+        the fronts (EngineStats.sampling_defaults)."""
+        return {
+            name: value
+            for name, value in self.defaults.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        }
+
     def build(self, submit: Submit, detok: DetokParams) -> EngineCoreRequest:
         """Raises ParameterError (the client's parameter, answered with a 400 naming it) when vLLM refuses
         the request."""

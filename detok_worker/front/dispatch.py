@@ -89,6 +89,7 @@ class Dispatcher:
         self.engine_version = ""  # the real engine's version, once its EngineStats gave one
         self.system_fingerprint = ""  # the real engine's system_fingerprint, once its EngineStats gave one
         self.engine_vocab_size = 0  # the model's vocabulary size, once its EngineStats gave one
+        self.engine_sampling_defaults: dict[str, int | float] = {}  # the model's, as its EngineStats gave them
         # the request fields the engine does not pass on (its EngineStats), in the table's order: requests that
         # set one are refused. Before its first stats a request is refused anyway (the engine is not reachable)
         self.engine_refuses: tuple[str, ...] = ()
@@ -326,6 +327,7 @@ class Dispatcher:
                 self.system_fingerprint = message.system_fingerprint
             if message.vocab_size:
                 self.engine_vocab_size = message.vocab_size
+            self.engine_sampling_defaults = message.sampling_defaults
             if message.lora_adapters is not None:
                 self._adapters_reported(message.lora_adapters)
         elif isinstance(message, AdapterAnswer):

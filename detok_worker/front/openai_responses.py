@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -305,6 +306,7 @@ class ResponsesFormatter(BlockFormatter):
         self._items: list[dict[str, Any]] = []  # the output items so far (the last may be open)
         self.vllm_shape = False  # the response object as vLLM's server writes it (`--source vllm`)
         self.context_length: int | None = None  # the model's max_model_len, when known (vLLM's max_output_tokens)
+        self.sampling_defaults: dict[str, int | float] = {}  # the model's (EngineStats), echoed as vLLM's server does
 
     def bind(
         self,
@@ -359,7 +361,8 @@ class ResponsesFormatter(BlockFormatter):
             "tools": request.tools or [], "background": False, "truncation": "disabled", "user": request.user,
         }  # fmt: skip
         if self.vllm_shape:
-            return {**response, **_vllm_echo(request, stream.prompt_tokens, self.context_length)}
+            echo = _vllm_echo(request, stream.prompt_tokens, self.context_length, self.sampling_defaults)
+            return {**response, **echo}
         text_format = request.text.format if request.text is not None and request.text.format is not None else None
         return {
             **response, "error": None, "max_output_tokens": request.max_output_tokens,
@@ -471,16 +474,20 @@ class ResponsesFormatter(BlockFormatter):
         self.store.put(self.rid, StoredResponse(msgspec.json.encode(response), conversation))
 
 
-def _vllm_echo(request: ResponsesRequest, prompt_tokens: int, context_length: int | None) -> dict[str, Any]:
+def _vllm_echo(
+    request: ResponsesRequest, prompt_tokens: int, context_length: int | None, defaults: Mapping[str, int | float]
+) -> dict[str, Any]:
     """The response fields vLLM's server fills from the request and its sampling parameters (its
-    ResponsesResponse.from_request), where the front knows them: a sampling field the request leaves out comes from
-    the model's generation config in the engine, unknown here (null), but a greedy temperature sets top_p to 1 (vLLM's
-    SamplingParams); without tools an `auto` or no tool_choice is "none"; max_output_tokens is the asked number at
-    most the rest of the context, else the rest of the context (a generation config's max_new_tokens, which caps it
-    in vLLM's engine, is not seen here)."""
-    greedy = request.temperature is not None and request.temperature < VLLM_SAMPLING_EPS
+    ResponsesResponse.from_request): a sampling field the request leaves out is the model's default (`defaults`, its
+    generation config's, which the engine reports), else vLLM's own (temperature and top_p 1, penalties 0); a greedy
+    temperature sets top_p to 1 (vLLM's SamplingParams); without tools an `auto` or no tool_choice is "none";
+    max_output_tokens is the asked number, else the model's default, at most the rest of the context (a generation
+    config directory's max_new_tokens, which caps an asked number too in vLLM's server, is not seen here)."""
+    temperature = _given_or(request.temperature, defaults, "temperature", 1.0)
     rest = context_length - prompt_tokens if context_length else None
-    asked = request.max_output_tokens
+    asked = request.max_output_tokens if request.max_output_tokens is not None else defaults.get("max_tokens")
+    if asked is not None:
+        asked = int(asked)
     text = None
     if request.text is not None:
         text_format = request.text.format
@@ -490,7 +497,8 @@ def _vllm_echo(request: ResponsesRequest, prompt_tokens: int, context_length: in
     return {
         "metadata": request.metadata,
         "tool_choice": "none" if no_tools else request.tool_choice or "auto",
-        "top_p": 1.0 if greedy else request.top_p,
+        "temperature": temperature,
+        "top_p": 1.0 if temperature < VLLM_SAMPLING_EPS else _given_or(request.top_p, defaults, "top_p", 1.0),
         "max_output_tokens": asked if rest is None else rest if asked is None else min(asked, rest),
         "max_tool_calls": None,
         "prompt": None,
@@ -498,13 +506,18 @@ def _vllm_echo(request: ResponsesRequest, prompt_tokens: int, context_length: in
         "service_tier": request.service_tier or "auto",
         "text": text,
         "top_logprobs": None,
-        "presence_penalty": request.presence_penalty,
-        "frequency_penalty": request.frequency_penalty,
+        "presence_penalty": _given_or(request.presence_penalty, defaults, "presence_penalty", 0.0),
+        "frequency_penalty": _given_or(request.frequency_penalty, defaults, "frequency_penalty", 0.0),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "input_messages": None,
         "output_messages": None,
     }
+
+
+def _given_or(value: float | None, defaults: Mapping[str, int | float], name: str, fallback: float) -> float:
+    """A sampling field as vLLM's server fills it: the request's, else the model's default, else vLLM's own."""
+    return value if value is not None else defaults.get(name, fallback)
 
 
 def _item(kind: str, name: str = "", call_id: str = "") -> dict[str, Any]:

@@ -588,6 +588,8 @@ RESPONSES = {
     "input": "Hi",
     "store": False,
 }
+RESPONSE_DEFAULTED = {"input": "Hi", "max_output_tokens": 2, "presence_penalty": 0.5, "store": False}
+ECHOED_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "max_output_tokens", "top_logprobs")
 RESPONSES_TOOLS = [
     {
         "type": "function",
@@ -609,13 +611,17 @@ def openai_responses(client: httpx.Client) -> dict[str, Any]:
         texts = [unfinished(part.get("text")) for part in item.get("content") or []]
         return (item["type"], texts, item.get("name"), item.get("arguments"), item.get("status"))
 
+    # the sampling fields the response echoes: the request's, else the model's generation config's (its temperature
+    # and top_p), else vLLM's own (the penalties); the output itself is sampled, not compared
+    sampled = client.post("/v1/responses", headers=headers, json={**RESPONSE_DEFAULTED, "model": "first"}).json()
     seen: dict[str, Any] = {
         "responses whole": (
             [item_of(item) for item in body["output"]],
             body["status"],
             body["incomplete_details"],
             body["usage"],
-        )
+        ),
+        "responses defaults": {name: sampled[name] for name in ECHOED_SAMPLING},
     }
     events: list[str] = []
     texts: dict[int, str] = {}
@@ -788,6 +794,8 @@ def test_vllms_server_and_detok_on_the_same_flags_answer_alike() -> None:
     assert streamed_events[0] == ("message_start", "") and streamed_events[-1] == ("message_stop", "")
     assert ("content_block_start", "thinking") in streamed_events and expected["messages whole"][0]
     assert expected["responses streamed"][0][-1] == "response.completed" and expected["responses whole"][0]
+    defaulted = expected["responses defaults"]  # the model's generation config, the request's, vLLM's own
+    assert (defaulted["temperature"], defaulted["top_p"], defaulted["presence_penalty"]) == (0.6, 0.95, 0.5)
     clients = expected["official clients"]
     assert clients["responses"] == clients["responses streamed"] and clients["responses"]
     assert clients["messages"] == clients["messages streamed"] and clients["messages"][0]

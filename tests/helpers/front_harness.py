@@ -172,6 +172,7 @@ class PlayedEngine:
     # the EngineStats' LoRA adapters (None: the engine reports none), and the answer to an adapter call (None: no
     # answer); every call is kept in `adapter_calls`
     lora_adapters: dict[str, str] | None = None
+    sampling_defaults: dict[str, int | float] = field(default_factory=dict)  # the EngineStats' (the model's)
     adapter_answer: Callable[[AdapterCall], AdapterAnswer | None] = lambda call: None
     adapter_calls: queue.Queue[AdapterCall] = field(default_factory=queue.Queue)
     submits: queue.Queue[Submit] = field(default_factory=queue.Queue)
@@ -231,6 +232,7 @@ class PlayedEngine:
                         system_fingerprint=self.system_fingerprint,
                         lora_adapters=self.lora_adapters,
                         refused_fields=self._refused_fields(),
+                        sampling_defaults=self.sampling_defaults,
                     )
                     push.send(encode(stats))
                     push.send(encode(WorkerStats(PLAYED_WORKER, 0, len(self._jobs), {}, 0, 0)))

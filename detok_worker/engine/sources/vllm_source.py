@@ -325,6 +325,7 @@ def run_vllm_source(config: DetokConfig, options: RunOptions) -> int:
                 or "",
                 max_model_len=model_config.max_model_len,
                 refused_fields=(),  # vLLM's engine core takes every request field
+                sampling_defaults=requests.numeric_defaults(),
             )
             log.info(
                 "engine: vLLM engine core for %s (served as %s) ready in %.1f s",

@@ -48,6 +48,10 @@ print(json.dumps([
     build(RequestParams(8, lora="other")),
     build(RequestParams(8, session_id="conv-1", sampling=SamplingParams(thinking_token_budget=32,
                                                                          extra_args={"k": [1, "a"]}))),
+    RequestBuilder(Recorder(), SimpleNamespace(
+        max_model_len=100, generation_config="auto", override_generation_config={},
+        get_diff_sampling_param=lambda: {"temperature": 0.6, "max_tokens": 64, "odd": [1], "flag": True},
+    )).numeric_defaults(),
 ]))
 """
 
@@ -60,7 +64,7 @@ def answers() -> list[Any]:
 
 
 def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request(answers: list[Any]) -> None:
-    *built, in_session = answers[0]
+    *built, in_session, _ = answers[0]
     defaulted, given, engine_max, cut, too_many, on_adapter, unknown = built
     assert (defaulted["temperature"], defaulted["top_k"], defaulted["top_p"]) == (0.6, 20, 0.95)
     assert (given["temperature"], given["top_k"], given["top_p"]) == (1.0, 0, 0.95)  # top_k -1: off, vLLM's 0
@@ -72,6 +76,12 @@ def test_defaults_max_tokens_and_the_lora_adapter_reach_vllms_request(answers: l
     assert in_session["session_id"] == "conv-1" and defaulted["session_id"] is None  # vLLM's session_id
     assert (in_session["thinking_token_budget"], defaulted["thinking_token_budget"]) == (32, None)
     assert (in_session["extra_args"], defaulted["extra_args"]) == ({"k": [1, "a"]}, None)  # vllm_xargs
+
+
+def test_the_fronts_get_the_defaults_that_are_numbers(answers: list[Any]) -> None:
+    """EngineStats.sampling_defaults: a value of another type in a generation config (which may hold anything)
+    would make the fronts drop the whole frame."""
+    assert answers[0][-1] == {"temperature": 0.6, "max_tokens": 64}
 
 
 TOOL_SCRIPT = """

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers.front_harness import FrontUnderTest, running_front
-from helpers.serve_helpers import named_sse_events
+from helpers.serve_helpers import named_sse_events, wait_for
 
 ASK = "Hello there, how are you?"
 
@@ -118,11 +118,38 @@ def test_a_responses_object_on_the_vllm_source_is_vllms(qwen3: Any) -> None:
             "service_tier": "auto",
             "max_output_tokens": 4096 - prompt_tokens,
         }
-        assert (response["temperature"], response["presence_penalty"], response["frequency_penalty"]) == (0, 0.5, None)
+        assert (response["temperature"], response["presence_penalty"], response["frequency_penalty"]) == (0, 0.5, 0.0)
         assert (response["metadata"], response["reasoning"], response["text"], response["top_logprobs"]) == (None,) * 4
     assert whole["output"][0]["content"][0]["logprobs"] is None
     assert completed["output"][0]["content"][0]["logprobs"] is None
     added = next(event["item"] for event in events if event.get("type") == "response.output_item.added")
     for message in (whole["output"][0], completed["output"][0], added):
         assert message["type"] == "message" and "phase" in message and message["phase"] is None
-    assert (other["top_p"], other["max_output_tokens"], other["metadata"]) == (None, 64, {"a": "b"})
+    assert (other["top_p"], other["max_output_tokens"], other["metadata"]) == (1.0, 64, {"a": "b"})
+
+
+def test_a_responses_object_on_the_vllm_source_echoes_the_models_sampling_defaults(qwen3: Any) -> None:
+    """A sampling field the request leaves out is the model's default (its generation config's, which the engine
+    reports in its stats), else vLLM's own; a field the request sets wins; a greedy default temperature makes top_p
+    1; max_output_tokens is the model's default when the request sets none."""
+    options = {"engine.source": "vllm", "engine.model": "m", "front.max_model_len": 4096}
+    with running_front(qwen3, **options) as front:
+
+        def answer(**fields: Any) -> dict[str, Any]:
+            return httpx.post(f"{front.url}/v1/responses", json={"input": ASK, **fields}, timeout=30).json()
+
+        bare = answer()
+        defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 100, "presence_penalty": 1.5}
+        front.engine.sampling_defaults = defaults
+        defaulted = wait_for(lambda: (made := answer())["temperature"] == 0.6 and made, 5, what="the defaults")
+        asked = answer(temperature=0.2, top_p=0.5, max_output_tokens=300, frequency_penalty=0.1)
+        front.engine.sampling_defaults = {"temperature": 0, "top_p": 0.95}
+        greedy = wait_for(lambda: (made := answer())["temperature"] == 0 and made, 5, what="a greedy default")
+    fields = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "max_output_tokens")
+    shown = [tuple(response[name] for name in fields) for response in (bare, defaulted, asked, greedy)]
+    assert shown == [
+        (1.0, 1.0, 0.0, 0.0, 4096 - bare["usage"]["input_tokens"]),
+        (0.6, 0.95, 1.5, 0.0, 100),
+        (0.2, 0.5, 1.5, 0.1, 300),
+        (0, 1.0, 0.0, 0.0, 4096 - greedy["usage"]["input_tokens"]),
+    ]
