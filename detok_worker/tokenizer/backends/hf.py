@@ -18,6 +18,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Encoding as RustEncoding
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import __version__ as tokenizers_version
 
@@ -157,27 +158,33 @@ class HFTokenizer(TokenizerBase):
         return self._tokenizer
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
-        fast = self._tiktoken_encoder
-        if fast is not None and isinstance(text, str) and (fast.adds_nothing or not add_special_tokens):
-            encoding = fast.encode(text)
-            if encoding is not None:
-                return encoding
-        if len(text) > GIL_FREE_ENCODE_CHARS:  # a long prompt must not freeze the front's event loop
-            return self.encode_batch([text], add_special_tokens)[0]
-        encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        fast = self._tiktoken_for(text, add_special_tokens)
+        if fast is not None and (encoding := fast.encode(text)) is not None:
+            return encoding
+        encoding = self._library_encode(text, add_special_tokens)
         return Encoding(ids=encoding.ids, offsets=encoding.offsets)
 
     def encode_ids(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """encode's ids; through tiktoken also for a text whose NFC form changes its length (its offsets would have
         to be aligned, its ids need not), and without the library's offsets otherwise."""
+        fast = self._tiktoken_for(text, add_special_tokens)
+        if fast is not None and (ids := fast.encode_ids(text)) is not None:
+            return ids
+        return self._library_encode(text, add_special_tokens).ids
+
+    def _tiktoken_for(self, text: str, add_special_tokens: bool) -> TiktokenEncoder | None:
+        """The tiktoken encoder when it may encode `text` (it adds nothing around the ids), else None."""
         fast = self._tiktoken_encoder
         if fast is not None and isinstance(text, str) and (fast.adds_nothing or not add_special_tokens):
-            ids = fast.encode_ids(text)
-            if ids is not None:
-                return ids
-        if isinstance(text, str) and len(text) > GIL_FREE_ENCODE_CHARS:
-            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            return fast
+        return None
+
+    def _library_encode(self, text: str, add_special_tokens: bool) -> RustEncoding:
+        """The library's Encoding of `text`; a long one through encode_batch, which releases the GIL (a long
+        prompt must not freeze the front's event loop)."""
+        if len(text) > GIL_FREE_ENCODE_CHARS:
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[Encoding]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import unicodedata
+from collections.abc import Iterator
 from itertools import accumulate
 from operator import sub
 from typing import Any
@@ -139,16 +140,12 @@ class TiktokenEncoder:
                 return None
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
-        at = 0
-        if self._added is not None:  # matched in the text as it came, as the library matches unnormalized tokens
-            for match in self._added.finditer(text):
-                if match.start() > at:
-                    self._encode_piece(normalized[at : match.start()], at, ids, offsets)
-                ids.append(self._added_ids[match.group()])
-                offsets.append((match.start(), match.end()))
-                at = match.end()
-        if at < len(text):
-            self._encode_piece(normalized[at:] if at else normalized, at, ids, offsets)
+        for start, end, added in self._split(text):
+            if added is None:
+                self._encode_piece(normalized[start:end], start, ids, offsets)
+            else:
+                ids.append(added)
+                offsets.append((start, end))
         return Encoding(ids=ids, offsets=offsets)
 
     def encode_ids(self, text: str) -> list[int] | None:
@@ -160,18 +157,26 @@ class TiktokenEncoder:
             return None
         encode = self._encoding.encode_ordinary
         ids: list[int] = []
+        for start, end, added in self._split(text):
+            if added is None:
+                piece = text[start:end]
+                ids += encode(unicodedata.normalize("NFC", piece) if normalize else piece)
+            else:
+                ids.append(added)
+        return ids
+
+    def _split(self, text: str) -> Iterator[tuple[int, int, int | None]]:
+        """`text` in order as (start, end, id): an added token and its id, or a piece between them (None) to
+        encode. Added tokens are matched in the text as it came, as the library matches unnormalized tokens."""
         at = 0
         if self._added is not None:
             for match in self._added.finditer(text):
                 if match.start() > at:
-                    piece = text[at : match.start()]
-                    ids += encode(unicodedata.normalize("NFC", piece) if normalize else piece)
-                ids.append(self._added_ids[match.group()])
+                    yield at, match.start(), None
+                yield match.start(), match.end(), self._added_ids[match.group()]
                 at = match.end()
         if at < len(text):
-            piece = text[at:] if at else text
-            ids += encode(unicodedata.normalize("NFC", piece) if normalize else piece)
-        return ids
+            yield at, len(text), None
 
     def _encode_piece(self, piece: str, base: int, ids: list[int], offsets: list[tuple[int, int]]) -> None:
         piece_ids = self._encoding.encode_ordinary(piece)
