@@ -149,8 +149,13 @@ class Generation:
 
         def formatter(*args: Any, **kwargs: Any) -> ResponsesFormatter:
             made = ResponsesFormatter(*args, **kwargs)
-            made.bind(*request.state.responses, store, self.limits.vllm_server, self.context_length())
-            made.sampling_defaults = self.dispatcher.engine_sampling_defaults
+            made.bind(
+                *request.state.responses,
+                store,
+                self.limits.vllm_server,
+                self.context_length(),
+                self.dispatcher.engine_sampling_defaults,
+            )
             return made
 
         try:

@@ -306,7 +306,7 @@ class ResponsesFormatter(BlockFormatter):
         self._items: list[dict[str, Any]] = []  # the output items so far (the last may be open)
         self.vllm_shape = False  # the response object as vLLM's server writes it (`--source vllm`)
         self.context_length: int | None = None  # the model's max_model_len, when known (vLLM's max_output_tokens)
-        self.sampling_defaults: dict[str, int | float] = {}  # the model's (EngineStats), echoed as vLLM's server does
+        self.sampling_defaults: Mapping[str, int | float] = {}  # the model's (EngineStats), echoed as vLLM's does
 
     def bind(
         self,
@@ -315,11 +315,14 @@ class ResponsesFormatter(BlockFormatter):
         store: ResponseStore,
         vllm_shape: bool = False,
         context_length: int | None = None,
+        sampling_defaults: Mapping[str, int | float] | None = None,
     ) -> None:
         """The request it answers (echoed in the response) and its conversation, kept in `store` when it asked;
-        `vllm_shape`: the response object is vLLM's server's (its fields, its echo of the request)."""
+        `vllm_shape`: the response object is vLLM's server's (its fields, its echo of the request, with the model's
+        `sampling_defaults` where the request leaves a field out)."""
         self.request, self.conversation, self.store = request, conversation, store
         self.vllm_shape, self.context_length = vllm_shape, context_length
+        self.sampling_defaults = sampling_defaults or {}
 
     def _event(self, kind: str, payload: dict[str, Any], number: str | None = None) -> bytes:
         """An event numbered next (or `number`: a template's mark, which takes no number of the sequence)."""
