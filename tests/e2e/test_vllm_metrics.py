@@ -35,16 +35,18 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = pytest.mark.timeout(900)  # two engine starts of ~30-60 s each, more on a loaded machine
 
 LENGTHS = (4, 12, 24, 40)
+FULL_BATCH_TOKENS = 200
 # 50 measured streams: 31 plain, a long one, 10 ended by a stop string, 8 left by their client; the engines run
-# REFERENCE_MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0). The longest are
-# sent first: no request of the first full batch ends before its 24th step, so the running gauge shows the full batch
-# for that long (a step's stats count the requests still running after it: one that ends makes a gap the scheduler
-# fills at its next step)
+# REFERENCE_MAX_NUM_SEQS at once, so under this load some wait (vllm:num_requests_waiting above 0). The long one and
+# the first REFERENCE_MAX_NUM_SEQS - 1 plain ones (FULL_BATCH_TOKENS each) are sent first: the running gauge shows
+# the full batch from the step that admits the last of them for more than a hundred steps (a step's stats count the
+# requests still running after it). A loaded server answers a scrape late (its API process has the streams to
+# serve); the window has to outlast that
 PLAIN = sorted(
     (
         {
             "prompt": f"Story number {seed}:",
-            "max_tokens": LENGTHS[seed % len(LENGTHS)],
+            "max_tokens": FULL_BATCH_TOKENS if seed < REFERENCE_MAX_NUM_SEQS - 1 else LENGTHS[seed % len(LENGTHS)],
             "temperature": 1.0,
             "seed": seed,
         }
@@ -72,6 +74,7 @@ class Run:
     finishes: Counter[str] = field(default_factory=Counter)
     running_under_load: float = 0.0  # the most any scrape showed while the measured streams ran
     waiting_under_load: float = 0.0
+    gauges: list[tuple[float, float, float]] = field(default_factory=list)  # (s into the load, running, waiting)
     scrapes: dict[str, dict[str, Any]] = field(default_factory=dict)
     log: str = ""
 
@@ -154,10 +157,12 @@ async def wait_idle(scrape_now: Callable[[], dict[str, Any]], timeout: float = 3
 
 async def watch_gauges(run: Run, scrape_now: Callable[[], dict[str, Any]], done: asyncio.Event) -> None:
     """Scrapes /metrics until `done`, keeping the most running and waiting requests any scrape showed."""
+    started = time.monotonic()
     while not done.is_set():
         scraped = await asyncio.to_thread(scrape_now)
         running = total(scraped, "vllm:num_requests_running")
         waiting = total(scraped, "vllm:num_requests_waiting")
+        run.gauges.append((round(time.monotonic() - started, 2), running, waiting))
         run.running_under_load = max(run.running_under_load, running)
         run.waiting_under_load = max(run.waiting_under_load, waiting)
         await asyncio.sleep(0.2)
@@ -263,8 +268,8 @@ def test_left_streams_count_as_generated_not_as_finished(run: Run) -> None:
 
 
 def test_running_and_waiting_gauges_under_load_and_zero_when_idle(run: Run) -> None:
-    assert run.running_under_load == REFERENCE_MAX_NUM_SEQS  # the engine's batch full
-    assert run.waiting_under_load > 0  # the rest of the load queued behind it
+    assert run.running_under_load == REFERENCE_MAX_NUM_SEQS, run.gauges  # the engine's batch full
+    assert run.waiting_under_load > 0, run.gauges  # the rest of the load queued behind it
     for moment in ("before", "finished", "left"):
         assert total(run.scrapes[moment], "vllm:num_requests_running") == 0
         assert total(run.scrapes[moment], "vllm:num_requests_waiting") == 0
