@@ -341,11 +341,12 @@ class LogprobText(msgspec.Struct, array_like=True, gc=False, frozen=True):
 
 class TextExtras(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     """What a delta carries beyond its text (a TextBatch row's extras). finish / stop_reason / error are set on the
-    rid's last delta. parsed: the split of the text into channels when the request names a parser (None
-    otherwise). logprobs: for a request that asked for them, the entries of the tokens consumed since the rid's
-    previous delta, i.e. of tokens n_tokens - len(logprobs) .. n_tokens - 1 (the receiver drops re-sent ones by
-    that index). token_ids: for a request whose DetokParams ask for them, the ids of those same tokens (the same
-    index rule)."""
+    rid's last delta; engine_failed (True, else None) with finish "error": the engine failed the rid (Tokens.error),
+    not the worker, so the front answers it as it answers the engine's Reject of the rid, whichever comes first.
+    parsed: the split of the text into channels when the request names a parser (None otherwise). logprobs: for a
+    request that asked for them, the entries of the tokens consumed since the rid's previous delta, i.e. of tokens
+    n_tokens - len(logprobs) .. n_tokens - 1 (the receiver drops re-sent ones by that index). token_ids: for a
+    request whose DetokParams ask for them, the ids of those same tokens (the same index rule)."""
 
     finish: str | None = None
     stop_reason: str | int | None = None
@@ -353,6 +354,7 @@ class TextExtras(msgspec.Struct, kw_only=True, array_like=True, gc=False):
     parsed: ParsedDelta | None = None
     logprobs: list[LogprobText] | None = None
     token_ids: list[int] | None = None
+    engine_failed: bool | None = None
 
 
 class TextDelta(TextExtras, array_like=True, gc=False):

@@ -112,5 +112,10 @@ def reject_error(reject: Reject) -> tuple[APIError, bool]:
         headers = {"Retry-After": str(STOP_BUDGET_RETRY_S)}
         error = APIError(429, reject.error, type=RATE_LIMIT, param="stop", code="stop_budget", headers=headers)
         return error, True
-    error = APIError(503, f"the engine rejected the request: {reject.error}", type=SERVICE_UNAVAILABLE)
-    return error, reject.kind == REJECT_NO_WORKER
+    return engine_failure(reject.error), reject.kind == REJECT_NO_WORKER
+
+
+def engine_failure(message: str) -> APIError:
+    """The engine could not take or finish the request (`message`: its words), told by its Reject or by the
+    worker's final delta of the rid (TextExtras.engine_failed), the same whichever reaches the front first."""
+    return APIError(503, f"the engine rejected the request: {message}", type=SERVICE_UNAVAILABLE)

@@ -15,7 +15,7 @@ from detok_worker.bus.messages import (
     TextDelta,
 )
 from detok_worker.bus.reassembly import GAP_ERROR, DeltaReassembly, ParsedReassembly, TokenEntries
-from detok_worker.front.errors import ENGINE_ERROR, APIError
+from detok_worker.front.errors import ENGINE_ERROR, APIError, engine_failure
 from detok_worker.parse.base import ParsedOutput
 from detok_worker.stream.stop.rules import StopRules
 
@@ -115,7 +115,10 @@ class RequestStream:
             self.ended_at = time.monotonic()
             if delta.finish == FINISH_ERROR:
                 message = delta.error or "the detokenizer failed on this request"
-                self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
+                if delta.engine_failed:
+                    self.failure = engine_failure(message)
+                else:
+                    self.failure = APIError(502, message, type=ENGINE_ERROR, code="detokenizer_error")
             else:
                 self.finish = delta.finish
                 self.stop_reason = self.stop_rules.client_stop_reason(delta.stop_reason)

@@ -194,7 +194,7 @@ class RidEndings:
             if engine_finish is None or state.stop_chars:
                 finishes.append(Finish(rid, FINISH_STOP, stop_reason, state.n_tokens))
         elif engine_finish == FINISH_ERROR:
-            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR)
+            self._end(rid, state, text, FINISH_ERROR, None, deltas, error=engine_error or ENGINE_ERROR, by_engine=True)
         else:
             self._end(rid, state, text, engine_finish or FINISH_STOP, None, deltas)
             if state.stop_chars and engine_finish is not None:  # the engine's end stands (see above)
@@ -210,8 +210,10 @@ class RidEndings:
         deltas: TextBatch,
         error: str | None = None,
         parsed: ParsedDelta | None = None,
+        by_engine: bool = False,
     ) -> None:
-        """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live)."""
+        """The rid's last delta; `state` None: a rid whose Open was refused (nothing decoded, not live); `by_engine`:
+        the error is the engine's failure of the rid (the worker's own, e.g. a parser's, replaces it)."""
         if state is not None and state.parsing is not None and parsed is None:
             try:
                 parsed, match = state.parsing.take(text, final=True)
@@ -219,13 +221,22 @@ class RidEndings:
                 state.parsing.failed = True
                 parsed, _ = state.parsing.take("", final=True)
                 text, finish, stop_reason, error = "", FINISH_ERROR, None, f"output parsing failed: {exc}"
+                by_engine = False
                 self._log_failed(rid, BAD_RID_ERROR, error)
             else:
                 if match is not None and finish != FINISH_ERROR:  # a stop string in the last content
                     finish, stop_reason = FINISH_STOP, match.stop
         offset, n_tokens = (0, 0) if state is None else (state.offset, state.n_tokens)
         delta = TextDelta(
-            rid, offset, text, n_tokens, finish=finish, stop_reason=stop_reason, error=error, parsed=parsed
+            rid,
+            offset,
+            text,
+            n_tokens,
+            finish=finish,
+            stop_reason=stop_reason,
+            error=error,
+            parsed=parsed,
+            engine_failed=by_engine or None,
         )
         add_delta(deltas, delta)
         self._ended.add(rid)

@@ -90,8 +90,11 @@ def test_a_delta_from_before_token_ids_decodes_without_them() -> None:
     assert batch.extras[0].token_ids is None
     new = text_batch("w", 0, 1, [TextDelta("r1", 0, "Hi", 2, token_ids=[9707, 13])])
     raw = msgspec.msgpack.decode(encode(new))
-    assert raw[8][0][-1] == [9707, 13]  # the last element of the row's extras
+    assert raw[8][0][-2:] == [[9707, 13], None]  # the row's extras end: token_ids, engine_failed
     assert front_decoder().decode(encode(new)) == new
+    failed = text_batch("w", 0, 2, [TextDelta("r1", 2, "", 2, finish="error", error="gone", engine_failed=True)])
+    assert msgspec.msgpack.decode(encode(failed))[8][0][-1] is True
+    assert front_decoder().decode(encode(failed)) == failed
 
 
 def test_prompt_logprobs_reach_the_front_as_sent() -> None:

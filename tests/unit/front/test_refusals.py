@@ -166,3 +166,34 @@ def test_the_engines_last_reject_wins_over_its_closed_connection(tokenizer: Any)
             client.join(timeout=30)
     assert answer, "no answer"
     assert "the vLLM engine core died" in answer[0].text, answer[0].text
+
+
+@pytest.mark.parametrize("engine_failed", [True, None])
+def test_an_engine_failure_is_answered_alike_whichever_of_its_reject_and_final_delta_comes_first(
+    front: FrontUnderTest, engine_failed: bool | None
+) -> None:
+    """The engine fails a rid its worker has: the worker's final delta (engine_failed) and the engine's Reject race
+    to the front on two connections; the client's status and error are the same either way. A final error delta of
+    the worker's own (engine_failed None: a bad id) is the detokenizer's failure."""
+    message = "the engine at grpc://10.0.0.9:50051 failed: UNAVAILABLE"
+
+    def final_delta_only(submit: Submit) -> Any:
+        return [TextDelta(submit.rid, 0, "", 0, finish="error", error=message, engine_failed=engine_failed)]
+
+    def reject_only(submit: Submit) -> Any:
+        front.engine.send_raw(encode(Reject(submit.rid, message)))
+        return []
+
+    answers = []
+    for plan in (final_delta_only, reject_only):
+        front.set_plan(plan)
+        try:
+            answers.append(httpx.post(f"{front.url}/v1/completions", json={"prompt": "Hi"}))
+        finally:
+            front.set_plan(front.echo_plan)
+    by_delta, by_reject = (answer.json()["error"] for answer in answers)
+    assert answers[1].status_code == 503 and message in by_reject["message"]
+    if engine_failed:
+        assert (answers[0].status_code, by_delta) == (503, by_reject)
+    else:
+        assert (answers[0].status_code, by_delta["code"], by_delta["message"]) == (502, "detokenizer_error", message)

@@ -186,6 +186,7 @@ def test_bad_token_id_ends_only_that_rid(fixture_tokenizer):
     harness.feed([], [("bad", Tokens([*good, bad_id, *good])), ("ok", Tokens(other[:2]))])
     last = harness.last("bad")
     assert last.finish == "error" and str(bad_id) in (last.error or "")
+    assert last.engine_failed is None  # the worker's own failure, not the engine's
     assert harness.text("bad") == tokenizer.decode(good)[: len(harness.text("bad"))]
     assert harness.finishes == [Finish("bad", "error", None, last.n_tokens)]
     harness.feed([], [("ok", Tokens(other[2:], "length")), ("bad", Tokens(good))])
@@ -216,7 +217,7 @@ def test_engine_error_ends_with_a_message(qwen3):
     harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:2]))])
     harness.feed([], [("r", Tokens(ids[2:], "error"))])
     last = harness.last("r")
-    assert last.finish == "error" and last.error
+    assert last.finish == "error" and last.error and last.engine_failed
     assert harness.text("r") == qwen3.decode(ids)
     assert harness.finishes == []  # the engine ended it itself
 
@@ -227,7 +228,11 @@ def test_engine_error_carries_the_engines_message(qwen3):
     harness.feed([Open("r", [], DetokParams())], [("r", Tokens(ids[:2]))])
     harness.feed([], [("r", Tokens([], "error", "engine grpc://10.0.0.9:50051 is unreachable"))])
     last = harness.last("r")
-    assert (last.finish, last.error) == ("error", "engine grpc://10.0.0.9:50051 is unreachable")
+    assert (last.finish, last.error, last.engine_failed) == (
+        "error",
+        "engine grpc://10.0.0.9:50051 is unreachable",
+        True,
+    )
     assert harness.text("r") == qwen3.decode(ids[:2])
 
 
