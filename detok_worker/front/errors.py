@@ -118,4 +118,4 @@ def reject_error(reject: Reject) -> tuple[APIError, bool]:
 def engine_failure(message: str) -> APIError:
     """The engine could not take or finish the request (`message`: its words), told by its Reject or by the
     worker's final delta of the rid (TextExtras.engine_failed), the same whichever reaches the front first."""
-    return APIError(503, f"the engine rejected the request: {message}", type=SERVICE_UNAVAILABLE)
+    return APIError(503, f"the engine could not serve the request: {message}", type=SERVICE_UNAVAILABLE)
