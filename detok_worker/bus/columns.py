@@ -91,9 +91,8 @@ def text_deltas(batch: TextBatch) -> list[TextDelta]:
 
 
 def split_text_batch(batch: TextBatch, destination: Callable[[str], int]) -> dict[int, TextBatch]:
-    """The batch cut into one TextBatch per destination(rid), each keeping the batch's order; destination 0 always
-    gets one (an empty batch still reports the step)."""
-    parts: dict[int, TextBatch] = {0: TextBatch(batch.worker, batch.sent_ns, batch.step)}
+    """The batch cut into one TextBatch per destination(rid) with rows, each keeping the batch's order."""
+    parts: dict[int, TextBatch] = {}
     extras = batch.extras
     columns = zip(batch.rids, batch.offsets, batch.texts, batch.n_tokens, strict=True)
     for row, (rid, offset, text, n_tokens) in enumerate(columns):

@@ -1,9 +1,10 @@
 """The detok worker process: a thin zmq poll loop around WorkerState.
 
 DEALER (routing id = worker id) to the engine: receives TokenBatch/Shutdown, sends Hello, Heartbeat, Finish,
-Goodbye. PUSH to the front: one TextBatch per TokenBatch, WorkerStats every worker.stats_interval_s. With
-front.processes N > 1: one PUSH per front, and a TokenBatch's deltas are split by the front of each rid (Open.front),
-one TextBatch per front that has any; WorkerStats go to every front.
+Goodbye. PUSH to the front: one TextBatch per TokenBatch with news for it (none for a batch of Opens alone),
+WorkerStats every worker.stats_interval_s. With front.processes N > 1: one PUSH per front, and a TokenBatch's
+deltas are split by the front of each rid (Open.front), one TextBatch per front that has any; WorkerStats go to
+every front.
 Backpressure: when the front does not take TextBatches (its queue is at the high-water mark) the worker stops
 reading TokenBatches until it does, so the engine's queue to this worker fills and the engine pauses this
 worker's rids; heartbeats keep flowing meanwhile. SIGINT/SIGTERM or a Shutdown from the engine: Goodbye (the
@@ -200,7 +201,9 @@ class WorkerProcess:
             self.runaway.disarm()
         self.last_step = batch.step
         decoded = time.perf_counter()
-        if self.rid_fronts:
+        if not result.text_batch.rids:
+            pass  # nothing for a front (e.g. a batch of Opens only): no frame, no wakeup there
+        elif self.rid_fronts:
             self._send_per_front(result.text_batch)
         else:
             self._send_front(encode(result.text_batch))
@@ -220,7 +223,7 @@ class WorkerProcess:
     # ---- sending --------------------------------------------------------------------------------------
 
     def _send_per_front(self, batch: TextBatch) -> None:
-        """One TextBatch per front with deltas (front 0 always gets one: an empty batch still reports the step)."""
+        """One TextBatch per front with deltas."""
         rid_fronts = self.rid_fronts
         parts = split_text_batch(batch, lambda rid: rid_fronts.get(rid, 0))
         for row, extras in batch.extras.items():
