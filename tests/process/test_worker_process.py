@@ -110,7 +110,7 @@ def test_worker_serves_interleaved_rids_and_survives_garbage(qwen3):
                 assert front.wait_for(bad_counted, 10), front.worker_stats.get(WORKER)
                 assert process.is_alive()
 
-                # still working after the garbage; a batch of Opens alone has no news: the front gets no TextBatch for it
+                # still working after the garbage; a batch of Opens alone has no news: no TextBatch for it
                 after = qwen3.encode("Still here ✅").ids
                 batches_before = front.text_batches
                 engine.send(identity, token_batch(99, time.time_ns(), [Open("after", [], DetokParams())], []))
