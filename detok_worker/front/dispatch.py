@@ -204,9 +204,11 @@ class Dispatcher:
         self.budget.unread.pop(stream.rid, None)
         self._prompt_waiting.pop(stream.rid, None)
 
-    def fail_all(self, error: APIError, cause: str) -> int:
-        """End every live request with `error` (shutdown, engine lost); returns how many there were."""
-        streams = list(self._streams.values())
+    def fail_all(self, error: APIError, cause: str, among: list[RequestStream] | None = None) -> int:
+        """End every live request (or those of `among` still live) with `error` (shutdown, engine lost); returns how
+        many there were."""
+        live = self._streams
+        streams = list(live.values()) if among is None else [s for s in among if live.get(s.rid) is s]
         for stream in streams:
             self.abort(stream, error, cause=cause)
         return len(streams)
@@ -231,13 +233,14 @@ class Dispatcher:
         self._engine = None  # not alive until a (new) engine reports again
         self._fail_engine_requests(why)
 
-    def _fail_engine_requests(self, why: str) -> None:
-        """End the live requests and adapter calls of an engine that went away: a new one does not know them."""
+    def _fail_engine_requests(self, why: str, among: list[RequestStream] | None = None) -> None:
+        """End the live requests (those of `among` still live) and adapter calls of an engine that went away: a new
+        one does not know them."""
         error = APIError(502, f"the engine went away ({why})", type=ENGINE_ERROR, code="engine_lost")
         for future in self._adapter_calls.values():
             if not future.done():
                 future.set_exception(error)
-        failed = self.fail_all(error, cause="engine_lost")
+        failed = self.fail_all(error, cause="engine_lost", among=among)
         log.warning("front: the engine went away (%s); %d live requests ended with an error", why, failed)
 
     @property
@@ -445,8 +448,10 @@ class Dispatcher:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
                 self._engine = None  # not alive (/health, new requests) until a (new) engine reports again
+                # the requests it had: a new engine that reports within the grace takes new ones, which stay
+                had = list(self._streams.values())
                 await asyncio.sleep(ENGINE_GONE_GRACE_S)
-                self._fail_engine_requests("its connection closed")
+                self._fail_engine_requests("its connection closed", had)
 
     async def _sweep_loop(self) -> None:
         woke = time.monotonic()

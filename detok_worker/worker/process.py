@@ -201,8 +201,8 @@ class WorkerProcess:
             self.runaway.disarm()
         self.last_step = batch.step
         decoded = time.perf_counter()
-        if not result.text_batch.rids:
-            pass  # nothing for a front (e.g. a batch of Opens only): no frame, no wakeup there
+        if not result.text_batch.rids:  # no news for a front (e.g. Opens alone): no frame, no wakeup there
+            pass
         elif self.rid_fronts:
             self._send_per_front(result.text_batch)
         else:

@@ -216,7 +216,7 @@ def test_engine_side_error_mid_stream_frees_the_rid(processes: dict[str, Any], t
         streamed = "".join(line.split('"text":"', 1)[1].split('"', 1)[0] for line in lines[:-2])
         assert streamed == tokenizer.decode(ids[:3])
         response = httpx.post(f"{url}/v1/completions", json={"prompt": prompt}, timeout=30)
-        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable", response.text
         wait_for(lambda: _idle(url), ended_at + FREED_WITHIN_S + 0.5 - time.monotonic(), what="the rid freed")
     finally:
         played.stop_event.set()
