@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.front_harness import FrontUnderTest, running_front
+from helpers.front_harness import FrontServer, FrontUnderTest, PlayedEngine, front_config, running_front
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.messages import (
@@ -197,3 +197,29 @@ def test_an_engine_failure_is_answered_alike_whichever_of_its_reject_and_final_d
         assert (answers[0].status_code, by_delta) == (503, by_reject)
     else:
         assert (answers[0].status_code, by_delta["code"], by_delta["message"]) == (502, "detokenizer_error", message)
+
+
+def test_an_engine_gone_fails_its_own_requests_not_those_a_new_engine_took_meanwhile(tokenizer: Any) -> None:
+    """The engine's connection closes: the front fails its live requests after a short grace (frames it sent before
+    it went may still arrive). A new engine that reports within that grace takes new requests: those stay."""
+    with front_config() as config, FrontServer(config, tokenizer) as server:
+        old_outcome: list[httpx.Response] = []
+        with PlayedEngine(config, plan=lambda submit: []) as first:  # a request it never answers
+            under_test = FrontUnderTest(server, first, tokenizer)
+            under_test.wait_healthy()
+            old = threading.Thread(
+                target=lambda: old_outcome.append(httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi"})),
+            )
+            old.start()
+            first.submits.get(timeout=5)
+        # the first engine is gone; a second binds the same endpoints at once and answers slowly (0.1 s per token)
+        second = PlayedEngine(config, plan=lambda submit: [], step_s=0.1)
+        under_test = FrontUnderTest(server, second, tokenizer)
+        under_test.set_plan(under_test.echo_plan)
+        with second:
+            under_test.wait_healthy()
+            text = "A request the new engine took while the old one's grace ran."
+            answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": text, "max_tokens": 50}, timeout=30)
+        old.join(10)
+    assert (answer.status_code, answer.json()["choices"][0]["text"]) == (200, text), answer.text
+    assert old_outcome[0].status_code == 502 and old_outcome[0].json()["error"]["code"] == "engine_lost"
