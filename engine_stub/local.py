@@ -108,10 +108,10 @@ class EngineProcess:
         try:
             while not self.stopping:
                 news = self.link.poll(self._poll_timeout_ms() / 1000)
+                for rid in news.stopped:  # before the submits: a stopped rid submitted again is a new request
+                    self._cancel(rid)
                 for submit in news.submitted:
                     self._submit(submit)
-                for rid in news.stopped:
-                    self._cancel(rid)
                 self._feed_replay()
                 now = time.monotonic()
                 if now >= self._next_step and self._has_work():

@@ -3,7 +3,9 @@
 A request's ids are pushed as its engine generates them (`submit` + `push`): it runs from its submit on, as the
 engine that schedules it decides (a cap of ours would only hold requests that engine could run). Each step takes
 the ids pushed since the last one of the requests `_touched` meanwhile (so a step costs what changed, not what
-runs), with their logprobs when the request asked, and builds one TokenBatch per worker.
+runs), with their logprobs when the request asked, and builds one TokenBatch per worker. A request's Open goes
+with its first ids (or its end), not at its submit: a relay's first ids come a step later, and a batch of Opens
+alone would wake the worker for nothing; a request aborted before any ids never reaches a worker.
 A step is only *planned* by `plan_step`; the caller sends each worker's batch and then `commit`s it, so a batch a
 worker could not take (its queue is full) is simply planned again next step: the engine never blocks on a slow
 worker, that worker's requests just pause.
@@ -271,8 +273,10 @@ class Scheduler:
                 continue
             cursor, ids = request.cursor, request.ids
             end, ends = len(ids), not request.open_ended
-            if end == cursor and not ends and request.opened:
-                untouched.append(rid)  # all sent: its next push touches it again
+            if end == cursor and not ends:
+                # all sent, or nothing yet: its next push touches it again. An Open waits for the rid's first ids
+                # (a relay's come a step after the Submit), so the worker wakes once for both
+                untouched.append(rid)
                 continue
             if worker is not group_worker:
                 group = groups.get(worker)

@@ -121,10 +121,10 @@ class GrpcGateway:
         """Everything that arrived since the last turn: the bus's news, then one step with every stream's new ids."""
         link = self.link
         news = link.poll(0.0)
+        for rid in news.stopped:  # before the submits: a stopped rid submitted again is a new request
+            self._stop(rid)
         for submit in news.submitted:
             self._start(submit)
-        for rid in news.stopped:
-            self._stop(rid)
         if link.scheduler.has_work():
             if link.step() and self.backlogged:
                 sent, self.sent = self.sent, asyncio.Event()

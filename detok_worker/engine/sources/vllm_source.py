@@ -110,6 +110,12 @@ class VllmSource:
                 # with stop strings that the engine ended
                 if (news.stopped or news.finishes) and self.stats is not None:
                     self.stats.ended(news.stopped, news.finishes, news.delivered)
+                # the stops before the submits: a stopped rid submitted again is a new request
+                stopped = [rid for rid in news.stopped if rid in self.on_engine]
+                if stopped:
+                    self.on_engine.difference_update(stopped)
+                    self._forget(stopped)
+                    await self.client.abort_requests_async(stopped)
                 slice_end = time.monotonic() + SUBMIT_SLICE_S
                 for index, submit in enumerate(news.submitted):
                     if index and time.monotonic() >= slice_end:
@@ -120,11 +126,6 @@ class VllmSource:
                     task = asyncio.create_task(self._adapter_call(call))  # a load may take seconds: off the bus loop
                     self.adapter_calls.add(task)
                     task.add_done_callback(self.adapter_calls.discard)
-                stopped = [rid for rid in news.stopped if rid in self.on_engine]
-                if stopped:
-                    self.on_engine.difference_update(stopped)
-                    self._forget(stopped)
-                    await self.client.abort_requests_async(stopped)
                 if link.scheduler.has_work():
                     link.step()
                 if link.has_news():  # the sockets' FDs are edge-triggered: what one poll left is not signalled again

@@ -111,10 +111,12 @@ def test_continuous_batching_respects_max_batch():
     scheduler.hello("w1", 1, 0.0)
     for rid, length in (("a", 1), ("b", 3), ("c", 2)):
         scheduler.submit(rid, [1], RequestParams(max_tokens=50), list(range(length)))
-    first = _step(scheduler)  # every request is open on its worker at once; "c" waits for a slot ...
-    assert [o.rid for o in first.workers[0].batch.opens] == ["a", "b", "c"]
-    assert _sent(first) == {"a": [0], "b": [0], "c": []}
-    assert _sent(_step(scheduler)) == {"b": [1], "c": [0]}  # ... "a" ended in the first step, so "c" starts now
+    first = _step(scheduler)  # "c" waits for a slot; an Open goes with its rid's first ids ...
+    assert [o.rid for o in first.workers[0].batch.opens] == ["a", "b"]
+    assert _sent(first) == {"a": [0], "b": [0]}
+    second = _step(scheduler)  # ... "a" ended in the first step, so "c" starts now
+    assert [o.rid for o in second.workers[0].batch.opens] == ["c"]
+    assert _sent(second) == {"b": [1], "c": [0]}
     assert _sent(_step(scheduler)) == {"b": [2], "c": [1]}
 
 
@@ -180,8 +182,8 @@ def test_abort_of_a_waiting_request():
     _step(scheduler)
     assert scheduler.abort("r2")
     assert scheduler.live_rids == 1
-    # r2 never generated (it waited for r1's slot): its worker, which had its Open, only frees it
-    assert _items(_step(scheduler)) == {"w1": [("r2", Tokens([], "abort")), ("r1", Tokens([2], "stop"))]}
+    # r2 never generated (it waited for r1's slot): its worker never had its Open, so nothing goes there for it
+    assert _items(_step(scheduler)) == {"w1": [("r1", Tokens([2], "stop"))]}
     assert not scheduler.engine.has_work()
 
 
@@ -327,9 +329,11 @@ def test_paced_replay_releases_ids_at_their_times():
     scheduler.hello("w1", 1, 0.0)
     ns = 1_000_000_000
     scheduler.submit("r1", [1], RequestParams(max_tokens=50), [5, 6, 7, 8], release_ns=[ns, ns, 2 * ns, 3 * ns])
-    assert token_rows(_step(scheduler, 0.5).workers[0].batch) == [("r1", Tokens([]))]  # Open only, nothing due yet
+    assert _step(scheduler, 0.5).workers == []  # nothing due yet: the Open waits for the first ids
     assert scheduler.next_release_ns() == ns
-    assert _items(_step(scheduler, 1.0)) == {"w1": [("r1", Tokens([5, 6]))]}  # both due: pacing beats tokens_per_step
+    due = _step(scheduler, 1.0)
+    assert [o.rid for o in due.workers[0].batch.opens] == ["r1"]
+    assert _items(due) == {"w1": [("r1", Tokens([5, 6]))]}  # both due: pacing beats tokens_per_step
     assert _step(scheduler, 1.5).workers == []
     assert _items(_step(scheduler, 3.0)) == {"w1": [("r1", Tokens([7, 8], "stop"))]}
 

@@ -31,12 +31,13 @@ def test_a_pushed_request_is_sent_what_came_since_its_last_step_and_nothing_when
     scheduler.hello("w1", 1, 0.0)
     for rid in ("a", "b"):
         scheduler.submit(rid, [1], RequestParams(max_tokens=10))
-    assert sent(step(scheduler)) == {"a": [], "b": []}  # the Opens
-    assert step(scheduler).workers == []
+    assert step(scheduler).workers == []  # an Open waits for its rid's first ids: one wakeup of the worker for both
     scheduler.push("a", [5, 6])
     assert sent(step(scheduler, commit=False)) == {"a": [5, 6]}  # the worker's queue was full: planned again
     scheduler.push("a", [7])
-    assert sent(step(scheduler)) == {"a": [5, 6, 7]}
+    first = step(scheduler)
+    assert [open_.rid for open_ in first.workers[0].batch.opens] == ["a"]
+    assert sent(first) == {"a": [5, 6, 7]}
     assert step(scheduler).workers == []
     scheduler.push("b", [8], "stop")
     scheduler.push("a", [9])
@@ -70,7 +71,8 @@ def test_an_aborted_request_keeps_its_room_until_its_worker_has_the_abort():
     scheduler = new_scheduler(max_live_stop_chars=100)
     scheduler.hello("w1", 1, 0.0)
     scheduler.submit("a", [1], _stops(60))
-    step(scheduler)
+    scheduler.push("a", [5])
+    step(scheduler)  # its Open and first id
     assert scheduler.abort("a")
     assert scheduler.submit("b", [1], _stops(60)) is not None
     assert sent(step(scheduler)) == {"a": []}  # the abort item goes out
