@@ -47,7 +47,8 @@ BAD_FRONT_INDEX = "front_index"  # a Submit/FrontHello naming a front index outs
 
 @dataclass(slots=True)
 class BusNews:
-    """What happened on the bus since the last poll."""
+    """What happened on the bus since the last poll. A source takes `stopped` before `submitted`: a rid stopped in
+    this poll and submitted again in it is a new request, which stopping the rid afterwards would end."""
 
     submitted: list[Submit] = field(default_factory=list)  # new requests, not yet accepted
     stopped: list[str] = field(default_factory=list)  # rids to stop generating (abort, worker Finish, reject)

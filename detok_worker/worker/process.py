@@ -1,7 +1,7 @@
 """The detok worker process: a thin zmq poll loop around WorkerState.
 
 DEALER (routing id = worker id) to the engine: receives TokenBatch/Shutdown, sends Hello, Heartbeat, Finish,
-Goodbye. PUSH to the front: one TextBatch per TokenBatch with news for it (none for a batch of Opens alone),
+Goodbye. PUSH to the front: one TextBatch per TokenBatch with news for it (none for a batch without news),
 WorkerStats every worker.stats_interval_s. With front.processes N > 1: one PUSH per front, and a TokenBatch's
 deltas are split by the front of each rid (Open.front), one TextBatch per front that has any; WorkerStats go to
 every front.
@@ -201,12 +201,11 @@ class WorkerProcess:
             self.runaway.disarm()
         self.last_step = batch.step
         decoded = time.perf_counter()
-        if not result.text_batch.rids:  # no news for a front (e.g. Opens alone): no frame, no wakeup there
-            pass
-        elif self.rid_fronts:
-            self._send_per_front(result.text_batch)
-        else:
-            self._send_front(encode(result.text_batch))
+        text_batch = result.text_batch
+        if self.rid_fronts:
+            self._send_per_front(text_batch)
+        elif text_batch.rids:  # a batch without news (ids that complete no character) wakes no front
+            self._send_front(encode(text_batch))
         if self._prune_fronts:  # forget the fronts of rids that ended without a final delta (dropped)
             live = self.state.live
             self.rid_fronts = {rid: front for rid, front in self.rid_fronts.items() if rid in live}
