@@ -108,6 +108,9 @@ class Dispatcher:
         self._bus: BusSockets | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._engine_monitor: zmq.asyncio.Socket | None = None
+        # the engine's connection closed and none came since: EngineStats still queued from the engine that went
+        # are not a sign of life (read after the close, they would make a dead engine healthy until it went stale)
+        self._engine_gone = False
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -118,7 +121,7 @@ class Dispatcher:
         push = self._bus.engine_push()
         if self.config.front.processes > 1:  # the engine aborts what a dead predecessor at this index left
             self._outbox.post(encode(FrontHello(self.index, os.getpid())))
-        self._engine_monitor = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._engine_monitor = push.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._tasks = [
             asyncio.create_task(self._receive_loop(pull), name="front-receive"),
             asyncio.create_task(self._outbox.run(push), name="front-send"),
@@ -317,7 +320,7 @@ class Dispatcher:
             self._on_text(message)
         elif isinstance(message, WorkerStats):
             self._workers[message.worker] = (message, time.monotonic())
-        elif isinstance(message, EngineStats):
+        elif isinstance(message, EngineStats) and not self._engine_gone:
             self._engine = (message, time.monotonic())
             self.engine_refuses = tuple(message.refused_fields)
             if message.served_model_name:
@@ -444,14 +447,18 @@ class Dispatcher:
         """The connection to the engine closes when its process ends (ipc, or tcp to a live host): act at once, but
         for ENGINE_GONE_GRACE_S, in which the frames it sent before it went reach the intake (they come on other
         connections, in no fixed order with this event): a request the engine failed ends with its reason."""
+        loop = asyncio.get_running_loop()
         while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
-            if event["event"] == zmq.EVENT_DISCONNECTED and self._engine is not None:
-                self._engine = None  # not alive (/health, new requests) until a (new) engine reports again
-                # the requests it had: a new engine that reports within the grace takes new ones, which stay
-                had = list(self._streams.values())
-                await asyncio.sleep(ENGINE_GONE_GRACE_S)
-                self._fail_engine_requests("its connection closed", had)
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_CONNECTED:  # an engine (the same or a new one) took the connection
+                self._engine_gone = False
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._engine_gone = True
+                if self._engine is not None:
+                    self._engine = None  # not alive (/health, new requests) until a (new) engine reports again
+                    # the requests it had: a new engine that reports within the grace takes new ones, which stay
+                    had = list(self._streams.values())
+                    loop.call_later(ENGINE_GONE_GRACE_S, self._fail_engine_requests, "its connection closed", had)
 
     async def _sweep_loop(self) -> None:
         woke = time.monotonic()

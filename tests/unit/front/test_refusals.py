@@ -14,7 +14,16 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.front_harness import FrontServer, FrontUnderTest, PlayedEngine, front_config, running_front
+from helpers.bus_rows import text_batch
+from helpers.front_harness import (
+    PLAYED_WORKER,
+    FrontServer,
+    FrontUnderTest,
+    PlayedEngine,
+    front_config,
+    running_front,
+)
+from helpers.serve_helpers import wait_for
 
 from detok_worker.bus.codec import encode
 from detok_worker.bus.messages import (
@@ -22,11 +31,13 @@ from detok_worker.bus.messages import (
     REJECT_INVALID,
     REJECT_NO_WORKER,
     REJECT_STOP_BUDGET,
+    EngineStats,
     Reject,
     Submit,
     TextDelta,
 )
 from detok_worker.bus.sockets import BusSockets
+from detok_worker.front import dispatch
 
 REFUSAL_DELAY_S = 0.3  # the engine's Reject comes this long after the Submit (as from a step, not at once)
 
@@ -199,27 +210,61 @@ def test_an_engine_failure_is_answered_alike_whichever_of_its_reject_and_final_d
         assert (answers[0].status_code, by_delta["code"], by_delta["message"]) == (502, "detokenizer_error", message)
 
 
-def test_an_engine_gone_fails_its_own_requests_not_those_a_new_engine_took_meanwhile(tokenizer: Any) -> None:
+def test_stats_read_after_the_engines_connection_closed_do_not_make_the_front_healthy(tokenizer: Any) -> None:
+    """The engine's last EngineStats can be read after its connection closed (they come on another connection): the
+    front stays unhealthy and refuses new requests (it would take them for a dead engine until its stats went stale),
+    and takes a new engine as soon as it connects."""
+    with front_config() as config, FrontServer(config, tokenizer) as server:
+        dispatcher = server.front.dispatcher
+        with PlayedEngine(config, plan=lambda submit: []) as first:
+            under_test = FrontUnderTest(server, first, tokenizer)
+            under_test.set_plan(under_test.echo_plan)
+            under_test.wait_healthy()
+            served = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi"})  # the front is connected
+            assert served.status_code == 200, served.text
+        wait_for(lambda: not dispatcher.healthy(), 10, 0.01, "the front to see the engine go")
+        with BusSockets(config) as bus:  # the gone engine's last stats, read late
+            bus.front_push().send(encode(EngineStats(0, {PLAYED_WORKER: 0}, {}, 0, 0)))
+            time.sleep(0.3)
+        assert not dispatcher.healthy()
+        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi"})
+        assert (refused.status_code, refused.json()["error"]["type"]) == (503, "service_unavailable"), refused.text
+        with PlayedEngine(config, plan=lambda submit: []) as second:
+            FrontUnderTest(server, second, tokenizer).wait_healthy()
+
+
+def test_an_engine_gone_fails_its_own_requests_not_those_a_new_engine_took_meanwhile(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The engine's connection closes: the front fails its live requests after a short grace (frames it sent before
     it went may still arrive). A new engine that reports within that grace takes new requests: those stay."""
+    monkeypatch.setattr(dispatch, "ENGINE_GONE_GRACE_S", 1.0)  # room for the new engine to report within it
     with front_config() as config, FrontServer(config, tokenizer) as server:
+        dispatcher = server.front.dispatcher
         old_outcome: list[httpx.Response] = []
         with PlayedEngine(config, plan=lambda submit: []) as first:  # a request it never answers
-            under_test = FrontUnderTest(server, first, tokenizer)
-            under_test.wait_healthy()
+            FrontUnderTest(server, first, tokenizer).wait_healthy()
             old = threading.Thread(
                 target=lambda: old_outcome.append(httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi"})),
             )
             old.start()
             first.submits.get(timeout=5)
-        # the first engine is gone; a second binds the same endpoints at once and answers slowly (0.1 s per token)
-        second = PlayedEngine(config, plan=lambda submit: [], step_s=0.1)
-        under_test = FrontUnderTest(server, second, tokenizer)
-        under_test.set_plan(under_test.echo_plan)
-        with second:
+        wait_for(lambda: not dispatcher.healthy(), 10, 0.01, "the front to see the first engine go")  # the grace runs
+        new_outcome: list[httpx.Response] = []
+        text = "A request the new engine took while the old one's grace ran."
+        with PlayedEngine(config, plan=lambda submit: []) as second:  # holds the new request until told
+            under_test = FrontUnderTest(server, second, tokenizer)
             under_test.wait_healthy()
-            text = "A request the new engine took while the old one's grace ran."
-            answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": text, "max_tokens": 50}, timeout=30)
-        old.join(10)
-    assert (answer.status_code, answer.json()["choices"][0]["text"]) == (200, text), answer.text
+            body = {"prompt": text, "max_tokens": 50}
+            new = threading.Thread(
+                target=lambda: new_outcome.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)),
+            )
+            new.start()
+            submit = second.submits.get(timeout=5)
+            old.join(10)  # the grace is over: the old engine's request has failed
+            assert not new_outcome, new_outcome[0].text
+            for delta in under_test.echo_plan(submit):
+                second.send_raw(encode(text_batch(PLAYED_WORKER, time.time_ns(), 0, [delta])))
+            new.join(10)
+    assert new_outcome and (new_outcome[0].status_code, new_outcome[0].json()["choices"][0]["text"]) == (200, text)
     assert old_outcome[0].status_code == 502 and old_outcome[0].json()["error"]["code"] == "engine_lost"
