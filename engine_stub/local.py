@@ -14,6 +14,7 @@ from collections import deque
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_STOP, Submit
 from detok_worker.config import DetokConfig
+from detok_worker.engine.front_channel import BusNews
 from detok_worker.engine.link import EngineLink
 from detok_worker.engine.sources.base import RunOptions, SourceError
 from detok_worker.process.runtime import stop_on_signals
@@ -107,11 +108,7 @@ class EngineProcess:
         log.info("engine: submits at %s, workers at %s", endpoints.engine, endpoints.workers)
         try:
             while not self.stopping:
-                news = self.link.poll(self._poll_timeout_ms() / 1000)
-                for rid in news.stopped:  # before the submits: a stopped rid submitted again is a new request
-                    self._cancel(rid)
-                for submit in news.submitted:
-                    self._submit(submit)
+                self.take_news(self.link.poll(self._poll_timeout_ms() / 1000))
                 self._feed_replay()
                 now = time.monotonic()
                 if now >= self._next_step and self._has_work():
@@ -122,6 +119,13 @@ class EngineProcess:
                     break
         finally:
             self.link.close()
+
+    def take_news(self, news: BusNews) -> None:
+        """A poll's stopped rids, then its submits: a stopped rid submitted again in the same poll is a new request."""
+        for rid in news.stopped:
+            self._cancel(rid)
+        for submit in news.submitted:
+            self._submit(submit)
 
     def _replay_finished(self) -> bool:
         replay = self.replay
