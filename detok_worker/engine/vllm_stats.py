@@ -26,6 +26,7 @@ them (names, labels, buckets), their observations are counted in plain numbers a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -40,6 +41,8 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
 
 from detok_worker.bus.messages import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Finish
+
+log = logging.getLogger(__name__)
 
 # how long a request with stop strings that the engine ended waits for its worker's verdict (a lost worker's rid is
 # re-opened and decoded again elsewhere, which takes seconds at most)
@@ -173,6 +176,8 @@ class VllmStats:
             if finish is None and now - since < VERDICT_WAIT_S:
                 continue
             del self.awaiting_verdict[rid]
+            if finish is None:  # its worker's Finish was lost (or the worker was): counted late, as the engine said
+                log.warning("engine: no worker verdict on %s in %.0f s; it ends as the engine said", rid, now - since)
             self._end(per_engine, rid, entry, finish, engine_reason)
 
     def _end(
