@@ -222,6 +222,10 @@ class VllmSource:
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
                 self._forget(gone)
                 await client.abort_requests_async(gone)
+            # vLLM's client hands out queued steps without suspending: a relay behind its engine core (short of CPU,
+            # or at a rate it cannot keep) would read steps back to back and starve the bus loop of Submits, Aborts
+            # and worker heartbeats until it caught up. One bus pass per step
+            await asyncio.sleep(0)
 
     def _forget(self, rids: list[str]) -> None:
         """What this source holds of requests that left the engine: their prompt logprobs so far and the ids their
