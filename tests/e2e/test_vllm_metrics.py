@@ -57,7 +57,8 @@ PLAIN = sorted(
 LONG = {"prompt": "A long story", "max_tokens": 160, "temperature": 1.0, "seed": 99}
 STOPPED = [{"prompt": f"Tale {seed} begins", "max_tokens": 48, "temperature": 1.0, "seed": seed} for seed in range(10)]
 # a leaving client reads LEFT_AFTER_EVENTS text events, then closes its connection; its max_tokens is more than its
-# engine makes in the seconds a server may take to see it gone on a busy machine, and no end-of-text id ends it first
+# engine makes in the seconds a server may take to see it gone on a busy machine (one that runs out anyway counts as
+# finished: see the test), and no end-of-text id ends it first
 LEFT_MAX_TOKENS = 1500
 LEFT = [
     {
