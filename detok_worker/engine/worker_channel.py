@@ -110,7 +110,9 @@ class WorkerChannel:
             if pid is not None and before is not None and (waited := cpu_wait_s(pid)) is not None:
                 registry.excuse_starved(info.worker, waited - before)
         for worker in self.scheduler.expire_workers(now):
-            self._forget(worker)
+            # its pid stays known: a worker judged lost that is still alive (starved) joins again by its heartbeats,
+            # without a Hello (a new process always says Hello first), and its CPU wait must still be measured
+            self._wait_at_seen.pop(worker, None)
             log.warning(
                 "engine: worker %s missed its heartbeats or left its TokenBatches unanswered for "
                 "engine.batch_answer_timeout_s; re-opening its requests elsewhere; %s",

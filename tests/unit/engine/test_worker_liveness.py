@@ -7,10 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
+import zmq
 from helpers.scheduler_steps import new_scheduler
 
+from detok_worker.bus.codec import encode, engine_decoder
+from detok_worker.bus.messages import Heartbeat, Hello
+from detok_worker.engine import worker_channel
 from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling
+from detok_worker.engine.front_channel import BusNews
+from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.engine.workers import WorkerRegistry
 
 TIMEOUT = 1.0
@@ -109,3 +116,40 @@ def test_cpu_wait_is_measured_for_siblings_only() -> None:
             child.kill()
     assert not is_sibling(-1)
     assert cpu_wait_s(2**22 + 12345) is None  # no such process
+
+
+def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_again(monkeypatch: Any) -> None:
+    """A live worker the engine judged lost (starved past what it could measure) joins again by its heartbeats,
+    without a Hello: its CPU wait is still measured and excused, so it is not judged lost again for the same."""
+    waited = {"s": 0.0}  # the worker's CPU wait so far, as /proc would give it
+    monkeypatch.setattr(worker_channel, "is_sibling", lambda pid: True)
+    monkeypatch.setattr(worker_channel, "cpu_wait_s", lambda pid: waited["s"])
+    context = zmq.Context()
+    router, worker = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    worker.setsockopt(zmq.ROUTING_ID, b"w0")
+    router.bind("inproc://liveness")
+    worker.connect("inproc://liveness")
+    scheduler = new_scheduler(heartbeat_timeout_s=TIMEOUT)
+    channel = WorkerChannel(router, scheduler, engine_decoder(), None)
+
+    def deliver(message: object, now: float) -> None:
+        worker.send(encode(message))
+        assert router.poll(5000)
+        channel.drain(BusNews(), now)
+
+    try:
+        deliver(Hello("w0", 4242), 0.0)
+        waited["s"] = 0.2
+        channel.expire(1.5)  # silent 1.5 s, 0.2 of it waiting for a CPU: lost
+        assert scheduler.lost_workers == 1 and "w0" not in scheduler.registry
+        deliver(Heartbeat("w0", 0, -1), 1.6)  # it was alive: it joins again, holding nothing
+        assert "w0" in scheduler.registry
+        waited["s"] = 1.2  # then silent 1.4 s, 1.0 of it runnable but not run
+        channel.expire(3.0)
+        assert scheduler.lost_workers == 1 and "w0" in scheduler.registry
+        channel.expire(3.7)  # past its excused deadline (1.6 + 1.0 + 1.0): lost
+        assert scheduler.lost_workers == 2
+    finally:
+        router.close(linger=0)
+        worker.close(linger=0)
+        context.term()
