@@ -6,6 +6,9 @@ second field of each /proc/<pid>/task/<tid>/schedstat, in ns) does not count aga
 heartbeat the main thread sent still waits for the process's ZeroMQ I/O thread to be run. Only a sibling of the
 engine (a worker started by the same supervisor) is measured: a pid from another host or another pid namespace
 names some other process here. A stopped (SIGSTOP) or dead worker is not runnable, so it earns no such time.
+The run queue wait of a thread that is still waiting is not in schedstat until it runs: `waiting_now_s` gives that
+part from the threads' states and the time since each last ran (/proc/<pid>/task/<tid>/sched's `se.exec_start`, on
+the scheduler's clock, read against the calling thread's own).
 """
 
 from __future__ import annotations
@@ -42,3 +45,38 @@ def cpu_wait_s(pid: int) -> float | None:
         except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
             continue
     return waited_ns / 1e9 if tids else None
+
+
+def _last_ran_ms(sched_path: str) -> float | None:
+    """`se.exec_start` of a /proc sched file: when the thread last ran (while it runs: about now), in ms."""
+    try:
+        with open(sched_path, "rb") as sched:
+            for line in sched:
+                if line.startswith(b"se.exec_start"):
+                    return float(line.split(b":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def waiting_now_s(pid: int, slept_at_most_s: float) -> float:
+    """How long a thread of `pid` has been waiting for a CPU right now, at least (the longest of its runnable
+    threads): the time since it last ran, less the longest it may have slept before it woke (a worker sleeps at
+    most until its next heartbeat is due). 0 when none is runnable (asleep, stopped, gone)."""
+    ours = _last_ran_ms("/proc/thread-self/sched")
+    tasks = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return 0.0
+    longest = 0.0
+    for tid in tids:
+        try:
+            with open(f"{tasks}/{tid}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+        theirs = _last_ran_ms(f"{tasks}/{tid}/sched") if state == b"R" else None
+        if ours is not None and theirs is not None and theirs > 0:  # 0: it never ran
+            longest = max(longest, (ours - theirs) / 1000 - slept_at_most_s)
+    return longest

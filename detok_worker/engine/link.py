@@ -116,7 +116,9 @@ class EngineLink:
         from_front = self.sockets.engine_pull()
         to_workers = self.sockets.worker_router()
         self.fronts = FrontChannel(from_front, self.sockets.front_pushes(), self.scheduler, self.decoder, recorder)
-        self.workers = WorkerChannel(to_workers, self.scheduler, self.decoder, recorder)
+        self.workers = WorkerChannel(
+            to_workers, self.scheduler, self.decoder, recorder, config.worker.heartbeat_interval_s
+        )
         self.sockets.watch_drops(from_front)
         self.sockets.watch_drops(to_workers)
         self.poller = zmq.Poller()

@@ -18,7 +18,7 @@ import zmq
 
 from detok_worker.bus.codec import BAD_MULTIPART, FrameDecoder, encode
 from detok_worker.bus.messages import Finish, Goodbye, Heartbeat, Hello, Shutdown, ToEngine
-from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling
+from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling, waiting_now_s
 from detok_worker.engine.front_channel import BAD_UNEXPECTED, FRAMES_PER_WAKEUP, BusNews
 from detok_worker.engine.scheduler import Scheduler
 from detok_worker.trace.format import TraceWriter
@@ -36,8 +36,11 @@ class WorkerChannel:
         scheduler: Scheduler,
         decoder: FrameDecoder[ToEngine],
         recorder: TraceWriter | None,
+        heartbeat_interval_s: float = 0.0,
     ) -> None:
+        """`heartbeat_interval_s`: the workers' (worker.heartbeat_interval_s), the longest a live worker sleeps."""
         self.router = router
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.scheduler = scheduler
         self.decoder = decoder
         self.recorder = recorder
@@ -108,7 +111,7 @@ class WorkerChannel:
             pid = self._siblings.get(info.worker)
             before = self._wait_at_seen.get(info.worker)
             if pid is not None and before is not None and (waited := cpu_wait_s(pid)) is not None:
-                registry.excuse_starved(info.worker, waited - before)
+                registry.excuse_starved(info.worker, waited - before + waiting_now_s(pid, self.heartbeat_interval_s))
         for worker in self.scheduler.expire_workers(now):
             # its pid stays known: a worker judged lost that is still alive (starved) joins again by its heartbeats,
             # without a Hello (a new process always says Hello first), and its CPU wait must still be measured

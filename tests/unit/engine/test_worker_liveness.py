@@ -5,8 +5,10 @@ worker silent while the engine ran and the worker was not starved (stopped, kill
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import zmq
@@ -15,7 +17,7 @@ from helpers.scheduler_steps import new_scheduler
 from detok_worker.bus.codec import encode, engine_decoder
 from detok_worker.bus.messages import Heartbeat, Hello
 from detok_worker.engine import worker_channel
-from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling
+from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling, waiting_now_s
 from detok_worker.engine.front_channel import BusNews
 from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.engine.workers import WorkerRegistry
@@ -153,3 +155,67 @@ def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_
         router.close(linger=0)
         worker.close(linger=0)
         context.term()
+
+
+def test_a_wait_for_a_cpu_still_going_on_is_excused(monkeypatch: Any) -> None:
+    """The kernel adds a run queue wait to schedstat only once the thread runs: the wait still going on when the
+    engine judges (the worker runnable, not run since before its silence) is excused too, and no more than it."""
+    waiting_now = {"s": 0.9}
+    monkeypatch.setattr(worker_channel, "is_sibling", lambda pid: True)
+    monkeypatch.setattr(worker_channel, "cpu_wait_s", lambda pid: 0.2)  # waits that ended: 0.2 s, all before
+    monkeypatch.setattr(worker_channel, "waiting_now_s", lambda pid, slept_at_most_s: waiting_now["s"])
+    context = zmq.Context()
+    router, worker = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    worker.setsockopt(zmq.ROUTING_ID, b"w0")
+    router.bind("inproc://waiting-now")
+    worker.connect("inproc://waiting-now")
+    scheduler = new_scheduler(heartbeat_timeout_s=TIMEOUT)
+    channel = WorkerChannel(router, scheduler, engine_decoder(), None, heartbeat_interval_s=0.2)
+    try:
+        worker.send(encode(Hello("w0", 4242)))
+        assert router.poll(5000)
+        channel.drain(BusNews(), 0.0)
+        channel.expire(1.5)  # silent 1.5 s: 0.9 of it waiting still
+        assert scheduler.lost_workers == 0
+        waiting_now["s"] = 0.0  # it is no longer runnable (stopped): nothing more is excused
+        channel.expire(2.2)  # past 0 + 1.0 + 0.9
+        assert scheduler.lost_workers == 1
+    finally:
+        router.close(linger=0)
+        worker.close(linger=0)
+        context.term()
+
+
+def test_waiting_now_is_measured_only_for_a_runnable_thread() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.3)
+        assert waiting_now_s(sleeper.pid, 0.0) == 0.0  # asleep, not runnable
+        sleeper.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)
+        assert waiting_now_s(sleeper.pid, 0.0) == 0.0  # stopped
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert waiting_now_s(sleeper.pid, 0.0) == 0.0  # gone
+
+
+def test_waiting_now_measures_a_process_that_is_runnable_but_not_run() -> None:
+    """A worker-like loop (sleep 0.2 s, a little work) at the lowest priority on a CPU that two busy processes at the
+    highest priority hold: it is runnable and seldom run, and its wait shows while it lasts."""
+    pin = ["taskset", "-c", "0"]
+    loop = "import time\nwhile True:\n    time.sleep(0.2)\n    sum(range(10000))"
+    starved = subprocess.Popen(["nice", "-n", "19", *pin, sys.executable, "-c", loop])
+    time.sleep(0.5)  # it has run (a thread that never ran has no last run to measure from)
+    hogs = [subprocess.Popen(["nice", "-n", "-20", *pin, "sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    try:
+        time.sleep(1.0)
+        longest = 0.0
+        for _ in range(20):
+            longest = max(longest, waiting_now_s(starved.pid, 0.2))
+            time.sleep(0.05)
+        assert longest > 0.3, longest
+    finally:
+        for process in (*hogs, starved):
+            process.kill()
+            process.wait()
