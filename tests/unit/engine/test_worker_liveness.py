@@ -4,11 +4,13 @@ worker silent while the engine ran and the worker was not starved (stopped, kill
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -19,6 +21,7 @@ from detok_worker.bus.messages import Heartbeat, Hello
 from detok_worker.engine import worker_channel
 from detok_worker.engine.cpu_wait import cpu_wait_s, is_sibling, waiting_now_s
 from detok_worker.engine.front_channel import BusNews
+from detok_worker.engine.scheduler import Scheduler
 from detok_worker.engine.worker_channel import WorkerChannel
 from detok_worker.engine.workers import WorkerRegistry
 
@@ -120,19 +123,18 @@ def test_cpu_wait_is_measured_for_siblings_only() -> None:
     assert cpu_wait_s(2**22 + 12345) is None  # no such process
 
 
-def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_again(monkeypatch: Any) -> None:
-    """A live worker the engine judged lost (starved past what it could measure) joins again by its heartbeats,
-    without a Hello: its CPU wait is still measured and excused, so it is not judged lost again for the same."""
-    waited = {"s": 0.0}  # the worker's CPU wait so far, as /proc would give it
-    monkeypatch.setattr(worker_channel, "is_sibling", lambda pid: True)
-    monkeypatch.setattr(worker_channel, "cpu_wait_s", lambda pid: waited["s"])
+@contextlib.contextmanager
+def worker_w0(
+    heartbeat_interval_s: float = 0.0,
+) -> Iterator[tuple[Scheduler, WorkerChannel, Callable[[object, float], None]]]:
+    """A WorkerChannel on an in-process ROUTER, and `deliver(message, now)`: w0 sends it, the channel reads it."""
     context = zmq.Context()
     router, worker = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
     worker.setsockopt(zmq.ROUTING_ID, b"w0")
     router.bind("inproc://liveness")
     worker.connect("inproc://liveness")
     scheduler = new_scheduler(heartbeat_timeout_s=TIMEOUT)
-    channel = WorkerChannel(router, scheduler, engine_decoder(), None)
+    channel = WorkerChannel(router, scheduler, engine_decoder(), None, heartbeat_interval_s)
 
     def deliver(message: object, now: float) -> None:
         worker.send(encode(message))
@@ -140,6 +142,21 @@ def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_
         channel.drain(BusNews(), now)
 
     try:
+        yield scheduler, channel, deliver
+    finally:
+        router.close(linger=0)
+        worker.close(linger=0)
+        context.term()
+
+
+def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_again(monkeypatch: Any) -> None:
+    """A live worker the engine judged lost (starved past what it could measure) joins again by its heartbeats,
+    without a Hello: its CPU wait is still measured and excused, so it is not judged lost again for the same."""
+    waited = {"s": 0.0}  # the worker's CPU wait so far, as /proc would give it
+    monkeypatch.setattr(worker_channel, "is_sibling", lambda pid: True)
+    monkeypatch.setattr(worker_channel, "cpu_wait_s", lambda pid: waited["s"])
+    monkeypatch.setattr(worker_channel, "waiting_now_s", lambda pid, slept_at_most_s: 0.0)
+    with worker_w0() as (scheduler, channel, deliver):
         deliver(Hello("w0", 4242), 0.0)
         waited["s"] = 0.2
         channel.expire(1.5)  # silent 1.5 s, 0.2 of it waiting for a CPU: lost
@@ -151,10 +168,6 @@ def test_a_starved_worker_judged_lost_keeps_its_cpu_wait_measured_when_it_joins_
         assert scheduler.lost_workers == 1 and "w0" in scheduler.registry
         channel.expire(3.7)  # past its excused deadline (1.6 + 1.0 + 1.0): lost
         assert scheduler.lost_workers == 2
-    finally:
-        router.close(linger=0)
-        worker.close(linger=0)
-        context.term()
 
 
 def test_a_wait_for_a_cpu_still_going_on_is_excused(monkeypatch: Any) -> None:
@@ -164,26 +177,13 @@ def test_a_wait_for_a_cpu_still_going_on_is_excused(monkeypatch: Any) -> None:
     monkeypatch.setattr(worker_channel, "is_sibling", lambda pid: True)
     monkeypatch.setattr(worker_channel, "cpu_wait_s", lambda pid: 0.2)  # waits that ended: 0.2 s, all before
     monkeypatch.setattr(worker_channel, "waiting_now_s", lambda pid, slept_at_most_s: waiting_now["s"])
-    context = zmq.Context()
-    router, worker = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
-    worker.setsockopt(zmq.ROUTING_ID, b"w0")
-    router.bind("inproc://waiting-now")
-    worker.connect("inproc://waiting-now")
-    scheduler = new_scheduler(heartbeat_timeout_s=TIMEOUT)
-    channel = WorkerChannel(router, scheduler, engine_decoder(), None, heartbeat_interval_s=0.2)
-    try:
-        worker.send(encode(Hello("w0", 4242)))
-        assert router.poll(5000)
-        channel.drain(BusNews(), 0.0)
+    with worker_w0(heartbeat_interval_s=0.2) as (scheduler, channel, deliver):
+        deliver(Hello("w0", 4242), 0.0)
         channel.expire(1.5)  # silent 1.5 s: 0.9 of it waiting still
         assert scheduler.lost_workers == 0
         waiting_now["s"] = 0.0  # it is no longer runnable (stopped): nothing more is excused
         channel.expire(2.2)  # past 0 + 1.0 + 0.9
         assert scheduler.lost_workers == 1
-    finally:
-        router.close(linger=0)
-        worker.close(linger=0)
-        context.term()
 
 
 def test_waiting_now_is_measured_only_for_a_runnable_thread() -> None:
