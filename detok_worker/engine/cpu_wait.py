@@ -7,7 +7,7 @@ heartbeat the main thread sent still waits for the process's ZeroMQ I/O thread t
 engine (a worker started by the same supervisor) is measured: a pid from another host or another pid namespace
 names some other process here. A stopped (SIGSTOP) or dead worker is not runnable, so it earns no such time.
 The run queue wait of a thread that is still waiting is not in schedstat until it runs: `waiting_now_s` gives that
-part from the threads' states and the time since each last ran (/proc/<pid>/task/<tid>/sched's `se.exec_start`, on
+part for the main thread, from its state and the time since it last ran (/proc/<pid>/sched's `se.exec_start`, on
 the scheduler's clock, read against the calling thread's own).
 """
 
@@ -59,24 +59,19 @@ def _last_ran_ms(sched_path: str) -> float | None:
     return None
 
 
-def waiting_now_s(pid: int, slept_at_most_s: float) -> float:
-    """How long a thread of `pid` has been waiting for a CPU right now, at least (the longest of its runnable
-    threads): the time since it last ran, less the longest it may have slept before it woke (a worker sleeps at
-    most until its next heartbeat is due). 0 when none is runnable (asleep, stopped, gone)."""
-    ours = _last_ran_ms("/proc/thread-self/sched")
-    tasks = f"/proc/{pid}/task"
+def waiting_now_s(pid: int, slept_at_most_s: float, proc: str = "/proc") -> float:
+    """How long the main thread of `pid` has been waiting for a CPU right now, at least: the time since it last ran,
+    less the longest it may have slept before it woke (a worker's main thread sleeps at most until its next
+    heartbeat is due; its other threads may sleep for ever, so they are not judged this way). 0 when it is not
+    runnable (asleep, stopped, gone). `proc`: where procfs is."""
     try:
-        tids = os.listdir(tasks)
-    except OSError:
+        with open(f"{proc}/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return 0.0
-    longest = 0.0
-    for tid in tids:
-        try:
-            with open(f"{tasks}/{tid}/stat", "rb") as stat:
-                state = stat.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):  # a thread that ended meanwhile
-            continue
-        theirs = _last_ran_ms(f"{tasks}/{tid}/sched") if state == b"R" else None
-        if ours is not None and theirs is not None and theirs > 0:  # 0: it never ran
-            longest = max(longest, (ours - theirs) / 1000 - slept_at_most_s)
-    return longest
+    if state != b"R":
+        return 0.0
+    theirs, ours = _last_ran_ms(f"{proc}/{pid}/sched"), _last_ran_ms(f"{proc}/thread-self/sched")
+    if theirs is None or ours is None or theirs <= 0:  # 0: it never ran
+        return 0.0
+    return max(0.0, (ours - theirs) / 1000 - slept_at_most_s)
