@@ -16,16 +16,22 @@ from __future__ import annotations
 import os
 
 
+def _stat_fields(stat_path: str) -> list[bytes]:
+    """The fields of a /proc stat file after the command name (which may hold spaces): state, parent pid, ...;
+    none when the process is gone."""
+    try:
+        with open(stat_path, "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def is_sibling(pid: int) -> bool:
     """`pid` is a process of this host started by this engine's parent (the supervisor of `detok serve`)."""
     parent = os.getppid()
     if pid <= 0 or parent <= 1:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
-    except (OSError, IndexError):
-        return False
+    fields = _stat_fields(f"/proc/{pid}/stat")
     return len(fields) > 1 and int(fields[1]) == parent
 
 
@@ -64,12 +70,7 @@ def waiting_now_s(pid: int, slept_at_most_s: float, proc: str = "/proc") -> floa
     less the longest it may have slept before it woke (a worker's main thread sleeps at most until its next
     heartbeat is due; its other threads may sleep for ever, so they are not judged this way). 0 when it is not
     runnable (asleep, stopped, gone). `proc`: where procfs is."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return 0.0
-    if state != b"R":
+    if _stat_fields(f"{proc}/{pid}/stat")[:1] != [b"R"]:
         return 0.0
     theirs, ours = _last_ran_ms(f"{proc}/{pid}/sched"), _last_ran_ms(f"{proc}/thread-self/sched")
     if theirs is None or ours is None or theirs <= 0:  # 0: it never ran
