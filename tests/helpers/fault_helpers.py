@@ -101,8 +101,9 @@ def http_client(service: ServeProcess, connections: int = 256, timeout: float = 
 async def stream_completion(
     client: httpx.AsyncClient, body: dict[str, Any], arrivals: list[float] | None = None
 ) -> Outcome:
-    """POST /v1/completions with stream: the concatenated text, finish_reason, and an error event if one came.
-    `arrivals` gets the time.monotonic() of every event that carried text."""
+    """POST /v1/completions with stream: the concatenated text, finish_reason, an error event if one came, and the
+    usage's completion_tokens if the stream carried usage. `arrivals` gets the time.monotonic() of every event that
+    carried text."""
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
         if response.status_code != 200:
             return Outcome(response.status_code, error=json.loads(await response.aread())["error"])
@@ -120,6 +121,8 @@ async def stream_completion(
                 outcome.error = event["error"]
                 outcome.error_at = time.monotonic()
                 continue
+            if event.get("usage"):  # stream_options include_usage
+                outcome.completion_tokens = event["usage"]["completion_tokens"]
             for choice in event["choices"]:
                 parts.append(choice["text"])
                 if "token_ids" in choice:
