@@ -131,6 +131,9 @@ def watch_parent() -> int | None:
     except ValueError:
         log.warning("ignoring %s=%r (not a pid)", PARENT_PID_ENV, value)
         return None
+    # in its own process group a child is a background job of the supervisor's terminal: a terminal set to
+    # `stty tostop` would stop it at its first log line (SIGTTOU) unless it ignores that signal
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     armed = _set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent_pid:  # the supervisor died before the death signal was armed
         os._exit(1)

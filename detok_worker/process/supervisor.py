@@ -1,9 +1,13 @@
 """`detok serve`: runs front + engine + N workers as child processes and keeps them running.
 
 - Children are `python -m detok_worker.cli <role> --config <runtime_dir>/config.toml`: real, separate processes
-  that all read the same effective config. Each runs in its own session (so a terminal's Ctrl-C reaches only
-  the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
-  plus a parent watch, see `detok_worker.process.runtime.watch_parent`).
+  that all read the same effective config. Each runs in its own process group (so a terminal's Ctrl-C reaches
+  only the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
+  plus a parent watch, see `detok_worker.process.runtime.watch_parent`). They stay in the supervisor's session:
+  where the kernel shares the CPU per session (autogroup scheduling), the service is then one claimant, as
+  `vllm serve` is, not one per process (beside a CPU engine core that would give the front and each worker a
+  session's share each, the engine process and its engine core one between them, and starve the clients on the
+  host for seconds).
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
   exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`sweep_stale_runtime_dirs`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
@@ -37,7 +41,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 
@@ -69,6 +73,9 @@ SUPERVISE_POLL_S = 2.0  # a fallback: SIGCHLD, stop and scale signals wake the l
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
 
+
+# a child's own process group (Python 3.10 has no process_group: there a session of its own, as before)
+OWN_PROCESS_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 RUNTIME_DIR_PREFIX = "detok-serve-"
 PID_FILE = "supervisor.pid"
@@ -272,7 +279,7 @@ class Supervisor:
             env[VLLM_FLAGS_APPLIED_ENV] = vllm_flags_digest(self.config)
         if self.metrics_dir is not None:
             env.update(child_env(self.metrics_dir, restarts=child.restarts if child.role == "worker" else 0))
-        child.proc = subprocess.Popen(child.argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        child.proc = subprocess.Popen(child.argv, env=env, stdin=subprocess.DEVNULL, **OWN_PROCESS_GROUP)
         child.started_at = time.monotonic()
         child.restart_at = None
         log.info("started %s (pid %d)", child.name, child.proc.pid)

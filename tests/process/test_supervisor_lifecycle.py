@@ -58,6 +58,12 @@ def check_corpus_streams(serve: ServeProcess) -> None:
             assert usage.completion_tokens == len(tokenizer.encode(text).ids) + 1  # + EOS
 
 
+def ignores_sigttou(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(ignored & (1 << (signal.SIGTTOU - 1)))
+
+
 def worker_pids_in_stats(serve: ServeProcess) -> dict[str, int]:
     return {wid: stats["pid"] for wid, stats in serve.stats()["workers"].items()}
 
@@ -67,6 +73,12 @@ def test_restart_scale_and_sigterm() -> None:
         children = serve.children()
         roles = sorted(cmd.split("detok_worker.cli ")[1].split()[0] for cmd in children.values())
         assert roles == ["engine", "front", "worker", "worker"]
+        # each in its own process group (a terminal's Ctrl-C reaches the supervisor only), all in its session (one
+        # claimant of the CPU where the kernel shares it per session), SIGTTOU ignored (a background job's writes)
+        session = os.getsid(serve.proc.pid)
+        assert [(os.getpgid(pid), os.getsid(pid), ignores_sigttou(pid)) for pid in children] == [
+            (pid, session, True) for pid in children
+        ]
         assert {p.name for p in serve.runtime_dir.iterdir()} >= {"engine.sock", "workers.sock", "front.sock"}
         assert serve.runtime_dir.stat().st_mode & 0o777 == 0o700
 
