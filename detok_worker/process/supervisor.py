@@ -4,10 +4,9 @@
   that all read the same effective config. Each runs in its own process group (so a terminal's Ctrl-C reaches
   only the supervisor, which forwards it) and dies with the supervisor even if it is SIGKILLed (PR_SET_PDEATHSIG
   plus a parent watch, see `detok_worker.process.runtime.watch_parent`). They stay in the supervisor's session:
-  where the kernel shares the CPU per session (autogroup scheduling), the service is then one claimant, as
-  `vllm serve` is, not one per process (beside a CPU engine core that would give the front and each worker a
-  session's share each, the engine process and its engine core one between them, and starve the clients on the
-  host for seconds).
+  where the kernel shares the CPU per session (autogroup scheduling) the service is one claimant, as `vllm serve`
+  is. A session per process would give the front and each worker a share each, the engine process and a vLLM
+  engine core it runs one between them, and the host's other sessions (its clients) less.
 - A fresh private (0700) runtime dir per run holds the ipc sockets and the effective config; it is removed at
   exit, and dirs left behind by a SIGKILLed supervisor are swept at the next start (`sweep_stale_runtime_dirs`).
 - A dead worker is restarted with exponential backoff (same worker id, so the engine's ROUTER hands its
@@ -74,7 +73,7 @@ EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 2
 
 
-# a child's own process group (Python 3.10 has no process_group: there a session of its own, as before)
+# a child's own process group (Python 3.10 has no process_group: a session of its own there)
 OWN_PROCESS_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 RUNTIME_DIR_PREFIX = "detok-serve-"
