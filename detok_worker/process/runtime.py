@@ -12,7 +12,8 @@
   forward a signal. The supervisor puts its pid in DETOK_PARENT_PID. A child then (1) asks Linux to send it
   SIGTERM when the parent dies (PR_SET_PDEATHSIG), and (2) runs a watch thread that notices a changed parent pid on
   any POSIX system, sends itself SIGTERM (the process's own clean shutdown path) and, if that has not ended the
-  process within a grace period, exits hard.
+  process within a grace period, exits hard. It also ignores SIGTTOU: in its own process group a child is a
+  background job of the supervisor's terminal, which `stty tostop` would stop at its first log line.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def _watch(parent_pid: int, interval_s: float) -> None:
 
 
 def watch_parent() -> int | None:
-    """Tie this process's life to the supervisor named in the environment, if any. Returns its pid."""
+    """Tie this process's life to the supervisor named in the environment, if any, and ignore SIGTTOU (see the
+    module doc). Returns its pid."""
     value = os.environ.get(PARENT_PID_ENV)
     if not value:
         return None
@@ -131,8 +133,6 @@ def watch_parent() -> int | None:
     except ValueError:
         log.warning("ignoring %s=%r (not a pid)", PARENT_PID_ENV, value)
         return None
-    # in its own process group a child is a background job of the supervisor's terminal: a terminal set to
-    # `stty tostop` would stop it at its first log line (SIGTTOU) unless it ignores that signal
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     armed = _set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent_pid:  # the supervisor died before the death signal was armed

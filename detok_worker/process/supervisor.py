@@ -441,7 +441,7 @@ class Supervisor:
         if child.proc is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.proc.pid, signal.SIGKILL)  # its own session: also reaps grandchildren, if any
+            os.killpg(child.proc.pid, signal.SIGKILL)  # its own process group: grandchildren too, if any
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.proc.wait(timeout=2.0)
 

@@ -476,9 +476,9 @@ def engine_core_pids(service: ServeProcess) -> list[int]:
 
 def test_killing_the_engine_core_ends_every_stream_with_an_error_within_a_second(service: ServeProcess) -> None:
     """The module's last test (it ends the shared service). A request the engine core finished before the kill
-    ends whole: on a loaded host the client can be off the CPU for seconds between its requests and its reads
-    (a thread of it sleeping 10 ms saw gaps of 2-14 s beside two busy loops), while the engine core runs the first
-    request alone to its length. Every other stream ends with the error, and at least one does."""
+    ends whole: on a loaded host the client can be off the CPU for seconds between its requests and its reads,
+    while the engine core runs the first request alone to its length. Every other stream ends with the error, and
+    at least one does."""
 
     # as long as the context allows: on a loaded host the first streams run seconds before the last starts
     longest = MAX_MODEL_LEN - 64
