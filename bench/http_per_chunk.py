@@ -3,7 +3,9 @@
 One `detok serve` (engine paced at --step-interval-ms) and one bench/bare_sse.py server, on the same uvicorn, loop
 and HTTP implementation, serve the same load generator (bench/sse_client.py) in turn: C clients, each streaming
 --requests completions of --max-tokens tokens. The bare server replays the exact SSE events the front sent for
-one such completion, one text event per engine step. Per run, CPU seconds (utime + stime from /proc/PID/stat)
+CAPTURED such completions (the first request of as many clients), one after another, one text event per engine
+step: the mix of stream lengths in events that the front serves, so that both divide their per-request costs over
+alike numbers of events. Per run, CPU seconds (utime + stime from /proc/PID/stat)
 of the front process, and of the bare server, over the events the clients received; the ratio is front / bare.
 Medians over --runs alternating runs; the load average is printed with each row. Also per run: SSE events per
 stream (a front that falls behind coalesces text into fewer, bigger events) and the ratio per delivered token.
@@ -152,11 +154,18 @@ def measure(url: str, pids: list[int], model: str, clients: int, requests: int, 
     return row
 
 
-def capture_events(url: str, model: str, max_tokens: int) -> list[str]:
-    captured: list[bytes] = []
-    body = request_body(model, 0, 0, max_tokens)
-    asyncio.run(stream_completion(url, PATHS[ENDPOINT], body, StreamStats(), captured))
-    return [event.decode() + "\n\n" for event in captured]
+CAPTURED = 64  # completions the bare server replays in turn
+
+
+def capture_events(url: str, model: str, max_tokens: int) -> list[list[str]]:
+    """The SSE events of the first completion of clients 0..CAPTURED-1, each as the front sent it."""
+    completions = []
+    for index in range(CAPTURED):
+        captured: list[bytes] = []
+        body = request_body(model, index, 0, max_tokens)
+        asyncio.run(stream_completion(url, PATHS[ENDPOINT], body, StreamStats(), captured))
+        completions.append([event.decode() + "\n\n" for event in captured])
+    return completions
 
 
 def run_per_chunk(args: Any) -> list[dict[str, Any]]:
