@@ -159,13 +159,18 @@ CAPTURED = 64  # completions the bare server replays in turn
 
 def capture_events(url: str, model: str, max_tokens: int) -> list[list[str]]:
     """The SSE events of the first completion of clients 0..CAPTURED-1, each as the front sent it."""
-    completions = []
-    for index in range(CAPTURED):
-        captured: list[bytes] = []
-        body = request_body(model, index, 0, max_tokens)
-        asyncio.run(stream_completion(url, PATHS[ENDPOINT], body, StreamStats(), captured))
-        completions.append([event.decode() + "\n\n" for event in captured])
-    return completions
+    captures: list[list[bytes]] = [[] for _ in range(CAPTURED)]
+
+    async def capture_all() -> None:
+        await asyncio.gather(
+            *(
+                stream_completion(url, PATHS[ENDPOINT], request_body(model, index, 0, max_tokens), StreamStats(), into)
+                for index, into in enumerate(captures)
+            )
+        )
+
+    asyncio.run(capture_all())
+    return [[event.decode() + "\n\n" for event in captured] for captured in captures]
 
 
 def run_per_chunk(args: Any) -> list[dict[str, Any]]:
