@@ -7,7 +7,8 @@ wire format, handshake and process management stay vLLM's), configured from the 
 - the bus: Submits become `EngineCoreRequest`s (vllm_requests.py) added to the engine core; a rid a worker
   stopped (stop string) or the client left is aborted on the engine core at once;
 - the outputs: each `EngineCoreOutputs` (one engine step, every running request's new ids) is pushed into the
-  EngineLink and sent on as one TokenBatch per worker: the engine step is the tick.
+  EngineLink and sent on as one TokenBatch per worker: the engine step is the tick. Steps vLLM's client has queued
+  already (the relay behind its engine core) go on together, up to MAX_COALESCED_STEPS in one TokenBatch per worker.
 vLLM schedules: every Submit goes to the engine core at once, nothing is queued in detok. A slow client holds only
 its own request (the front's per-request buffer aborts it past front.max_pending_chars).
 The engine core dying ends every open request with an error naming it, then this process exits with an error: the
@@ -32,7 +33,7 @@ from vllm.renderers import renderer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine import EngineCoreOutput, FinishReason
-from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_client import AsyncMPClient, EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.executor import Executor
@@ -56,13 +57,17 @@ ENGINE_DIED = "the vLLM engine core died"
 # Submits started per pass of the bus loop, at most this long (each goes through vLLM's input processing): a burst
 # of thousands is taken in slices, the bus polled between them (worker heartbeats read, stats sent, steps taken)
 SUBMIT_SLICE_S = 0.02
+# Engine steps sent on as one TokenBatch per worker when vLLM's client has them queued already (a relay behind its
+# engine core): their ids reach the workers, and the clients, in one batch and one chunk instead of one per step,
+# which is what lets a relay that fell behind catch up. The bus loop still runs between such groups.
+MAX_COALESCED_STEPS = 8
 
 
 class VllmSource:
     def __init__(
         self,
         link: EngineLink,
-        client: EngineCoreClient,
+        client: AsyncMPClient,
         requests: RequestBuilder,
         adapters: LoraAdapters,
         stream_interval: int = 1,
@@ -174,13 +179,16 @@ class VllmSource:
         on_engine = self.on_engine
         prompt_rows = self.prompt_rows
         report_cached = self.report_cached
+        queued = client.outputs_queue
+        coalesced = 0
+        gone: list[str] = []
         while True:
             try:
                 step = await client.get_output_async()
             except EngineDeadError:
                 self._engine_died()
                 return
-            gone: list[str] = []
+            gone_before = len(gone)
             for output in step.outputs:
                 rid = output.request_id
                 reason = output.finish_reason
@@ -198,6 +206,7 @@ class VllmSource:
                     finish = FINISHES.get(reason)
                     if finish is None:
                         if reason != FinishReason.ABORT:  # an abort is ours (stop string, client gone)
+                            link.step()  # the ids of the steps held so far go first
                             link.fail(rid, f"the vLLM engine core ended the request: {reason}")
                         self._forget([rid])
                         continue
@@ -211,20 +220,25 @@ class VllmSource:
                 if not link.push(rid, ids, finish, logprobs) and finish is None and rid in on_engine:
                     on_engine.discard(rid)
                     gone.append(rid)
-            link.step()
             if self.stats is not None:
-                if gone:  # ended in detok: counted when their end came, unless detok failed them
-                    self.stats.ended(gone, {})
+                if len(gone) > gone_before:  # ended in detok: counted when their end came, unless detok failed them
+                    self.stats.ended(gone[gone_before:], {})
                 self.stats.step(step)
+            if queued.qsize() and coalesced < MAX_COALESCED_STEPS - 1:
+                coalesced += 1  # the next step's ids join this one's in the workers' batches
+                continue
+            coalesced = 0
+            link.step()
             # the step used the bus sockets, which can take the edge off their file descriptors: the bus loop
             # looks again rather than wait for a signal that may not come
             self.bus.set()
             if gone:  # ended in detok meanwhile (its worker saw a stop token or string first)
                 self._forget(gone)
                 await client.abort_requests_async(gone)
+                gone = []
             # vLLM's client hands out queued steps without suspending: a relay behind its engine core (short of CPU,
             # or at a rate it cannot keep) would read steps back to back and starve the bus loop of Submits, Aborts
-            # and worker heartbeats until it caught up. One bus pass per step
+            # and worker heartbeats until it caught up. One bus pass per group of steps
             await asyncio.sleep(0)
 
     def _forget(self, rids: list[str]) -> None:
@@ -273,6 +287,7 @@ class VllmSource:
             return
         self.engine_dead = True
         link = self.link
+        link.step()  # the steps held so far (requests the engine core finished among them) go first
         rids = link.scheduler.list_live_rids()
         log.error("engine: %s; failing its %d open request(s)", ENGINE_DIED, len(rids))
         for rid in rids:
