@@ -3,10 +3,10 @@
 One `detok serve` (engine paced at --step-interval-ms) and one bench/bare_sse.py server, on the same uvicorn, loop
 and HTTP implementation, serve the same load generator (bench/sse_client.py) in turn: C clients, each streaming
 --requests completions of --max-tokens tokens. The bare server replays the exact SSE events the front sent for
-CAPTURED such completions (the first request of as many clients), one after another, one text event per engine
-step: the mix of stream lengths in events that the front serves, so that both divide their per-request costs over
-alike numbers of events. Per run, CPU seconds (utime + stime from /proc/PID/stat)
-of the front process, and of the bare server, over the events the clients received; the ratio is front / bare.
+CAPTURED such completions (the first request of as many clients), each request the next of them in turn, one text
+event per engine step: the front's mix of stream lengths, so that both spread their per-request costs over alike
+numbers of events. Per run, CPU seconds (utime + stime from /proc/PID/stat) of the front process, and of the bare
+server, over the events the clients received; the ratio is front / bare.
 Medians over --runs alternating runs; the load average is printed with each row. Also per run: SSE events per
 stream (a front that falls behind coalesces text into fewer, bigger events) and the ratio per delivered token.
 With --fronts N the front's CPU is summed over its N processes, and a second table gives each process's share.
